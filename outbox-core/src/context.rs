@@ -1,0 +1,142 @@
+use std::any::{type_name, Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::ProcessError;
+use crate::message::MessageId;
+
+/// Shared resources handlers need, such as an HTTP client, a webhook endpoint or a pool,
+/// built once by the application when it starts the worker and keyed by type.
+#[derive(Clone, Default)]
+pub struct Resources {
+    by_type: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+    names: Vec<&'static str>,
+}
+
+impl Resources {
+    /// No resources.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `resource`, replacing any earlier one of the same type.
+    pub fn insert<T: Send + Sync + 'static>(&mut self, resource: T) -> &mut Self {
+        if self
+            .by_type
+            .insert(TypeId::of::<T>(), Arc::new(resource))
+            .is_none()
+        {
+            self.names.push(type_name::<T>());
+        }
+        self
+    }
+
+    /// Adds `resource` and returns `self`, for building in one expression.
+    pub fn with<T: Send + Sync + 'static>(mut self, resource: T) -> Self {
+        self.insert(resource);
+        self
+    }
+
+    /// The resource of type `T`, if one was added.
+    pub fn get<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.by_type
+            .get(&TypeId::of::<T>())
+            .and_then(|resource| resource.downcast_ref::<T>())
+    }
+}
+
+impl fmt::Debug for Resources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Resources may hold secrets (endpoint keys), so only their types are shown.
+        f.debug_set().entries(&self.names).finish()
+    }
+}
+
+/// Facts about the message being processed.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message's stable id: send it along so receivers can drop duplicates.
+    pub message_id: MessageId,
+    /// The message's type string.
+    pub message_type: String,
+    /// Which attempt this is, starting at 1.
+    pub attempt: u32,
+}
+
+/// What a handler receives besides its message: facts about the delivery and the application's
+/// shared [`Resources`].
+pub struct Context<'a> {
+    delivery: &'a Delivery,
+    resources: &'a Resources,
+}
+
+impl<'a> Context<'a> {
+    /// A context for one delivery. The worker builds these; tests of handlers can too.
+    pub fn new(delivery: &'a Delivery, resources: &'a Resources) -> Self {
+        Context {
+            delivery,
+            resources,
+        }
+    }
+
+    /// The message's stable id, the same on every attempt.
+    pub fn message_id(&self) -> MessageId {
+        self.delivery.message_id
+    }
+
+    /// The message's type string.
+    pub fn message_type(&self) -> &str {
+        &self.delivery.message_type
+    }
+
+    /// Which attempt this is, starting at 1.
+    pub fn attempt(&self) -> u32 {
+        self.delivery.attempt
+    }
+
+    /// The shared resource of type `T`, or a permanent failure naming the missing type (a
+    /// configuration mistake that retrying will not fix).
+    pub fn resource<T: Send + Sync + 'static>(&self) -> Result<&'a T, ProcessError> {
+        self.resources.get::<T>().ok_or_else(|| {
+            ProcessError::permanent(format!(
+                "no resource of type `{}` was given to the worker; add it with `Resources::insert` \
+                 when building the worker",
+                type_name::<T>()
+            ))
+        })
+    }
+}
+
+impl fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("delivery", self.delivery)
+            .field("resources", self.resources)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct ApiKey(&'static str);
+
+    #[test]
+    fn resources_are_found_by_type_and_missing_ones_name_the_type() {
+        let resources = Resources::new().with(ApiKey("secret")).with(42_u32);
+        let delivery = Delivery {
+            message_id: MessageId::new(),
+            message_type: "comment.thankYou".into(),
+            attempt: 1,
+        };
+        let ctx = Context::new(&delivery, &resources);
+        assert_eq!(ctx.resource::<ApiKey>().unwrap().0, "secret");
+        assert_eq!(*ctx.resource::<u32>().unwrap(), 42);
+        let missing = ctx.resource::<String>().unwrap_err();
+        assert!(missing.reason().contains("alloc::string::String"));
+        let shown = format!("{resources:?}");
+        assert!(!shown.contains("secret"), "Debug must not reveal resources: {shown}");
+    }
+}

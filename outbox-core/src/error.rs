@@ -1,0 +1,134 @@
+use std::fmt;
+use std::time::Duration;
+
+/// Whether a failed attempt is worth repeating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// A later attempt may succeed (a timeout, a 503, a lock); the message is retried with backoff
+    /// until its attempts run out, then dead-lettered.
+    Retryable,
+    /// No attempt will ever succeed (a 400, a payload the receiver rejects); the message goes to
+    /// the dead-letter table at once.
+    Permanent,
+}
+
+/// Why [`Handler::process`](crate::Handler::process) did not complete.
+///
+/// Any error type converts into a *retryable* `ProcessError` with `?`, so handlers can use the
+/// errors of the libraries they call directly; use [`ProcessError::permanent`] when retrying is
+/// pointless. The message of the error is stored with the outbox row as its last error, so it
+/// should say what went wrong, and must not contain secrets.
+pub struct ProcessError {
+    kind: FailureKind,
+    reason: String,
+    retry_after: Option<Duration>,
+}
+
+impl ProcessError {
+    /// A failure that a later attempt may not repeat.
+    pub fn retryable(reason: impl fmt::Display) -> Self {
+        ProcessError {
+            kind: FailureKind::Retryable,
+            reason: reason.to_string(),
+            retry_after: None,
+        }
+    }
+
+    /// A failure that no attempt will fix: the message is dead-lettered at once.
+    pub fn permanent(reason: impl fmt::Display) -> Self {
+        ProcessError {
+            kind: FailureKind::Permanent,
+            reason: reason.to_string(),
+            retry_after: None,
+        }
+    }
+
+    /// Asks for the next attempt not to start before `delay` has passed (e.g. a `Retry-After`
+    /// header). The worker still applies its own bounds.
+    pub fn with_retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+
+    /// Whether the failure is worth retrying.
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+
+    /// What went wrong, as it will be stored with the message.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The delay the handler asked for before the next attempt, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+impl fmt::Debug for ProcessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessError")
+            .field("kind", &self.kind)
+            .field("reason", &self.reason)
+            .field("retry_after", &self.retry_after)
+            .finish()
+    }
+}
+
+impl fmt::Display for ProcessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// `?` on any error inside `process` makes a retryable failure carrying the error and its
+/// sources. `ProcessError` itself deliberately does not implement `std::error::Error`, which is
+/// what makes this blanket conversion possible (the same trade-off as `anyhow::Error`).
+impl<E> From<E> for ProcessError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn from(error: E) -> Self {
+        let mut reason = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            reason.push_str(": ");
+            reason.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        ProcessError::retryable(reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection refused")]
+    struct Refused;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("sending the mail failed")]
+    struct SendFailed(#[source] Refused);
+
+    #[test]
+    fn question_mark_makes_a_retryable_failure_with_the_whole_chain() {
+        fn process() -> Result<(), ProcessError> {
+            Err(SendFailed(Refused))?
+        }
+        let err = process().unwrap_err();
+        assert_eq!(err.kind(), FailureKind::Retryable);
+        assert_eq!(err.reason(), "sending the mail failed: connection refused");
+    }
+
+    #[test]
+    fn permanent_failures_keep_their_reason_and_retry_after() {
+        let err = ProcessError::permanent("410 Gone").with_retry_after(Duration::from_secs(3));
+        assert_eq!(err.kind(), FailureKind::Permanent);
+        assert_eq!(err.to_string(), "410 Gone");
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(3)));
+    }
+}

@@ -1,0 +1,57 @@
+//! The storage-independent core of [`outbox`](https://docs.rs/outbox-diesel): the [`Message`]
+//! and [`Handler`] traits, the [`Registry`] that `#[outbox_handler]` fills at link time, and the
+//! [`Context`] handlers run with.
+//!
+//! Applications use these through `outbox-diesel`, which re-exports them next to the
+//! transactional enqueue; depend on this crate directly only to write a storage backend.
+//!
+//! ```
+//! use outbox_core::{Context, Delivery, Handler, Message, MessageId, ProcessError, Resources};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct ThankYou {
+//!     member_id: i64,
+//! }
+//!
+//! // `#[outbox_handler("comment.thankYou")]` writes this impl and registers the handler.
+//! impl Message for ThankYou {
+//!     const MESSAGE_TYPE: &'static str = "comment.thankYou";
+//! }
+//!
+//! impl Handler for ThankYou {
+//!     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+//!         let greeting = ctx.resource::<String>()?;
+//!         println!("{greeting}, member {} (message {})", self.member_id, ctx.message_id());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! // Handlers are plain code, so they can be tested without a worker.
+//! let resources = Resources::new().with(String::from("Thank you"));
+//! let delivery = Delivery {
+//!     message_id: MessageId::new(),
+//!     message_type: ThankYou::MESSAGE_TYPE.into(),
+//!     attempt: 1,
+//! };
+//! ThankYou { member_id: 7 }
+//!     .process(&mut Context::new(&delivery, &resources))
+//!     .unwrap();
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations)]
+
+mod context;
+mod error;
+mod message;
+mod registry;
+
+pub use context::{Context, Delivery, Resources};
+pub use error::{FailureKind, ProcessError};
+pub use message::{Handler, Message, MessageId, ParseMessageIdError};
+pub use registry::{DispatchError, HandlerRegistration, Registry, RegistryError};
+
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+}

@@ -1,0 +1,2 @@
+DROP TABLE outbox_failure;
+DROP TABLE outbox_message;

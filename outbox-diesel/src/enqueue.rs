@@ -1,0 +1,257 @@
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::RunQueryDsl;
+use outbox_core::{Message, MessageId};
+
+use crate::connection::{with_backend, OutboxConnection};
+use crate::error::{Error, Result};
+
+/// The longest message type and ordering key the tables store, in bytes.
+pub(crate) const MAX_KEY_LEN: usize = 255;
+
+/// Bytes of payload one batched `INSERT` carries at most, well under MySQL's default
+/// `max_allowed_packet` (16 MiB) and cheap for any backend to parse.
+const MAX_BATCH_PAYLOAD_BYTES: usize = 8 << 20;
+
+/// Bind parameters per inserted message.
+const BINDS_PER_ROW: usize = 5;
+
+/// How a message is enqueued: when it may be processed, and which messages it is ordered with.
+#[derive(Debug, Clone, Default)]
+pub struct EnqueueOptions {
+    ordering_key: Option<String>,
+    not_before: Option<SystemTime>,
+}
+
+impl EnqueueOptions {
+    /// Process as soon as the transaction commits, in parallel with other messages.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Messages sharing an ordering key are processed one at a time, in enqueue order, e.g. all
+    /// events of one order or one member. At most 255 bytes.
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Not processed before `time`.
+    pub fn not_before(mut self, time: SystemTime) -> Self {
+        self.not_before = Some(time);
+        self
+    }
+
+    /// Not processed before `delay` has passed from now.
+    pub fn delay(self, delay: Duration) -> Self {
+        self.not_before(SystemTime::now() + delay)
+    }
+}
+
+/// One row about to be inserted.
+#[derive(Debug)]
+struct NewMessage {
+    message_id: String,
+    message_type: &'static str,
+    payload: String,
+    ordering_key: Option<String>,
+    not_before_micros: Option<i64>,
+}
+
+impl NewMessage {
+    fn new<M: Message>(message: &M, options: &EnqueueOptions) -> Result<(MessageId, Self)> {
+        if M::MESSAGE_TYPE.len() > MAX_KEY_LEN {
+            return Err(Error::TooLong {
+                what: "message type",
+                len: M::MESSAGE_TYPE.len(),
+            });
+        }
+        if let Some(key) = &options.ordering_key {
+            if key.len() > MAX_KEY_LEN {
+                return Err(Error::TooLong {
+                    what: "ordering key",
+                    len: key.len(),
+                });
+            }
+        }
+        let payload = serde_json::to_string(message).map_err(|source| Error::Serialize {
+            message_type: M::MESSAGE_TYPE,
+            source,
+        })?;
+        let id = MessageId::new();
+        let row = NewMessage {
+            message_id: id.to_string(),
+            message_type: M::MESSAGE_TYPE,
+            payload,
+            ordering_key: options.ordering_key.clone(),
+            not_before_micros: options.not_before.map(micros_since_epoch),
+        };
+        Ok((id, row))
+    }
+}
+
+fn micros_since_epoch(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+        // A time before 1970 only means "already due".
+        Err(_) => 0,
+    }
+}
+
+/// Writes messages into the outbox through the caller's connection.
+///
+/// In scope with `use outbox_diesel::prelude::*;` and implemented for every [`Message`]. Called
+/// inside `conn.transaction(..)`, the message exists exactly when that transaction commits; called
+/// outside one, the insert commits on its own. Either way it is one `INSERT`, one round trip.
+pub trait Enqueue: Message {
+    /// Enqueues this message to be processed as soon as its transaction commits.
+    fn enqueue<C: OutboxConnection>(&self, conn: &mut C) -> Result<MessageId> {
+        self.enqueue_with(conn, &EnqueueOptions::new())
+    }
+
+    /// Enqueues this message with an ordering key or a delay.
+    fn enqueue_with<C: OutboxConnection>(
+        &self,
+        conn: &mut C,
+        options: &EnqueueOptions,
+    ) -> Result<MessageId> {
+        let (id, row) = NewMessage::new(self, options)?;
+        insert(conn, std::slice::from_ref(&row))?;
+        Ok(id)
+    }
+}
+
+impl<M: Message> Enqueue for M {}
+
+/// Many messages, of any types, enqueued in as few `INSERT`s as the backend allows (one for up to
+/// thousands of messages).
+///
+/// ```
+/// # use outbox_diesel::{Batch, Result};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Notify { member_id: i64 }
+/// # impl outbox_diesel::Message for Notify { const MESSAGE_TYPE: &'static str = "comment.notification"; }
+/// # fn fan_out(conn: &mut diesel::SqliteConnection, subscribers: &[i64]) -> Result<()> {
+/// let mut batch = Batch::new();
+/// for &member_id in subscribers {
+///     batch.push(&Notify { member_id })?;
+/// }
+/// let ids = batch.enqueue(conn)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Default)]
+pub struct Batch {
+    rows: Vec<NewMessage>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a message, serializing it now, and returns the id it will have.
+    pub fn push<M: Message>(&mut self, message: &M) -> Result<MessageId> {
+        self.push_with(message, &EnqueueOptions::new())
+    }
+
+    /// Adds a message with an ordering key or a delay.
+    pub fn push_with<M: Message>(
+        &mut self,
+        message: &M,
+        options: &EnqueueOptions,
+    ) -> Result<MessageId> {
+        let (id, row) = NewMessage::new(message, options)?;
+        self.rows.push(row);
+        Ok(id)
+    }
+
+    /// How many messages the batch holds.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Inserts every message of the batch through `conn`, returning their ids in push order.
+    ///
+    /// Use it inside `conn.transaction(..)`: a batch too large for one statement is split into
+    /// several, and only a transaction makes them all-or-nothing.
+    pub fn enqueue<C: OutboxConnection>(self, conn: &mut C) -> Result<Vec<MessageId>> {
+        insert(conn, &self.rows)?;
+        self.rows
+            .iter()
+            .map(|row| {
+                row.message_id
+                    .parse()
+                    .map_err(|_| Error::Internal("a batch row lost its message id"))
+            })
+            .collect()
+    }
+}
+
+/// Enqueues every message of `messages` in as few statements as possible; see [`Batch`].
+pub fn enqueue_all<'a, M, C>(
+    conn: &mut C,
+    messages: impl IntoIterator<Item = &'a M>,
+) -> Result<Vec<MessageId>>
+where
+    M: Message + 'a,
+    C: OutboxConnection,
+{
+    let mut batch = Batch::new();
+    for message in messages {
+        batch.push(message)?;
+    }
+    batch.enqueue(conn)
+}
+
+fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<()> {
+    let mut conn = conn.backend_connection();
+    let dialect = conn.dialect();
+    let max_rows = dialect.max_binds / BINDS_PER_ROW;
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let mut take = 0;
+        let mut bytes = 0;
+        while take < rest.len() && take < max_rows {
+            bytes += rest[take].payload.len();
+            if take > 0 && bytes > MAX_BATCH_PAYLOAD_BYTES {
+                break;
+            }
+            take += 1;
+        }
+        let (chunk, tail) = rest.split_at(take);
+        rest = tail;
+
+        let mut sql = format!(
+            "INSERT INTO outbox_message ({}) VALUES ",
+            dialect.insert_columns
+        );
+        for (row, _) in chunk.iter().enumerate() {
+            if row > 0 {
+                sql.push_str(", ");
+            }
+            let first = row * BINDS_PER_ROW + 1;
+            let placeholders: [String; BINDS_PER_ROW] =
+                std::array::from_fn(|i| (dialect.placeholder)(first + i));
+            sql.push_str(&(dialect.insert_values)(&placeholders));
+        }
+        with_backend!(&mut conn, c => {
+            let mut query = diesel::sql_query(&sql).into_boxed();
+            for row in chunk {
+                query = query
+                    .bind::<Text, _>(row.message_id.as_str())
+                    .bind::<Text, _>(row.message_type)
+                    .bind::<Text, _>(row.payload.as_str())
+                    .bind::<Nullable<Text>, _>(row.ordering_key.as_deref())
+                    .bind::<Nullable<BigInt>, _>(row.not_before_micros);
+            }
+            query.execute(*c)?
+        });
+    }
+    Ok(())
+}

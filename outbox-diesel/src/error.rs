@@ -1,0 +1,43 @@
+/// A `Result` whose error is the outbox's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong in an outbox operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The message could not be turned into JSON, so nothing was written. The connection and its
+    /// transaction are untouched: return the error to roll back, or carry on without the message.
+    #[error(
+        "could not serialize a `{message_type}` message to JSON: {source}; \
+         make sure every field serializes (maps need string keys)"
+    )]
+    Serialize {
+        /// The message's type string.
+        message_type: &'static str,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A message type or ordering key is longer than the column that stores it.
+    #[error("the {what} is {len} bytes long; the outbox stores at most 255")]
+    TooLong {
+        /// Which value.
+        what: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+
+    /// The database refused or failed a statement. Inside a transaction, roll back (return the
+    /// error from the closure): PostgreSQL rejects every further statement of a failed one.
+    #[error("database error: {0}")]
+    Database(#[from] diesel::result::Error),
+
+    /// The outbox tables could not be created or upgraded.
+    #[error("running the outbox migrations failed: {0}")]
+    Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+
+    /// A bug in this library; please report it.
+    #[error("internal error in outbox-diesel: {0}")]
+    Internal(&'static str),
+}
