@@ -86,6 +86,14 @@ pub(crate) struct Dialect {
     /// The VALUES tuple of one inserted message, given its five placeholders
     /// (message id, type, payload, ordering key, not-before in µs since the epoch or NULL).
     pub insert_values: fn(&[String; 5]) -> String,
+    /// The current time, in the type of the time columns.
+    pub now: &'static str,
+    /// A UUID column as text.
+    pub uuid_text: fn(&str) -> String,
+    /// A JSON column as text.
+    pub json_text: fn(&str) -> String,
+    /// A time column as microseconds since the Unix epoch (BIGINT).
+    pub epoch_micros: fn(&str) -> String,
 }
 
 #[cfg(feature = "postgres")]
@@ -99,6 +107,10 @@ pub(crate) const POSTGRES: Dialect = Dialect {
              COALESCE(TIMESTAMPTZ 'epoch' + {not_before} * INTERVAL '1 microsecond', now()))"
         )
     },
+    now: "now()",
+    uuid_text: |column| format!("{column}::text"),
+    json_text: |column| format!("{column}::text"),
+    epoch_micros: |column| format!("(EXTRACT(EPOCH FROM {column}) * 1000000)::BIGINT"),
 };
 
 #[cfg(feature = "mysql")]
@@ -113,6 +125,10 @@ pub(crate) const MYSQL: Dialect = Dialect {
              COALESCE(TIMESTAMPADD(MICROSECOND, {not_before}, '1970-01-01'), UTC_TIMESTAMP(6)))"
         )
     },
+    now: "UTC_TIMESTAMP(6)",
+    uuid_text: |column| column.to_owned(),
+    json_text: |column| format!("CAST({column} AS CHAR)"),
+    epoch_micros: |column| format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {column})"),
 };
 
 #[cfg(feature = "sqlite")]
@@ -127,6 +143,12 @@ pub(crate) const SQLITE: Dialect = Dialect {
              COALESCE(strftime('%Y-%m-%d %H:%M:%f', {not_before} / 1000000.0, 'unixepoch'), \
                       strftime('%Y-%m-%d %H:%M:%f', 'now')))"
         )
+    },
+    now: "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    uuid_text: |column| column.to_owned(),
+    json_text: |column| column.to_owned(),
+    epoch_micros: |column| {
+        format!("CAST(ROUND((julianday({column}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000")
     },
 };
 

@@ -37,6 +37,17 @@ pub enum Error {
     #[error("running the outbox migrations failed: {0}")]
     Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
 
+    /// A row in an outbox table holds a value the library did not write, e.g. edited by hand.
+    #[error("row {id} of {table} is invalid: {reason}")]
+    InvalidRow {
+        /// The table.
+        table: &'static str,
+        /// The row's id.
+        id: i64,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// A bug in this library; please report it.
     #[error("internal error in outbox-diesel: {0}")]
     Internal(&'static str),

@@ -5,6 +5,7 @@
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("outbox-diesel needs at least one backend feature: postgres, mysql or sqlite");
 
+pub mod admin;
 mod connection;
 mod enqueue;
 mod error;
