@@ -137,6 +137,9 @@ mod tests {
         let missing = ctx.resource::<String>().unwrap_err();
         assert!(missing.reason().contains("alloc::string::String"));
         let shown = format!("{resources:?}");
-        assert!(!shown.contains("secret"), "Debug must not reveal resources: {shown}");
+        assert!(
+            !shown.contains("secret"),
+            "Debug must not reveal resources: {shown}"
+        );
     }
 }

@@ -39,6 +39,7 @@
 //!     .unwrap();
 //! ```
 #![forbid(unsafe_code)]
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod context;

@@ -76,7 +76,9 @@ impl fmt::Debug for MessageId {
 
 /// The text was not a message id (a hyphenated UUID).
 #[derive(Debug, thiserror::Error)]
-#[error("`{input}` is not a message id: expected a UUID such as 0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d")]
+#[error(
+    "`{input}` is not a message id: expected a UUID such as 0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d"
+)]
 pub struct ParseMessageIdError {
     input: String,
 }
@@ -102,7 +104,10 @@ mod tests {
         let first = MessageId::new();
         let second = MessageId::new();
         assert_ne!(first, second);
-        assert!(first < second, "UUIDv7 ids generated in order sort in order");
+        assert!(
+            first < second,
+            "UUIDv7 ids generated in order sort in order"
+        );
         assert_eq!(first.to_string().parse::<MessageId>().unwrap(), first);
         assert_eq!(first.as_uuid().get_version_num(), 7);
     }

@@ -1,5 +1,6 @@
 #![doc = include_str!("../../README.md")]
 #![forbid(unsafe_code)]
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs, missing_debug_implementations)]
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]

@@ -26,5 +26,8 @@ pub fn run_migrations<C: OutboxConnection>(conn: &mut C) -> Result<Vec<String>> 
         BackendConnection::Sqlite(c) => c.run_pending_migrations(SQLITE),
     }
     .map_err(Error::Migration)?;
-    Ok(applied.into_iter().map(|version| version.to_string()).collect())
+    Ok(applied
+        .into_iter()
+        .map(|version| version.to_string())
+        .collect())
 }

@@ -1,6 +1,7 @@
 //! The `#[outbox_handler("type.name")]` attribute. Use it through `outbox-diesel`, which
 //! re-exports it; the generated code refers to `::outbox_diesel`.
 #![forbid(unsafe_code)]
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs)]
 
 mod expand;

@@ -50,10 +50,7 @@ fn parse_message_type(args: TokenStream) -> syn::Result<LitStr> {
             ),
         ));
     }
-    if let Some(bad) = value
-        .chars()
-        .find(|c| c.is_whitespace() || c.is_control())
-    {
+    if let Some(bad) = value.chars().find(|c| c.is_whitespace() || c.is_control()) {
         return Err(syn::Error::new_spanned(
             &lit,
             format!(

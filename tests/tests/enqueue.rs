@@ -52,8 +52,22 @@ impl Handler for Unserializable {
     }
 }
 
-trait TestConnection: Connection + OutboxConnection + R2D2Connection + MigrationHarness<<Self as Connection>::Backend> + 'static {}
-impl<C> TestConnection for C where C: Connection + OutboxConnection + R2D2Connection + MigrationHarness<<Self as Connection>::Backend> + 'static {}
+trait TestConnection:
+    Connection
+    + OutboxConnection
+    + R2D2Connection
+    + MigrationHarness<<Self as Connection>::Backend>
+    + 'static
+{
+}
+impl<C> TestConnection for C where
+    C: Connection
+        + OutboxConnection
+        + R2D2Connection
+        + MigrationHarness<<Self as Connection>::Backend>
+        + 'static
+{
+}
 
 fn migrated<C: TestConnection>(db: &TestDb) -> C {
     let mut conn = db.connect::<C>();
@@ -83,7 +97,10 @@ fn committed_enqueue_stores_exactly_that_message<C: TestConnection>(db: &TestDb)
     assert_eq!(row.attempts, 0);
     assert_eq!(row.ordering_key, None);
     assert!(!row.in_flight);
-    assert!(row.created_at > before, "created_at is the enqueue time in UTC");
+    assert!(
+        row.created_at > before,
+        "created_at is the enqueue time in UTC"
+    );
     assert!(row.next_attempt_at <= SystemTime::now() + Duration::from_secs(5));
 }
 
@@ -125,13 +142,18 @@ fn pooled_connections_enqueue_in_their_transactions<C: TestConnection>(db: &Test
         .iter()
         .map(|r| serde_json::from_str(&r.payload).unwrap())
         .collect();
-    assert_eq!(members, [ThankYou { member_id: 1 }, ThankYou { member_id: 3 }]);
+    assert_eq!(
+        members,
+        [ThankYou { member_id: 1 }, ThankYou { member_id: 3 }]
+    );
     assert_eq!(rows[0].message_id, committed);
 }
 
 fn ten_thousand_messages_in_one_transaction<C: TestConnection>(db: &TestDb) {
     let mut conn = migrated::<C>(db);
-    let messages: Vec<_> = (0..10_000).map(|member_id| ThankYou { member_id }).collect();
+    let messages: Vec<_> = (0..10_000)
+        .map(|member_id| ThankYou { member_id })
+        .collect();
     let ids = conn
         .transaction(|conn| enqueue_all(conn, &messages))
         .unwrap();
@@ -153,7 +175,9 @@ fn a_batch_that_rolls_back_leaves_nothing<C: TestConnection>(db: &TestDb) {
         for member_id in 0..100 {
             batch.push(&ThankYou { member_id })?;
         }
-        batch.push(&Text { body: "mixed types".into() })?;
+        batch.push(&Text {
+            body: "mixed types".into(),
+        })?;
         assert_eq!(batch.len(), 101);
         batch.enqueue(conn)?;
         Err(Error::Internal("rolled back on purpose"))
@@ -169,7 +193,9 @@ fn large_and_non_ascii_payloads_round_trip<C: TestConnection>(db: &TestDb) {
         body.push_str("ßçø日本🚀 abc ");
     }
     let big = Text { body };
-    let small = Text { body: "Grüße aus Köln 👋".into() };
+    let small = Text {
+        body: "Grüße aus Köln 👋".into(),
+    };
     conn.transaction(|conn| {
         big.enqueue(conn)?;
         small.enqueue(conn)
@@ -211,7 +237,13 @@ fn values_too_long_for_their_column_are_refused<C: TestConnection>(db: &TestDb) 
         .enqueue_with(&mut conn, &options)
         .unwrap_err();
     assert!(
-        matches!(err, Error::TooLong { what: "ordering key", len: 256 }),
+        matches!(
+            err,
+            Error::TooLong {
+                what: "ordering key",
+                len: 256
+            }
+        ),
         "{err}"
     );
     assert!(all_pending(&mut conn).is_empty());
@@ -226,7 +258,13 @@ fn serialization_failure_is_returned_and_the_transaction_goes_on<C: TestConnecti
         .transaction(|conn| {
             let err = bad.enqueue(conn).unwrap_err();
             assert!(
-                matches!(err, Error::Serialize { message_type: "test.unserializable", .. }),
+                matches!(
+                    err,
+                    Error::Serialize {
+                        message_type: "test.unserializable",
+                        ..
+                    }
+                ),
                 "{err}"
             );
             assert!(err.to_string().contains("key must be a string"), "{err}");

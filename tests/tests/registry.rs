@@ -57,13 +57,19 @@ fn dispatch_deserializes_and_runs_the_handler() {
     let delivery = delivery("comment.thankYou");
 
     handler
-        .dispatch(r#"{"member_id":7}"#, &mut Context::new(&delivery, &resources))
+        .dispatch(
+            r#"{"member_id":7}"#,
+            &mut Context::new(&delivery, &resources),
+        )
         .unwrap();
     let greeted = resources.get::<std::sync::Mutex<Vec<i64>>>().unwrap();
     assert_eq!(*greeted.lock().unwrap(), [7]);
 
     let refused = handler
-        .dispatch(r#"{"member_id":-1}"#, &mut Context::new(&delivery, &resources))
+        .dispatch(
+            r#"{"member_id":-1}"#,
+            &mut Context::new(&delivery, &resources),
+        )
         .unwrap_err();
     match refused {
         DispatchError::Process(err) => {
@@ -81,7 +87,10 @@ fn a_payload_that_no_longer_fits_the_struct_names_type_and_serde_error() {
     let resources = Resources::new();
     let delivery = delivery("comment.thankYou");
     let err = handler
-        .dispatch(r#"{"memberId":"seven"}"#, &mut Context::new(&delivery, &resources))
+        .dispatch(
+            r#"{"memberId":"seven"}"#,
+            &mut Context::new(&delivery, &resources),
+        )
         .unwrap_err();
     assert!(matches!(err, DispatchError::Deserialize { .. }), "{err:?}");
     let text = err.to_string();

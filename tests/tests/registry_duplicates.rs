@@ -49,9 +49,18 @@ fn a_type_string_registered_twice_names_both_handlers() {
     assert_eq!(*message_type, "comment.thankYou");
     assert_eq!(
         [*first, *second],
-        ["registry_duplicates::mail::ThankYou", "registry_duplicates::sms::ThankYouText"]
+        [
+            "registry_duplicates::mail::ThankYou",
+            "registry_duplicates::sms::ThankYouText"
+        ]
     );
     let text = err.to_string();
-    assert!(text.contains("registry_duplicates::mail::ThankYou"), "{text}");
-    assert!(text.contains("registry_duplicates::sms::ThankYouText"), "{text}");
+    assert!(
+        text.contains("registry_duplicates::mail::ThankYou"),
+        "{text}"
+    );
+    assert!(
+        text.contains("registry_duplicates::sms::ThankYouText"),
+        "{text}"
+    );
 }
