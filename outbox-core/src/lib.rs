@@ -46,13 +46,23 @@ mod context;
 mod error;
 mod message;
 mod registry;
+mod retry;
+mod worker;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 pub use context::{Context, Delivery, Resources};
 pub use error::{FailureKind, ProcessError};
 pub use message::{Handler, Message, MessageId, ParseMessageIdError};
 pub use registry::{DispatchError, HandlerRegistration, Registry, RegistryError};
+pub use retry::RetryPolicy;
+pub use worker::{
+    ClaimToken, ClaimedMessage, Listener, Outcome, Settlement, Stopper, Store, StoreError, Worker,
+    WorkerBuilder, WorkerError, WorkerHandle, WorkerStats,
+};
 
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::worker::notify_enqueued;
     pub use inventory;
 }

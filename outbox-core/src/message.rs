@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::context::Context;
 use crate::error::ProcessError;
+use crate::retry::RetryPolicy;
 
 /// A message that can be written to the outbox.
 ///
@@ -28,6 +29,11 @@ pub trait Message: Serialize + DeserializeOwned + Send + 'static {
 pub trait Handler: Message {
     /// Delivers or acts on the message.
     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError>;
+
+    /// This handler's own retry policy, instead of the worker's.
+    fn retry_policy() -> Option<RetryPolicy> {
+        None
+    }
 }
 
 /// The stable, globally unique id of one message.

@@ -4,6 +4,7 @@ use std::fmt;
 use crate::context::Context;
 use crate::error::ProcessError;
 use crate::message::Handler;
+use crate::retry::RetryPolicy;
 
 /// One handler as registered at link time by `#[outbox_handler]`: the type string, the Rust type
 /// that handles it, and how to deserialize and process a payload of that type.
@@ -11,6 +12,7 @@ pub struct HandlerRegistration {
     message_type: &'static str,
     handler_name: &'static str,
     dispatch: fn(&str, &mut Context<'_>) -> Result<(), DispatchError>,
+    retry_policy: fn() -> Option<RetryPolicy>,
 }
 
 impl HandlerRegistration {
@@ -20,6 +22,7 @@ impl HandlerRegistration {
             message_type: H::MESSAGE_TYPE,
             handler_name,
             dispatch: dispatch::<H>,
+            retry_policy: H::retry_policy,
         }
     }
 
@@ -31,6 +34,11 @@ impl HandlerRegistration {
     /// The path of the Rust type that handles it, e.g. `blog::mail::ThankYou`.
     pub fn handler_name(&self) -> &'static str {
         self.handler_name
+    }
+
+    /// The handler's own retry policy, if it has one.
+    pub fn retry_policy(&self) -> Option<RetryPolicy> {
+        (self.retry_policy)()
     }
 
     /// Deserializes `payload` into the handler's struct and runs its `process`.

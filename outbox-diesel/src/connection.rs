@@ -5,6 +5,9 @@ use diesel::mysql::MysqlConnection;
 #[cfg(feature = "postgres")]
 use diesel::pg::PgConnection;
 use diesel::r2d2::{ConnectionManager, PooledConnection, R2D2Connection};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, Text};
+use diesel::{Connection, QueryResult, RunQueryDsl};
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::SqliteConnection;
 
@@ -18,7 +21,22 @@ mod sealed {
 /// The trait is sealed: the SQL the outbox runs is written and tested for these backends only.
 pub trait OutboxConnection: sealed::Sealed {
     #[doc(hidden)]
+    const BACKEND: Backend;
+
+    #[doc(hidden)]
     fn backend_connection(&mut self) -> BackendConnection<'_>;
+}
+
+/// The database products the outbox supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL 8 or MariaDB 10.6+.
+    Mysql,
+    /// SQLite.
+    Sqlite,
 }
 
 /// The concrete connection behind an [`OutboxConnection`]; matching on it gives every backend
@@ -38,6 +56,8 @@ pub enum BackendConnection<'a> {
 impl sealed::Sealed for PgConnection {}
 #[cfg(feature = "postgres")]
 impl OutboxConnection for PgConnection {
+    const BACKEND: Backend = Backend::Postgres;
+
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         BackendConnection::Pg(self)
     }
@@ -47,6 +67,8 @@ impl OutboxConnection for PgConnection {
 impl sealed::Sealed for MysqlConnection {}
 #[cfg(feature = "mysql")]
 impl OutboxConnection for MysqlConnection {
+    const BACKEND: Backend = Backend::Mysql;
+
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         BackendConnection::Mysql(self)
     }
@@ -56,6 +78,8 @@ impl OutboxConnection for MysqlConnection {
 impl sealed::Sealed for SqliteConnection {}
 #[cfg(feature = "sqlite")]
 impl OutboxConnection for SqliteConnection {
+    const BACKEND: Backend = Backend::Sqlite;
+
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         BackendConnection::Sqlite(self)
     }
@@ -69,6 +93,8 @@ impl<C> OutboxConnection for PooledConnection<ConnectionManager<C>>
 where
     C: OutboxConnection + R2D2Connection + Send + 'static,
 {
+    const BACKEND: Backend = C::BACKEND;
+
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         (**self).backend_connection()
     }
@@ -88,6 +114,13 @@ pub(crate) struct Dialect {
     pub insert_values: fn(&[String; 5]) -> String,
     /// The current time, in the type of the time columns.
     pub now: &'static str,
+    /// What makes a SELECT lock its rows (nothing on SQLite, whose write transactions lock the
+    /// whole database).
+    pub for_update: &'static str,
+    /// A bind parameter holding a UUID as text, in the type of the UUID columns.
+    pub uuid_param: fn(&str) -> String,
+    /// The current time plus the microseconds in the given bind parameter.
+    pub now_plus_micros: fn(&str) -> String,
     /// A UUID column as text.
     pub uuid_text: fn(&str) -> String,
     /// A JSON column as text.
@@ -108,6 +141,9 @@ pub(crate) const POSTGRES: Dialect = Dialect {
         )
     },
     now: "now()",
+    for_update: " FOR UPDATE",
+    uuid_param: |param| format!("{param}::uuid"),
+    now_plus_micros: |param| format!("now() + {param} * INTERVAL '1 microsecond'"),
     uuid_text: |column| format!("{column}::text"),
     json_text: |column| format!("{column}::text"),
     epoch_micros: |column| format!("(EXTRACT(EPOCH FROM {column}) * 1000000)::BIGINT"),
@@ -126,6 +162,9 @@ pub(crate) const MYSQL: Dialect = Dialect {
         )
     },
     now: "UTC_TIMESTAMP(6)",
+    for_update: " FOR UPDATE",
+    uuid_param: |param| param.to_owned(),
+    now_plus_micros: |param| format!("TIMESTAMPADD(MICROSECOND, {param}, UTC_TIMESTAMP(6))"),
     uuid_text: |column| column.to_owned(),
     json_text: |column| format!("CAST({column} AS CHAR)"),
     epoch_micros: |column| format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {column})"),
@@ -145,6 +184,11 @@ pub(crate) const SQLITE: Dialect = Dialect {
         )
     },
     now: "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    for_update: "",
+    uuid_param: |param| param.to_owned(),
+    now_plus_micros: |param| {
+        format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ({param} / 1000000.0) || ' seconds')")
+    },
     uuid_text: |column| column.to_owned(),
     json_text: |column| column.to_owned(),
     epoch_micros: |column| {
@@ -164,6 +208,77 @@ impl BackendConnection<'_> {
         }
     }
 }
+
+/// A bind parameter of one of the few SQL types the outbox's statements take.
+pub(crate) enum Bind<'a> {
+    Text(&'a str),
+    BigInt(i64),
+}
+
+/// Raw SQL with [`Bind`] parameters on a concrete connection, so statements that differ only in
+/// their dialect fragments are written once.
+pub(crate) trait RawSql: Sized {
+    /// Runs a statement, returning the rows it changed.
+    fn run(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize>;
+    /// Runs a query whose single column is a BIGINT named `id`.
+    fn ids(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<i64>>;
+    /// A transaction that will write: on SQLite it takes the write lock at once (`BEGIN
+    /// IMMEDIATE`), so it waits for the busy timeout instead of failing on a lock upgrade.
+    fn write_transaction<T>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> QueryResult<T>,
+    ) -> QueryResult<T>;
+}
+
+macro_rules! raw_sql {
+    ($connection:ty, $transaction:ident) => {
+        impl RawSql for $connection {
+            fn run(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+                bound(sql, binds).execute(self)
+            }
+
+            fn ids(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<i64>> {
+                let rows: Vec<crate::store::IdRow> = bound(sql, binds).load(self)?;
+                Ok(rows.into_iter().map(|row| row.id).collect())
+            }
+
+            fn write_transaction<T>(
+                &mut self,
+                body: impl FnOnce(&mut Self) -> QueryResult<T>,
+            ) -> QueryResult<T> {
+                self.$transaction(body)
+            }
+        }
+    };
+}
+
+fn bound<'a, DB>(
+    sql: &'a str,
+    binds: &[Bind<'a>],
+) -> diesel::query_builder::BoxedSqlQuery<'a, DB, diesel::query_builder::SqlQuery>
+where
+    DB: diesel::backend::Backend
+        + diesel::sql_types::HasSqlType<Text>
+        + diesel::sql_types::HasSqlType<BigInt>,
+    &'a str: ToSql<Text, DB>,
+    i64: ToSql<BigInt, DB>,
+{
+    let mut query = diesel::sql_query(sql).into_boxed::<DB>();
+    for bind in binds {
+        query = match *bind {
+            Bind::Text(text) => query.bind::<Text, _>(text),
+            Bind::BigInt(n) => query.bind::<BigInt, _>(n),
+        };
+    }
+    query
+}
+
+#[cfg(feature = "postgres")]
+raw_sql!(PgConnection, transaction);
+#[cfg(feature = "mysql")]
+raw_sql!(MysqlConnection, transaction);
+#[cfg(feature = "sqlite")]
+raw_sql!(SqliteConnection, immediate_transaction);
 
 /// Runs `$body` once per backend arm with `$conn` bound to the concrete connection, so code that
 /// must type-check against each backend is still written once.

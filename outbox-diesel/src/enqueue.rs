@@ -118,6 +118,7 @@ pub trait Enqueue: Message {
     ) -> Result<MessageId> {
         let (id, row) = NewMessage::new(self, options)?;
         insert(conn, std::slice::from_ref(&row))?;
+        outbox_core::__private::notify_enqueued();
         Ok(id)
     }
 }
@@ -182,6 +183,7 @@ impl Batch {
     /// several, and only a transaction makes them all-or-nothing.
     pub fn enqueue<C: OutboxConnection>(self, conn: &mut C) -> Result<Vec<MessageId>> {
         insert(conn, &self.rows)?;
+        outbox_core::__private::notify_enqueued();
         self.rows
             .iter()
             .map(|row| {

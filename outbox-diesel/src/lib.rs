@@ -11,14 +11,18 @@ mod connection;
 mod enqueue;
 mod error;
 mod migrations;
+mod store;
 
-pub use connection::OutboxConnection;
+pub use connection::{Backend, OutboxConnection};
 pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions};
 pub use error::{Error, Result};
 pub use migrations::run_migrations;
+pub use store::DieselStore;
 pub use outbox_core::{
-    Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, Message,
-    MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError, Resources,
+    ClaimToken, Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration,
+    Message, MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError, Resources,
+    RetryPolicy, Stopper, Store, StoreError, Worker, WorkerBuilder, WorkerError, WorkerHandle,
+    WorkerStats,
 };
 
 /// Makes a struct an outbox message and registers its handler with the worker.

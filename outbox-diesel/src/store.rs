@@ -1,0 +1,420 @@
+//! The worker's storage on Diesel: claims with leases, batched settlements, `LISTEN`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::r2d2::{ConnectionManager, Pool, PooledConnection, R2D2Connection};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
+use outbox_core::{ClaimToken, ClaimedMessage, Listener, Outcome, Settlement, Store, StoreError};
+
+use crate::admin::parse_message_id;
+use crate::connection::{
+    with_backend, Backend, BackendConnection, Bind, Dialect, OutboxConnection, RawSql,
+};
+
+/// Only the first pending message of each ordering key is claimable, so a key's messages run
+/// one at a time, in order, and a key whose head is retrying waits for it.
+const HEAD_OF_ITS_KEY: &str = "(m.ordering_key IS NULL OR NOT EXISTS (\
+     SELECT 1 FROM outbox_message e WHERE e.ordering_key = m.ordering_key AND e.id < m.id))";
+
+/// How long an SQLite connection waits for the write lock before failing with "busy".
+const SQLITE_BUSY_TIMEOUT_MS: u32 = 5000;
+
+/// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
+///
+/// The worker takes up to three connections from the pool at once (the claimer, the acker and,
+/// on PostgreSQL, the `LISTEN` connection, held for the worker's lifetime), so give the worker a
+/// pool of its own or size the application's pool for it.
+pub struct DieselStore<C: R2D2Connection + 'static> {
+    pool: Pool<ConnectionManager<C>>,
+}
+
+impl<C: R2D2Connection + 'static> fmt::Debug for DieselStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DieselStore")
+            .field("pool", &self.pool.state())
+            .finish()
+    }
+}
+
+impl<C> DieselStore<C>
+where
+    C: OutboxConnection + R2D2Connection + Send + 'static,
+{
+    /// A store over `pool`. Run [`run_migrations`](crate::run_migrations) first.
+    pub fn new(pool: Pool<ConnectionManager<C>>) -> Self {
+        DieselStore { pool }
+    }
+
+    fn connection(&self) -> Result<PooledConnection<ConnectionManager<C>>, StoreError> {
+        let mut conn = self
+            .pool
+            .get()
+            .map_err(|e| StoreError::new("getting a connection from the pool", e))?;
+        if C::BACKEND == Backend::Sqlite {
+            conn.batch_execute(&format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}"))
+                .map_err(|e| StoreError::new("setting the SQLite busy timeout", e))?;
+        }
+        Ok(conn)
+    }
+}
+
+impl<C> Store for DieselStore<C>
+where
+    C: OutboxConnection + R2D2Connection + Send + 'static,
+{
+    fn claim(
+        &self,
+        token: ClaimToken,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let mut conn = self.connection()?;
+        let rows = claim(conn.backend_connection(), token, limit, lease)
+            .map_err(|e| StoreError::new("claiming messages", e))?;
+        let mut claimed = rows
+            .into_iter()
+            .map(|row| {
+                Ok(ClaimedMessage {
+                    message_id: parse_message_id("outbox_message", row.id, &row.message_id)
+                        .map_err(|e| StoreError::new("reading a claimed message", e))?,
+                    position: row.id,
+                    message_type: row.message_type,
+                    payload: row.payload,
+                    ordering_key: row.ordering_key,
+                    attempt: row.attempts.max(0).unsigned_abs(),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        claimed.sort_by_key(|message| message.position);
+        Ok(claimed)
+    }
+
+    fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.connection()?;
+        settle(conn.backend_connection(), outcomes)
+            .map_err(|e| StoreError::new("settling processed messages", e))
+    }
+
+    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
+        if C::BACKEND != Backend::Postgres {
+            return Ok(None);
+        }
+        let mut conn = self.connection()?;
+        conn.batch_execute("LISTEN outbox_message")
+            .map_err(|e| StoreError::new("listening for new messages", e))?;
+        Ok(Some(Box::new(NotificationListener { conn })))
+    }
+
+    fn wants_local_wakeups(&self) -> bool {
+        C::BACKEND != Backend::Postgres
+    }
+}
+
+#[derive(QueryableByName)]
+struct ClaimRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    message_id: String,
+    #[diesel(sql_type = Text)]
+    message_type: String,
+    #[diesel(sql_type = Text)]
+    payload: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    ordering_key: Option<String>,
+    #[diesel(sql_type = Integer)]
+    attempts: i32,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct IdRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+}
+
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn id_list(ids: &[i64]) -> String {
+    let mut list = String::with_capacity(ids.len() * 8);
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push_str(&id.to_string());
+    }
+    list
+}
+
+fn claim(
+    conn: BackendConnection<'_>,
+    token: ClaimToken,
+    limit: usize,
+    lease: Duration,
+) -> QueryResult<Vec<ClaimRow>> {
+    let token = token.to_string();
+    let lease = micros(lease);
+    match conn {
+        #[cfg(feature = "postgres")]
+        BackendConnection::Pg(c) => diesel::sql_query(format!(
+            "WITH due AS (\
+                SELECT id FROM outbox_message m \
+                WHERE m.next_attempt_at <= now() AND {HEAD_OF_ITS_KEY} \
+                ORDER BY m.next_attempt_at, m.id LIMIT {limit} \
+                FOR UPDATE SKIP LOCKED) \
+             UPDATE outbox_message o \
+             SET locked_by = $1::uuid, attempts = o.attempts + 1, \
+                 next_attempt_at = now() + $2 * INTERVAL '1 microsecond' \
+             FROM due WHERE o.id = due.id \
+             RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
+                 o.payload::text AS payload, o.ordering_key, o.attempts"
+        ))
+        .bind::<Text, _>(&token)
+        .bind::<BigInt, _>(lease)
+        .load(c),
+
+        // MySQL has no UPDATE .. RETURNING, and a locking read would also lock (and, with SKIP
+        // LOCKED, skip) the rows its NOT EXISTS looks at, breaking key order. So: find the heads
+        // with a plain read, lock those still due, then lease them.
+        #[cfg(feature = "mysql")]
+        BackendConnection::Mysql(c) => {
+            c.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
+            c.transaction(|c| {
+                let candidates: Vec<IdRow> = diesel::sql_query(format!(
+                    "SELECT id FROM outbox_message m \
+                     WHERE m.next_attempt_at <= UTC_TIMESTAMP(6) AND {HEAD_OF_ITS_KEY} \
+                     ORDER BY m.next_attempt_at, m.id LIMIT {limit}"
+                ))
+                .load(c)?;
+                if candidates.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let ids: Vec<i64> = candidates.iter().map(|row| row.id).collect();
+                let mut rows: Vec<ClaimRow> = diesel::sql_query(format!(
+                    "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload, \
+                         ordering_key, attempts \
+                     FROM outbox_message \
+                     WHERE id IN ({}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                     FOR UPDATE SKIP LOCKED",
+                    id_list(&ids)
+                ))
+                .load(c)?;
+                if rows.is_empty() {
+                    return Ok(rows);
+                }
+                let locked: Vec<i64> = rows.iter().map(|row| row.id).collect();
+                diesel::sql_query(format!(
+                    "UPDATE outbox_message SET locked_by = ?, attempts = attempts + 1, \
+                         next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)) \
+                     WHERE id IN ({})",
+                    id_list(&locked)
+                ))
+                .bind::<Text, _>(&token)
+                .bind::<BigInt, _>(lease)
+                .execute(c)?;
+                for row in &mut rows {
+                    row.attempts += 1;
+                }
+                Ok(rows)
+            })
+        }
+
+        #[cfg(feature = "sqlite")]
+        BackendConnection::Sqlite(c) => c.immediate_transaction(|c| {
+            diesel::sql_query(format!(
+                "UPDATE outbox_message \
+                 SET locked_by = ?, attempts = attempts + 1, next_attempt_at = {} \
+                 WHERE id IN (\
+                    SELECT id FROM outbox_message m \
+                    WHERE m.next_attempt_at <= {} AND {HEAD_OF_ITS_KEY} \
+                    ORDER BY m.next_attempt_at, m.id LIMIT {limit}) \
+                 RETURNING id, message_id, message_type, payload, ordering_key, attempts",
+                (crate::connection::SQLITE.now_plus_micros)("?"),
+                crate::connection::SQLITE.now,
+            ))
+            .bind::<Text, _>(&token)
+            .bind::<BigInt, _>(lease)
+            .load(c)
+        }),
+    }
+}
+
+/// Applies every outcome in one transaction and returns the positions whose lease had passed to
+/// another claim (fenced), which are left untouched.
+fn settle(conn: BackendConnection<'_>, outcomes: &[Outcome]) -> QueryResult<Vec<i64>> {
+    let d = conn.dialect();
+    with_backend!(conn, c => c.write_transaction(|c| {
+        let mut fenced = Vec::new();
+        apply_outcomes(c, d, outcomes, &mut fenced)?;
+        Ok(fenced)
+    }))
+}
+
+/// The outcomes grouped: done and released messages in one statement per claim, retries and
+/// dead letters one by one (they carry their own errors and delays, and are rare).
+fn apply_outcomes<C: RawSql>(
+    c: &mut C,
+    d: &Dialect,
+    outcomes: &[Outcome],
+    fenced: &mut Vec<i64>,
+) -> QueryResult<()> {
+    let mut done: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut released: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for outcome in outcomes {
+        let token = outcome.token.to_string();
+        match &outcome.settlement {
+            Settlement::Done => done.entry(token).or_default().push(outcome.position),
+            Settlement::Release => released.entry(token).or_default().push(outcome.position),
+            Settlement::Retry { delay, error } => {
+                let sql = format!(
+                    "UPDATE outbox_message SET locked_by = NULL, next_attempt_at = {}, \
+                     last_error = {} WHERE id = {} AND locked_by = {}",
+                    (d.now_plus_micros)(&(d.placeholder)(1)),
+                    (d.placeholder)(2),
+                    outcome.position,
+                    (d.uuid_param)(&(d.placeholder)(3)),
+                );
+                let changed = c.run(
+                    &sql,
+                    &[
+                        Bind::BigInt(micros(*delay)),
+                        Bind::Text(error),
+                        Bind::Text(&token),
+                    ],
+                )?;
+                if changed == 0 {
+                    fenced.push(outcome.position);
+                }
+            }
+            Settlement::DeadLetter { error } => {
+                let owned = format!(
+                    "id = {} AND locked_by = {}",
+                    outcome.position,
+                    (d.uuid_param)(&(d.placeholder)(2))
+                );
+                let copy = format!(
+                    "INSERT INTO outbox_failure (id, message_id, message_type, payload, \
+                         ordering_key, attempts, last_error, created_at, failed_at) \
+                     SELECT id, message_id, message_type, payload, ordering_key, attempts, {}, \
+                         created_at, {} \
+                     FROM outbox_message WHERE {owned}",
+                    (d.placeholder)(1),
+                    d.now,
+                );
+                let copied =
+                    c.run(&copy, &[Bind::Text(error), Bind::Text(&token)])?;
+                if copied == 0 {
+                    fenced.push(outcome.position);
+                    continue;
+                }
+                let remove = format!(
+                    "DELETE FROM outbox_message WHERE id = {} AND locked_by = {}",
+                    outcome.position,
+                    (d.uuid_param)(&(d.placeholder)(1))
+                );
+                c.run(&remove, &[Bind::Text(&token)])?;
+            }
+        }
+    }
+    for (token, positions) in &done {
+        let sql = format!(
+            "DELETE FROM outbox_message WHERE locked_by = {} AND id IN ({})",
+            (d.uuid_param)(&(d.placeholder)(1)),
+            id_list(positions)
+        );
+        let changed = c.run(&sql, &[Bind::Text(token)])?;
+        if changed < positions.len() {
+            fenced.extend(still_present(c, positions)?);
+        }
+    }
+    for (token, positions) in &released {
+        let sql = format!(
+            "UPDATE outbox_message SET locked_by = NULL, next_attempt_at = {}, \
+             attempts = attempts - 1 WHERE locked_by = {} AND id IN ({})",
+            d.now,
+            (d.uuid_param)(&(d.placeholder)(1)),
+            id_list(positions)
+        );
+        let changed = c.run(&sql, &[Bind::Text(token)])?;
+        if changed < positions.len() {
+            // Released rows stay, so only those now leased to someone else were fenced.
+            let sql = format!(
+                "SELECT id FROM outbox_message WHERE id IN ({}) AND locked_by IS NOT NULL \
+                 AND locked_by <> {}",
+                id_list(positions),
+                (d.uuid_param)(&(d.placeholder)(1))
+            );
+            fenced.extend(c.ids(&sql, &[Bind::Text(token)])?);
+        }
+    }
+    Ok(())
+}
+
+/// After deleting a claim's finished rows: those still there belong to another claim.
+fn still_present<C: RawSql>(c: &mut C, positions: &[i64]) -> QueryResult<Vec<i64>> {
+    let sql = format!(
+        "SELECT id FROM outbox_message WHERE id IN ({})",
+        id_list(positions)
+    );
+    c.ids(&sql, &[])
+}
+
+/// A pooled connection that `LISTEN`s on the channel the outbox table's trigger notifies.
+struct NotificationListener<C: R2D2Connection + 'static> {
+    conn: PooledConnection<ConnectionManager<C>>,
+}
+
+/// How often the listener checks its socket: the wake-up latency it adds at most. Checking
+/// reads only what the server already sent; it costs no round trip.
+const LISTEN_CHECK_INTERVAL: Duration = Duration::from_millis(1);
+
+impl<C> Listener for NotificationListener<C>
+where
+    C: OutboxConnection + R2D2Connection + Send + 'static,
+{
+    fn wait(&mut self, timeout: Duration) -> Result<bool, StoreError> {
+        let until = Instant::now() + timeout;
+        loop {
+            if self.drain()? {
+                return Ok(true);
+            }
+            if Instant::now() >= until {
+                return Ok(false);
+            }
+            std::thread::sleep(LISTEN_CHECK_INTERVAL);
+        }
+    }
+}
+
+impl<C> NotificationListener<C>
+where
+    C: OutboxConnection + R2D2Connection + Send + 'static,
+{
+    fn drain(&mut self) -> Result<bool, StoreError> {
+        match self.conn.backend_connection() {
+            #[cfg(feature = "postgres")]
+            BackendConnection::Pg(c) => {
+                let mut any = false;
+                for notification in c.notifications_iter() {
+                    notification.map_err(|e| StoreError::new("receiving notifications", e))?;
+                    any = true;
+                }
+                Ok(any)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Ok(false),
+        }
+    }
+}
+
+impl<C: R2D2Connection + 'static> Drop for NotificationListener<C> {
+    fn drop(&mut self) {
+        // The connection goes back to the pool: it must not keep receiving notifications.
+        let _ = self.conn.batch_execute("UNLISTEN *");
+    }
+}
