@@ -47,9 +47,9 @@ mod error;
 mod message;
 mod registry;
 mod retry;
-mod worker;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+mod worker;
 
 pub use context::{Context, Delivery, Resources};
 pub use error::{FailureKind, ProcessError};

@@ -7,8 +7,8 @@ use diesel::{QueryableByName, RunQueryDsl};
 use outbox_core::MessageId;
 
 use crate::connection::{with_backend, Bind, Dialect, OutboxConnection, RawSql};
-use crate::store::id_list;
 use crate::error::{Error, Result};
+use crate::store::id_list;
 
 /// Which messages a listing returns.
 #[derive(Debug, Clone)]
@@ -287,7 +287,10 @@ pub fn dead_letters<C: OutboxConnection>(
     dead_letters_where(
         conn,
         |d| match message_type {
-            Some(t) => (format!("WHERE message_type = {}", (d.placeholder)(1)), Some(t)),
+            Some(t) => (
+                format!("WHERE message_type = {}", (d.placeholder)(1)),
+                Some(t),
+            ),
             None => (String::new(), None),
         },
         Some(options.limit),

@@ -7,9 +7,9 @@ use diesel::pg::PgConnection;
 use diesel::r2d2::{ConnectionManager, PooledConnection, R2D2Connection};
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Text};
-use diesel::{Connection, QueryResult, RunQueryDsl};
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::SqliteConnection;
+use diesel::{Connection, QueryResult, RunQueryDsl};
 
 mod sealed {
     pub trait Sealed {}
@@ -295,3 +295,34 @@ macro_rules! with_backend {
     };
 }
 pub(crate) use with_backend;
+
+/// Settings an r2d2 pool's connections need for the outbox, applied as each connection opens:
+/// on SQLite a busy timeout (so the worker and the application wait for each other's write
+/// transactions instead of failing with "database is locked") and WAL journaling (readers do
+/// not block the writer); nothing on the other backends.
+///
+/// ```
+/// # use diesel::r2d2::{ConnectionManager, Pool};
+/// # use diesel::SqliteConnection;
+/// let pool = Pool::builder()
+///     .connection_customizer(Box::new(outbox_diesel::PoolCustomizer))
+///     .build(ConnectionManager::<SqliteConnection>::new("file:quickstart?mode=memory&cache=shared"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PoolCustomizer;
+
+impl<C> diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error> for PoolCustomizer
+where
+    C: OutboxConnection + Connection + 'static,
+{
+    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
+        if C::BACKEND == Backend::Sqlite {
+            conn.batch_execute(
+                "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;",
+            )
+            .map_err(diesel::r2d2::Error::QueryError)?;
+        }
+        Ok(())
+    }
+}

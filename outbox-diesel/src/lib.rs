@@ -13,17 +13,17 @@ mod error;
 mod migrations;
 mod store;
 
-pub use connection::{Backend, OutboxConnection};
+pub use connection::{Backend, OutboxConnection, PoolCustomizer};
 pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions};
 pub use error::{Error, Result};
 pub use migrations::run_migrations;
-pub use store::DieselStore;
 pub use outbox_core::{
-    ClaimToken, Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration,
-    Message, MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError, Resources,
-    RetryPolicy, Stopper, Store, StoreError, Worker, WorkerBuilder, WorkerError, WorkerHandle,
-    WorkerStats,
+    ClaimToken, ClaimedMessage, Context, Delivery, DispatchError, FailureKind, Handler,
+    HandlerRegistration, Listener, Message, MessageId, Outcome, ParseMessageIdError, ProcessError,
+    Registry, RegistryError, Resources, RetryPolicy, Settlement, Stopper, Store, StoreError,
+    Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats,
 };
+pub use store::DieselStore;
 
 /// Makes a struct an outbox message and registers its handler with the worker.
 ///
@@ -42,6 +42,12 @@ pub use outbox_core::{
 /// not otherwise use, write `use my_handlers as _;` in the binary (and in each integration test
 /// that needs them).
 pub use outbox_macros::outbox_handler;
+
+/// Webhook delivery (Standard Webhooks) and the verifier for receivers.
+#[cfg(feature = "webhook")]
+pub mod webhook {
+    pub use outbox_core::webhook::*;
+}
 
 /// The traits that give messages their `enqueue` methods: `use outbox_diesel::prelude::*;`.
 pub mod prelude {

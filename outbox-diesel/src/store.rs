@@ -306,8 +306,7 @@ fn apply_outcomes<C: RawSql>(
                     (d.placeholder)(1),
                     d.now,
                 );
-                let copied =
-                    c.run(&copy, &[Bind::Text(error), Bind::Text(&token)])?;
+                let copied = c.run(&copy, &[Bind::Text(error), Bind::Text(&token)])?;
                 if copied == 0 {
                     fenced.push(outcome.position);
                     continue;

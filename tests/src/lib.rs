@@ -8,6 +8,9 @@
 //! Where a server cannot be reached, the test says which variable to set and passes, except
 //! with `CI=true`, where it fails: CI skips nothing.
 
+pub mod receiver;
+pub mod worker_support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use diesel::Connection;

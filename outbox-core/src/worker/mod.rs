@@ -426,13 +426,18 @@ impl WorkerHandle {
         loop {
             let exited = match until {
                 Some(until) => self.alive.recv_deadline(until),
-                None => self.alive.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                None => self
+                    .alive
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
             };
             match exited {
                 Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {
                     let running = self.threads.iter().filter(|t| !t.is_finished()).count();
-                    log::warn!("outbox worker shutdown deadline passed with {running} threads busy");
+                    log::warn!(
+                        "outbox worker shutdown deadline passed with {running} threads busy"
+                    );
                     return Err(WorkerError::ShutdownTimedOut { running });
                 }
                 Ok(()) => {}
@@ -517,7 +522,8 @@ fn claimer(
             }
             Err(error) => {
                 failures += 1;
-                let pause = Duration::from_millis(100 << failures.min(6)).min(Duration::from_secs(5));
+                let pause =
+                    Duration::from_millis(100 << failures.min(6)).min(Duration::from_secs(5));
                 log::error!("outbox: claiming messages failed (retrying in {pause:?}): {error}");
                 let _ = wake.recv_timeout(pause);
                 continue;
@@ -527,7 +533,10 @@ fn claimer(
         if count > 0 {
             log::debug!("outbox: claimed {count} messages under {token}");
             shared.in_flight.fetch_add(count, Ordering::SeqCst);
-            shared.stats.claimed.fetch_add(count as u64, Ordering::Relaxed);
+            shared
+                .stats
+                .claimed
+                .fetch_add(count as u64, Ordering::Relaxed);
             follow_ups = &[];
         }
         let lease_ends = started + shared.lease;
@@ -592,7 +601,10 @@ fn process(shared: &Shared<dyn Store>, message: &ClaimedMessage) -> Settlement {
             message.message_type,
             shared.registry.message_types()
         );
-        log::warn!("outbox: message {} dead-lettered: {error}", message.message_id);
+        log::warn!(
+            "outbox: message {} dead-lettered: {error}",
+            message.message_id
+        );
         return Settlement::DeadLetter { error };
     };
     let delivery = Delivery {
@@ -765,7 +777,8 @@ fn listen(shared: &Shared<dyn Store>, mut listener: Box<dyn Listener>, wake: Sen
             Ok(false) => failures = 0,
             Err(error) => {
                 failures += 1;
-                let pause = Duration::from_millis(100 << failures.min(6)).min(Duration::from_secs(5));
+                let pause =
+                    Duration::from_millis(100 << failures.min(6)).min(Duration::from_secs(5));
                 log::warn!(
                     "outbox: lost the notification connection (polling meanwhile, reconnecting \
                      in {pause:?}): {error}"

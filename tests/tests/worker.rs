@@ -1,0 +1,722 @@
+//! The worker on every backend, delivering to a real HTTP receiver on 127.0.0.1.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel::Connection;
+use outbox_diesel::admin::{purge_dead_letters, requeue_dead_letters, DeadLetterSelection};
+use outbox_diesel::prelude::*;
+use outbox_diesel::webhook::{verify, WebhookEndpoint};
+use outbox_diesel::{
+    enqueue_all, outbox_handler, Batch, ClaimToken, Context, DieselStore, EnqueueOptions, Error,
+    Message, MessageId, Outcome, ProcessError, RetryPolicy, Settlement, Store, Worker,
+    WorkerBuilder, WorkerHandle,
+};
+use outbox_tests::receiver::{Receiver, Reply, Request};
+use outbox_tests::worker_support::{
+    dead, endpoint, eventually, pending, pool, secret, TestConnection,
+};
+use outbox_tests::{backend_tests, TestDb};
+use serde::{Deserialize, Serialize};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+#[outbox_handler("test.hook")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Hook {
+    n: u32,
+    key: Option<String>,
+}
+
+impl Hook {
+    fn new(n: u32) -> Hook {
+        Hook { n, key: None }
+    }
+}
+
+impl Handler for Hook {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
+    }
+}
+
+/// Panics on `n == 0`, once and for all: its own retry policy allows one attempt.
+#[outbox_handler("test.panics")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Panics {
+    n: u32,
+}
+
+impl Handler for Panics {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        assert!(self.n != 0, "boom on message {}", self.n);
+        Ok(())
+    }
+
+    fn retry_policy() -> Option<RetryPolicy> {
+        Some(RetryPolicy::new().max_attempts(1))
+    }
+}
+
+/// A type no handler in this program serves.
+#[derive(Serialize, Deserialize)]
+struct Nobody {
+    x: u32,
+}
+
+impl Message for Nobody {
+    const MESSAGE_TYPE: &'static str = "test.nobody";
+}
+
+/// Stored under `test.hook` but shaped otherwise: it no longer deserializes into `Hook`.
+#[derive(Serialize, Deserialize)]
+struct OldHook {
+    wrong: bool,
+}
+
+impl Message for OldHook {
+    const MESSAGE_TYPE: &'static str = "test.hook";
+}
+
+type TestPool<C> = Pool<ConnectionManager<C>>;
+
+/// Short retries so tests see them happen.
+fn quick_retries() -> RetryPolicy {
+    RetryPolicy::new()
+        .max_attempts(3)
+        .initial_backoff(Duration::from_millis(50))
+        .multiplier(2.0)
+}
+
+fn builder<C: TestConnection>(
+    pool: &TestPool<C>,
+    receiver: &Receiver,
+) -> WorkerBuilder<DieselStore<C>> {
+    Worker::builder(DieselStore::new(pool.clone()))
+        .handler_threads(4)
+        .batch_size(16)
+        .poll_interval(Duration::from_millis(100))
+        .retry_policy(quick_retries())
+        .webhook(endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+}
+
+fn n_of(request: &Request) -> u32 {
+    request.json()["data"]["n"].as_u64().expect("data.n") as u32
+}
+
+fn key_of(request: &Request) -> Option<String> {
+    request.json()["data"]["key"].as_str().map(str::to_owned)
+}
+
+fn webhook_id(request: &Request) -> MessageId {
+    request
+        .header("webhook-id")
+        .expect("webhook-id header")
+        .parse()
+        .expect("webhook-id is the message id")
+}
+
+fn stop(worker: WorkerHandle) {
+    worker
+        .shutdown(Duration::from_secs(10))
+        .expect("the worker stops in time");
+}
+
+fn delivers_each_committed_message_once_signed<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let pool = pool::<C>(db, 8);
+    let hooks: Vec<Hook> = (0..50).map(Hook::new).collect();
+    let ids = pool
+        .get()
+        .unwrap()
+        .transaction(|conn| enqueue_all(conn, &hooks))
+        .unwrap();
+    let rolled_back: Result<(), Error> = pool.get().unwrap().transaction(|conn| {
+        Hook::new(1000).enqueue(conn)?;
+        Err(Error::Internal("rolled back on purpose"))
+    });
+    assert!(rolled_back.is_err());
+
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(
+        receiver.wait_for(50, PATIENCE),
+        "got {}",
+        receiver.requests().len()
+    );
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    let stats = worker.stats();
+    stop(worker);
+    std::thread::sleep(Duration::from_millis(200));
+
+    let requests = receiver.requests();
+    assert_eq!(
+        requests.len(),
+        50,
+        "each message exactly once, the rolled back one never"
+    );
+    let delivered: HashSet<MessageId> = requests.iter().map(webhook_id).collect();
+    assert_eq!(delivered, ids.iter().copied().collect());
+    for request in &requests {
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/hook");
+        let verified = verify(
+            &[secret()],
+            &request.headers,
+            &request.body,
+            Duration::from_secs(300),
+        )
+        .expect("a valid Standard Webhooks signature");
+        assert_eq!(verified.id, webhook_id(request).to_string());
+        let body = request.json();
+        assert_eq!(body["type"], "test.hook");
+        assert_eq!(body["id"], verified.id);
+        assert!(n_of(request) < 50);
+    }
+    assert_eq!(stats.succeeded, 50);
+    assert_eq!(stats.claimed, 50);
+    assert!(dead(&pool).is_empty());
+}
+
+fn a_500_is_retried_until_the_receiver_recovers<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, n| Reply::status(if n < 2 { 500 } else { 200 }));
+    let pool = pool::<C>(db, 8);
+    let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = builder(&pool, &receiver)
+        .retry_policy(quick_retries().initial_backoff(Duration::from_millis(400)))
+        .spawn()
+        .unwrap();
+
+    assert!(eventually(PATIENCE, || pending(&pool).first().is_some_and(
+        |m| m.last_error.as_deref().is_some_and(|e| e.contains("500"))
+    )));
+    let retrying = &pending(&pool)[0];
+    assert!(
+        retrying.attempts >= 1,
+        "the attempt count is visible: {retrying:?}"
+    );
+    assert!(retrying
+        .last_error
+        .as_ref()
+        .unwrap()
+        .contains(&receiver.url("/hook")));
+
+    assert!(receiver.wait_for(3, PATIENCE));
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    let stats = worker.stats();
+    stop(worker);
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 3, "delivered on the third attempt");
+    assert!(
+        requests.iter().all(|r| webhook_id(r) == id),
+        "one id on every attempt"
+    );
+    assert_eq!((stats.retried, stats.succeeded), (2, 1));
+    assert!(dead(&pool).is_empty());
+}
+
+fn a_receiver_that_always_fails_leads_to_a_dead_letter<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, _| Reply::Status(503, Vec::new(), b"maintenance".to_vec()));
+    let pool = pool::<C>(db, 8);
+    let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
+    stop(worker);
+
+    let letter = &dead(&pool)[0];
+    assert_eq!(letter.message_id, id);
+    assert_eq!(letter.attempts, 3);
+    assert!(
+        letter.last_error.contains("gave up after 3 attempts"),
+        "{}",
+        letter.last_error
+    );
+    assert!(letter.last_error.contains("503"), "{}", letter.last_error);
+    assert!(
+        letter.last_error.contains("maintenance"),
+        "{}",
+        letter.last_error
+    );
+    assert_eq!(receiver.requests().len(), 3);
+    assert!(pending(&pool).is_empty());
+}
+
+fn client_errors_are_dead_lettered_after_one_attempt<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|request, _| match n_of(request) {
+        1 => Reply::status(410),
+        _ => Reply::status(400),
+    });
+    let pool = pool::<C>(db, 8);
+    enqueue_all(&mut pool.get().unwrap(), &[Hook::new(1), Hook::new(2)]).unwrap();
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 2));
+    stop(worker);
+
+    assert_eq!(
+        receiver.requests().len(),
+        2,
+        "no retry of a permanent failure"
+    );
+    let letters = dead(&pool);
+    assert!(letters.iter().all(|l| l.attempts == 1));
+    assert!(letters.iter().any(|l| l.last_error.contains("410")));
+    assert!(letters.iter().any(|l| l.last_error.contains("400")));
+}
+
+fn retry_after_is_honoured<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, n| {
+        if n == 0 {
+            Reply::with_header(429, "retry-after", "2")
+        } else {
+            Reply::status(200)
+        }
+    });
+    let pool = pool::<C>(db, 8);
+    Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(receiver.wait_for(2, PATIENCE));
+    stop(worker);
+    let requests = receiver.requests();
+    let gap = requests[1].at - requests[0].at;
+    assert!(
+        gap >= Duration::from_secs(2),
+        "retried after {gap:?}, before Retry-After"
+    );
+    assert!(gap < Duration::from_secs(10), "retried after {gap:?}");
+}
+
+fn a_hanging_receiver_times_out_and_is_retried<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, n| {
+        if n == 0 {
+            Reply::Hang(Duration::from_secs(3))
+        } else {
+            Reply::status(200)
+        }
+    });
+    let pool = pool::<C>(db, 8);
+    Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = builder(&pool, &receiver)
+        .webhook(endpoint(&receiver.url("/hook"), Duration::from_millis(300)))
+        .spawn()
+        .unwrap();
+    assert!(receiver.wait_for(2, PATIENCE));
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    let stats = worker.stats();
+    stop(worker);
+    let requests = receiver.requests();
+    assert!(
+        requests[1].at - requests[0].at < Duration::from_secs(3),
+        "the retry did not wait for the hung request"
+    );
+    assert_eq!((stats.retried, stats.succeeded), (1, 1));
+}
+
+fn redirects_are_not_followed<C: TestConnection>(db: &TestDb) {
+    let elsewhere = Receiver::ok();
+    let target = elsewhere.url("/other");
+    let receiver = Receiver::start(move |_, _| Reply::with_header(308, "location", &target));
+    let pool = pool::<C>(db, 8);
+    Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
+    stop(worker);
+    assert_eq!(receiver.requests().len(), 1);
+    assert!(elsewhere.requests().is_empty(), "the redirect was followed");
+    let error = &dead(&pool)[0].last_error;
+    assert!(error.contains("308"), "{error}");
+    assert!(error.contains("redirect"), "{error}");
+}
+
+fn poison_messages_are_dead_lettered_while_the_rest_flows<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let pool = pool::<C>(db, 8);
+    let mut batch = Batch::new();
+    batch.push(&Hook::new(0)).unwrap();
+    let nobody = batch.push(&Nobody { x: 1 }).unwrap();
+    let old = batch.push(&OldHook { wrong: true }).unwrap();
+    let panics = batch.push(&Panics { n: 0 }).unwrap();
+    batch.push(&Panics { n: 1 }).unwrap();
+    for n in 1..10 {
+        batch.push(&Hook::new(n)).unwrap();
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(receiver.wait_for(10, PATIENCE));
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    stop(worker);
+
+    let letters: HashMap<MessageId, String> = dead(&pool)
+        .into_iter()
+        .map(|l| (l.message_id, l.last_error))
+        .collect();
+    assert_eq!(letters.len(), 3, "{letters:?}");
+    let unknown = &letters[&nobody];
+    assert!(
+        unknown.contains("no handler is registered for message type `test.nobody`"),
+        "{unknown}"
+    );
+    let shape = &letters[&old];
+    assert!(
+        shape.contains("`test.hook`") && shape.contains("missing field `n`"),
+        "{shape}"
+    );
+    let panic = &letters[&panics];
+    assert!(
+        panic.contains("the handler panicked: boom on message 0"),
+        "{panic}"
+    );
+    assert_eq!(
+        receiver.requests().len(),
+        10,
+        "every good message was delivered"
+    );
+}
+
+fn dead_letters_can_be_requeued_and_purged<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, _| Reply::status(410));
+    let pool = pool::<C>(db, 8);
+    let ids = enqueue_all(
+        &mut pool.get().unwrap(),
+        &[Hook::new(0), Hook::new(1), Hook::new(2)],
+    )
+    .unwrap();
+    Nobody { x: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 4));
+    receiver.set_behaviour(|_, _| Reply::status(200));
+    let already = receiver.requests().len();
+
+    let letters = dead(&pool);
+    let first = letters.iter().find(|l| l.message_id == ids[0]).unwrap();
+    let mut conn = pool.get().unwrap();
+    let moved = requeue_dead_letters(
+        &mut conn,
+        &DeadLetterSelection::Positions(vec![first.position]),
+    )
+    .unwrap();
+    assert_eq!(moved, [first.position]);
+    assert!(receiver.wait_for(already + 1, PATIENCE));
+    assert_eq!(
+        webhook_id(&receiver.requests()[already]),
+        ids[0],
+        "re-queued with its id"
+    );
+
+    let purged = purge_dead_letters(
+        &mut conn,
+        &DeadLetterSelection::MessageType("test.nobody".into()),
+    )
+    .unwrap();
+    assert_eq!(purged, 1);
+    let moved = requeue_dead_letters(&mut conn, &DeadLetterSelection::All).unwrap();
+    assert_eq!(moved.len(), 2);
+    assert!(receiver.wait_for(already + 3, PATIENCE));
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    stop(worker);
+    assert!(dead(&pool).is_empty());
+    let redelivered: HashSet<MessageId> = receiver.requests()[already..]
+        .iter()
+        .map(webhook_id)
+        .collect();
+    assert_eq!(redelivered, ids.iter().copied().collect());
+}
+
+fn three_workers_deliver_ten_thousand_messages_exactly_once<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let pool = pool::<C>(db, 4);
+    let hooks: Vec<Hook> = (0..10_000).map(Hook::new).collect();
+    pool.get()
+        .unwrap()
+        .transaction(|conn| enqueue_all(conn, &hooks))
+        .unwrap();
+    let workers: Vec<WorkerHandle> = (0..3)
+        .map(|_| {
+            let own_pool = outbox_tests::worker_support::pool::<C>(db, 4);
+            builder(&own_pool, &receiver)
+                .batch_size(64)
+                .handler_threads(8)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        receiver.wait_for(10_000, Duration::from_secs(120)),
+        "got {}",
+        receiver.requests().len()
+    );
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    let per_worker: Vec<u64> = workers.iter().map(|w| w.stats().succeeded).collect();
+    for worker in workers {
+        stop(worker);
+    }
+    let requests = receiver.requests();
+    let mut seen = HashSet::new();
+    let duplicates: Vec<_> = requests
+        .iter()
+        .map(webhook_id)
+        .filter(|id| !seen.insert(*id))
+        .collect();
+    assert!(duplicates.is_empty(), "{} duplicates", duplicates.len());
+    assert_eq!(seen.len(), 10_000);
+    assert_eq!(per_worker.iter().sum::<u64>(), 10_000);
+    eprintln!("{:?}: deliveries per worker {per_worker:?}", db.backend());
+}
+
+fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb) {
+    let pool = pool::<C>(db, 4);
+    let store = DieselStore::new(pool.clone());
+    let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+
+    let first = ClaimToken::new();
+    let claimed = store.claim(first, 10, Duration::from_millis(300)).unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].attempt, 1);
+    assert!(
+        store
+            .claim(ClaimToken::new(), 10, Duration::from_secs(60))
+            .unwrap()
+            .is_empty(),
+        "a leased message is not claimed twice"
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    let second = ClaimToken::new();
+    let reclaimed = store.claim(second, 10, Duration::from_secs(60)).unwrap();
+    assert_eq!(
+        reclaimed.len(),
+        1,
+        "an expired lease makes the message claimable"
+    );
+    assert_eq!(reclaimed[0].message_id, id);
+    assert_eq!(reclaimed[0].attempt, 2);
+
+    let position = claimed[0].position;
+    let late = |settlement| Outcome {
+        token: first,
+        position,
+        message_id: id,
+        settlement,
+    };
+    for settlement in [
+        Settlement::Done,
+        Settlement::Retry {
+            delay: Duration::ZERO,
+            error: "late".into(),
+        },
+        Settlement::DeadLetter {
+            error: "late".into(),
+        },
+        Settlement::Release,
+    ] {
+        let fenced = store.settle(&[late(settlement.clone())]).unwrap();
+        assert_eq!(
+            fenced,
+            [position],
+            "{settlement:?} from the old claim is fenced"
+        );
+    }
+    let rows = pending(&pool);
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].in_flight, "still leased to the second claim");
+    assert_eq!(rows[0].attempts, 2);
+    assert_eq!(rows[0].last_error, None);
+    assert!(dead(&pool).is_empty());
+
+    let fenced = store
+        .settle(&[Outcome {
+            token: second,
+            position,
+            message_id: id,
+            settlement: Settlement::Done,
+        }])
+        .unwrap();
+    assert!(fenced.is_empty());
+    assert!(pending(&pool).is_empty());
+}
+
+fn messages_of_one_key_arrive_in_order_without_holding_back_others<C: TestConnection>(db: &TestDb) {
+    let failures_left = std::sync::atomic::AtomicU32::new(5);
+    let receiver = Receiver::start(move |request, _| {
+        let failing = key_of(request).as_deref() == Some("a")
+            && failures_left
+                .fetch_update(
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                    |left| left.checked_sub(1),
+                )
+                .is_ok();
+        Reply::status(if failing { 503 } else { 200 })
+    });
+    let pool = pool::<C>(db, 8);
+    let mut batch = Batch::new();
+    for n in 0..200 {
+        for key in ["a", "b", "c"] {
+            let hook = Hook {
+                n,
+                key: Some(key.into()),
+            };
+            batch
+                .push_with(&hook, &EnqueueOptions::new().ordering_key(key))
+                .unwrap();
+        }
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = builder(&pool, &receiver)
+        .retry_policy(
+            RetryPolicy::new()
+                .max_attempts(10)
+                .initial_backoff(Duration::from_millis(100))
+                .multiplier(1.0),
+        )
+        .spawn()
+        .unwrap();
+    assert!(
+        receiver.wait_for(605, Duration::from_secs(90)),
+        "got {}",
+        receiver.requests().len()
+    );
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    stop(worker);
+
+    let requests = receiver.requests();
+    let mut delivered: HashMap<String, Vec<u32>> = HashMap::new();
+    let mut others_before_a_started = 0;
+    let mut a_started = false;
+    for (i, request) in requests.iter().enumerate() {
+        let key = key_of(request).unwrap();
+        let succeeded = !(key == "a" && is_failure(&requests, i));
+        if key == "a" && succeeded {
+            a_started = true;
+        }
+        if key != "a" && !a_started {
+            others_before_a_started += 1;
+        }
+        if succeeded {
+            delivered.entry(key).or_default().push(n_of(request));
+        }
+    }
+    for key in ["a", "b", "c"] {
+        let order = &delivered[key];
+        assert_eq!(
+            order,
+            &(0..200).collect::<Vec<_>>(),
+            "key {key} out of order"
+        );
+    }
+    assert!(
+        others_before_a_started > 10,
+        "keys b and c progressed while a was retrying ({others_before_a_started} deliveries)"
+    );
+}
+
+/// Requests of key `a` are answered 503 until five have been; index `i` is one of those.
+fn is_failure(requests: &[Request], i: usize) -> bool {
+    requests[..=i]
+        .iter()
+        .filter(|r| key_of(r).as_deref() == Some("a"))
+        .count()
+        <= 5
+}
+
+fn a_commit_wakes_the_worker_long_before_the_poll<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let pool = pool::<C>(db, 8);
+    let worker = builder(&pool, &receiver)
+        .poll_interval(Duration::from_secs(10))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut latencies = Vec::new();
+    for n in 0..5 {
+        let committed = pool
+            .get()
+            .unwrap()
+            .transaction(|conn| Hook::new(n).enqueue(conn))
+            .map(|_| Instant::now())
+            .unwrap();
+        assert!(receiver.wait_for(n as usize + 1, Duration::from_secs(5)));
+        latencies.push(
+            receiver.requests()[n as usize]
+                .at
+                .saturating_duration_since(committed),
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop(worker);
+    eprintln!("{:?}: commit -> delivery {latencies:?}", db.backend());
+    for latency in &latencies {
+        assert!(
+            *latency < Duration::from_secs(1),
+            "woke after {latency:?}, not at the commit"
+        );
+    }
+}
+
+fn shutdown_during_a_backlog_loses_nothing_and_holds_no_lease<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, _| {
+        std::thread::sleep(Duration::from_millis(20));
+        Reply::status(200)
+    });
+    let pool = pool::<C>(db, 8);
+    let hooks: Vec<Hook> = (0..300).map(Hook::new).collect();
+    let ids = enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(receiver.wait_for(20, PATIENCE));
+    let asked = Instant::now();
+    worker.shutdown(Duration::from_secs(5)).unwrap();
+    let took = asked.elapsed();
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+
+    let delivered = receiver.requests().len();
+    let left = pending(&pool);
+    assert!(left.iter().all(|m| !m.in_flight), "a lease was left held");
+    assert_eq!(
+        delivered + left.len(),
+        300,
+        "nothing lost, nothing delivered and kept"
+    );
+    assert!(!left.is_empty(), "the backlog was not simply drained");
+
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(receiver.wait_for(300, PATIENCE));
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    stop(worker);
+    let all: HashSet<MessageId> = receiver.requests().iter().map(webhook_id).collect();
+    assert_eq!(all, ids.into_iter().collect());
+    assert_eq!(receiver.requests().len(), 300);
+    eprintln!(
+        "{:?}: shutdown took {took:?} with {delivered} of 300 delivered",
+        db.backend()
+    );
+}
+
+fn the_lease_must_outlast_the_handler_timeout<C: TestConnection>(db: &TestDb) {
+    let pool = pool::<C>(db, 2);
+    let err = Worker::builder(DieselStore::new(pool))
+        .webhook(endpoint("http://127.0.0.1:9/hook", Duration::from_secs(30)))
+        .lease(Duration::from_secs(20))
+        .spawn()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("must exceed the handler timeout"),
+        "{err}"
+    );
+}
+
+backend_tests!(
+    delivers_each_committed_message_once_signed,
+    a_500_is_retried_until_the_receiver_recovers,
+    a_receiver_that_always_fails_leads_to_a_dead_letter,
+    client_errors_are_dead_lettered_after_one_attempt,
+    retry_after_is_honoured,
+    a_hanging_receiver_times_out_and_is_retried,
+    redirects_are_not_followed,
+    poison_messages_are_dead_lettered_while_the_rest_flows,
+    dead_letters_can_be_requeued_and_purged,
+    three_workers_deliver_ten_thousand_messages_exactly_once,
+    a_late_outcome_from_an_expired_lease_is_fenced,
+    messages_of_one_key_arrive_in_order_without_holding_back_others,
+    a_commit_wakes_the_worker_long_before_the_poll,
+    shutdown_during_a_backlog_loses_nothing_and_holds_no_lease,
+    the_lease_must_outlast_the_handler_timeout,
+);
