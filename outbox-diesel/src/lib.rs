@@ -1,4 +1,93 @@
-#![doc = include_str!("../../README.md")]
+//! The transactional outbox for Diesel: enqueue messages through your own connection, inside
+//! your own transaction, and let a worker deliver them at least once.
+//!
+//! A message is a struct marked with [`#[outbox_handler("type")]`](outbox_handler); its
+//! [`Handler::process`] is what the worker does with it after the commit (often: deliver it to
+//! a [webhook](webhook)). [`Enqueue::enqueue`] writes it with one `INSERT` through the caller's
+//! connection, so it exists exactly when the caller's transaction commits.
+//!
+//! ```
+//! use std::sync::Mutex;
+//! use std::time::Duration;
+//!
+//! use diesel::prelude::*;
+//! use diesel::r2d2::{ConnectionManager, Pool};
+//! use outbox_diesel::prelude::*;
+//! use outbox_diesel::{outbox_handler, Context, DieselStore, PoolCustomizer, ProcessError, Worker};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[outbox_handler("comment.thankYou")]
+//! #[derive(Serialize, Deserialize)]
+//! struct ThankYou {
+//!     member_id: i64,
+//! }
+//!
+//! /// Where this example's handler "sends" its mail.
+//! struct Outbox(Mutex<Vec<i64>>);
+//!
+//! impl Handler for ThankYou {
+//!     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+//!         ctx.resource::<Outbox>()?.0.lock().unwrap().push(self.member_id);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let file = std::env::temp_dir().join(format!("outbox-doc-{}.db", std::process::id()));
+//! let pool = Pool::builder()
+//!     .connection_customizer(Box::new(PoolCustomizer))
+//!     .build(ConnectionManager::<SqliteConnection>::new(file.to_string_lossy()))?;
+//! let mut conn = pool.get()?;
+//! outbox_diesel::run_migrations(&mut conn)?;
+//! diesel::sql_query("CREATE TABLE IF NOT EXISTS comments (member_id BIGINT, body TEXT)")
+//!     .execute(&mut conn)?;
+//!
+//! // A comment and its thank-you commit together...
+//! conn.transaction(|conn| {
+//!     diesel::sql_query("INSERT INTO comments VALUES (7, 'Nice post!')").execute(conn)?;
+//!     ThankYou { member_id: 7 }.enqueue(conn)?;
+//!     Ok::<_, outbox_diesel::Error>(())
+//! })?;
+//! // ...and a rolled-back one leaves no message behind.
+//! let rolled_back: Result<(), outbox_diesel::Error> = conn.transaction(|conn| {
+//!     ThankYou { member_id: 8 }.enqueue(conn)?;
+//!     Err(diesel::result::Error::RollbackTransaction.into())
+//! });
+//! assert!(rolled_back.is_err());
+//!
+//! let worker = Worker::builder(DieselStore::new(pool.clone()))
+//!     .resource(Outbox(Mutex::new(Vec::new())))
+//!     .spawn()?;
+//! while !outbox_diesel::admin::stats(&mut conn)?.is_empty() {
+//!     std::thread::sleep(Duration::from_millis(10));
+//! }
+//! let stats = worker.shutdown(Duration::from_secs(5))?;
+//! assert_eq!(stats.succeeded, 1);
+//! # drop(conn);
+//! # drop(pool);
+//! # for suffix in ["", "-wal", "-shm"] {
+//! #     let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+//! # }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Crate features
+//!
+//! - `sqlite` (default): SQLite, built from source, nothing to install.
+//! - `postgres`: PostgreSQL through libpq.
+//! - `mysql`: MySQL 8 and MariaDB 10.6+ through the MySQL client library.
+//! - `webhook` (default): [`webhook::WebhookEndpoint`], Standard Webhooks delivery, and
+//!   [`webhook::verify`] for receivers.
+//!
+//! # Guarantees
+//!
+//! At-least-once delivery: every committed message is processed successfully or moved to the
+//! dead-letter table (`outbox_failure`) with the reason. Without faults, each message is
+//! processed once even with many workers; after a crash only messages that were in flight may
+//! run again, so receivers should drop duplicates by [`Context::message_id`]. Messages sharing an
+//! [ordering key](EnqueueOptions::ordering_key) are processed one at a time, in order. See the
+//! README for the full statement and the worker's defaults.
 #![forbid(unsafe_code)]
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs, missing_debug_implementations)]
@@ -54,6 +143,10 @@ pub mod prelude {
     pub use crate::enqueue::Enqueue;
     pub use outbox_core::Handler;
 }
+
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
 
 #[doc(hidden)]
 pub mod __private {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection, R2D2Connection};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
-use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 use outbox_core::{ClaimToken, ClaimedMessage, Listener, Outcome, Settlement, Store, StoreError};
 
 use crate::admin::parse_message_id;
@@ -184,7 +184,7 @@ fn claim(
         #[cfg(feature = "mysql")]
         BackendConnection::Mysql(c) => {
             c.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
-            c.transaction(|c| {
+            c.write_transaction(|c| {
                 let candidates: Vec<IdRow> = diesel::sql_query(format!(
                     "SELECT id FROM outbox_message m \
                      WHERE m.next_attempt_at <= UTC_TIMESTAMP(6) AND {HEAD_OF_ITS_KEY} \

@@ -8,6 +8,7 @@
 //! Where a server cannot be reached, the test says which variable to set and passes, except
 //! with `CI=true`, where it fails: CI skips nothing.
 
+pub mod handlers;
 pub mod receiver;
 pub mod worker_support;
 

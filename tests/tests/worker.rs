@@ -7,12 +7,13 @@ use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::Connection;
 use outbox_diesel::admin::{purge_dead_letters, requeue_dead_letters, DeadLetterSelection};
 use outbox_diesel::prelude::*;
-use outbox_diesel::webhook::{verify, WebhookEndpoint};
+use outbox_diesel::webhook::verify;
 use outbox_diesel::{
     enqueue_all, outbox_handler, Batch, ClaimToken, Context, DieselStore, EnqueueOptions, Error,
     Message, MessageId, Outcome, ProcessError, RetryPolicy, Settlement, Store, Worker,
-    WorkerBuilder, WorkerHandle,
+    WorkerBuilder, WorkerHandle, WorkerStats,
 };
+use outbox_tests::handlers::Hook;
 use outbox_tests::receiver::{Receiver, Reply, Request};
 use outbox_tests::worker_support::{
     dead, endpoint, eventually, pending, pool, secret, TestConnection,
@@ -21,25 +22,6 @@ use outbox_tests::{backend_tests, TestDb};
 use serde::{Deserialize, Serialize};
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-#[outbox_handler("test.hook")]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Hook {
-    n: u32,
-    key: Option<String>,
-}
-
-impl Hook {
-    fn new(n: u32) -> Hook {
-        Hook { n, key: None }
-    }
-}
-
-impl Handler for Hook {
-    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
-    }
-}
 
 /// Panics on `n == 0`, once and for all: its own retry policy allows one attempt.
 #[outbox_handler("test.panics")]
@@ -117,10 +99,10 @@ fn webhook_id(request: &Request) -> MessageId {
         .expect("webhook-id is the message id")
 }
 
-fn stop(worker: WorkerHandle) {
+fn stop(worker: WorkerHandle) -> WorkerStats {
     worker
         .shutdown(Duration::from_secs(10))
-        .expect("the worker stops in time");
+        .expect("the worker stops in time")
 }
 
 fn delivers_each_committed_message_once_signed<C: TestConnection>(db: &TestDb) {
@@ -145,8 +127,7 @@ fn delivers_each_committed_message_once_signed<C: TestConnection>(db: &TestDb) {
         receiver.requests().len()
     );
     assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
-    let stats = worker.stats();
-    stop(worker);
+    let stats = stop(worker);
     std::thread::sleep(Duration::from_millis(200));
 
     let requests = receiver.requests();
@@ -203,8 +184,7 @@ fn a_500_is_retried_until_the_receiver_recovers<C: TestConnection>(db: &TestDb) 
 
     assert!(receiver.wait_for(3, PATIENCE));
     assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
-    let stats = worker.stats();
-    stop(worker);
+    let stats = stop(worker);
     let requests = receiver.requests();
     assert_eq!(requests.len(), 3, "delivered on the third attempt");
     assert!(
@@ -301,8 +281,7 @@ fn a_hanging_receiver_times_out_and_is_retried<C: TestConnection>(db: &TestDb) {
         .unwrap();
     assert!(receiver.wait_for(2, PATIENCE));
     assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
-    let stats = worker.stats();
-    stop(worker);
+    let stats = stop(worker);
     let requests = receiver.requests();
     assert!(
         requests[1].at - requests[0].at < Duration::from_secs(3),
@@ -446,10 +425,7 @@ fn three_workers_deliver_ten_thousand_messages_exactly_once<C: TestConnection>(d
         receiver.requests().len()
     );
     assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
-    let per_worker: Vec<u64> = workers.iter().map(|w| w.stats().succeeded).collect();
-    for worker in workers {
-        stop(worker);
-    }
+    let per_worker: Vec<u64> = workers.into_iter().map(|w| stop(w).succeeded).collect();
     let requests = receiver.requests();
     let mut seen = HashSet::new();
     let duplicates: Vec<_> = requests

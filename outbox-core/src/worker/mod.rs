@@ -407,8 +407,9 @@ impl WorkerHandle {
     }
 
     /// Stops claiming, lets running handlers finish, gives queued messages back, settles
-    /// everything, and waits for the threads, at most until `deadline` has passed.
-    pub fn shutdown(mut self, deadline: Duration) -> Result<(), WorkerError> {
+    /// everything, and waits for the threads, at most until `deadline` has passed. Returns what
+    /// the worker did in its lifetime.
+    pub fn shutdown(mut self, deadline: Duration) -> Result<WorkerStats, WorkerError> {
         let give_up_at = Instant::now() + deadline;
         if let Ok(mut at) = self.shared.give_up_at.lock() {
             *at = Some(give_up_at);
@@ -417,12 +418,13 @@ impl WorkerHandle {
         self.wait(Some(give_up_at))
     }
 
-    /// Waits until the worker stops (after [`Stopper::stop`] from elsewhere).
-    pub fn join(mut self) -> Result<(), WorkerError> {
+    /// Waits until the worker stops (after [`Stopper::stop`] from elsewhere). Returns what the
+    /// worker did in its lifetime.
+    pub fn join(mut self) -> Result<WorkerStats, WorkerError> {
         self.wait(None)
     }
 
-    fn wait(&mut self, until: Option<Instant>) -> Result<(), WorkerError> {
+    fn wait(&mut self, until: Option<Instant>) -> Result<WorkerStats, WorkerError> {
         loop {
             let exited = match until {
                 Some(until) => self.alive.recv_deadline(until),
@@ -448,8 +450,9 @@ impl WorkerHandle {
                 log::error!("an outbox worker thread panicked");
             }
         }
-        log::info!("outbox worker stopped: {:?}", self.stats());
-        Ok(())
+        let stats = self.stats();
+        log::info!("outbox worker stopped: {stats:?}");
+        Ok(stats)
     }
 }
 
