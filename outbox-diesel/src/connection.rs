@@ -121,6 +121,8 @@ pub(crate) struct Dialect {
     pub uuid_param: fn(&str) -> String,
     /// The current time plus the microseconds in the given bind parameter.
     pub now_plus_micros: fn(&str) -> String,
+    /// Records a webhook id (one bind) in the inbox unless it is there; changes 1 row or 0.
+    pub inbox_insert: &'static str,
     /// A UUID column as text.
     pub uuid_text: fn(&str) -> String,
     /// A JSON column as text.
@@ -144,6 +146,7 @@ pub(crate) const POSTGRES: Dialect = Dialect {
     for_update: " FOR UPDATE",
     uuid_param: |param| format!("{param}::uuid"),
     now_plus_micros: |param| format!("now() + {param} * INTERVAL '1 microsecond'"),
+    inbox_insert: "INSERT INTO outbox_inbox (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING",
     uuid_text: |column| format!("{column}::text"),
     json_text: |column| format!("{column}::text"),
     epoch_micros: |column| format!("(EXTRACT(EPOCH FROM {column}) * 1000000)::BIGINT"),
@@ -165,6 +168,8 @@ pub(crate) const MYSQL: Dialect = Dialect {
     for_update: " FOR UPDATE",
     uuid_param: |param| param.to_owned(),
     now_plus_micros: |param| format!("TIMESTAMPADD(MICROSECOND, {param}, UTC_TIMESTAMP(6))"),
+    inbox_insert: "INSERT IGNORE INTO outbox_inbox (webhook_id, received_at) \
+                   VALUES (?, UTC_TIMESTAMP(6))",
     uuid_text: |column| column.to_owned(),
     json_text: |column| format!("CAST({column} AS CHAR)"),
     epoch_micros: |column| format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {column})"),
@@ -187,8 +192,9 @@ pub(crate) const SQLITE: Dialect = Dialect {
     for_update: "",
     uuid_param: |param| param.to_owned(),
     now_plus_micros: |param| {
-        format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || ({param} / 1000000.0) || ' seconds')")
+        format!("strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', {param} / 1000000.0))")
     },
+    inbox_insert: "INSERT OR IGNORE INTO outbox_inbox (webhook_id) VALUES (?)",
     uuid_text: |column| column.to_owned(),
     json_text: |column| column.to_owned(),
     epoch_micros: |column| {

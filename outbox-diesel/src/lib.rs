@@ -98,6 +98,8 @@ compile_error!("outbox-diesel needs at least one backend feature: postgres, mysq
 pub mod admin;
 mod connection;
 mod enqueue;
+#[cfg(feature = "webhook")]
+pub mod inbox;
 mod error;
 mod migrations;
 mod store;
