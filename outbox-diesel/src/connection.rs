@@ -11,20 +11,64 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, QueryResult, RunQueryDsl};
 
-mod sealed {
+pub(crate) mod sealed {
+    /// Implemented only by this crate and [`impl_outbox_connection!`](crate::impl_outbox_connection).
     pub trait Sealed {}
 }
 
 /// A Diesel connection the outbox can write through: `PgConnection`, `MysqlConnection`,
-/// `SqliteConnection` (each behind its cargo feature), or an r2d2 pooled connection of one.
+/// `SqliteConnection` (each behind its cargo feature), an r2d2 pooled connection of one, or a
+/// connection enum made with Diesel's `#[derive(MultiConnection)]` and
+/// [`impl_outbox_connection!`](crate::impl_outbox_connection).
 ///
 /// The trait is sealed: the SQL the outbox runs is written and tested for these backends only.
 pub trait OutboxConnection: sealed::Sealed {
     #[doc(hidden)]
-    const BACKEND: Backend;
-
-    #[doc(hidden)]
     fn backend_connection(&mut self) -> BackendConnection<'_>;
+
+    /// Which database this connection talks to.
+    fn backend(&mut self) -> Backend {
+        match self.backend_connection() {
+            #[cfg(feature = "postgres")]
+            BackendConnection::Pg(_) => Backend::Postgres,
+            #[cfg(feature = "mysql")]
+            BackendConnection::Mysql(_) => Backend::Mysql,
+            #[cfg(feature = "sqlite")]
+            BackendConnection::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+}
+
+/// Makes a connection enum derived with Diesel's `#[derive(MultiConnection)]` an
+/// [`OutboxConnection`], so messages are enqueued through it (and its transaction) directly.
+/// Name the enum and its variants, each holding a `PgConnection`, `MysqlConnection` or
+/// `SqliteConnection`; variants may carry `#[cfg(..)]` attributes.
+///
+/// ```
+/// # use diesel::SqliteConnection;
+/// #[derive(diesel::MultiConnection)]
+/// enum AnyConnection {
+///     Sqlite(SqliteConnection),
+/// }
+///
+/// outbox_diesel::impl_outbox_connection!(AnyConnection { Sqlite });
+/// ```
+#[macro_export]
+macro_rules! impl_outbox_connection {
+    ($connection:ty { $($(#[$attr:meta])* $variant:ident),+ $(,)? }) => {
+        impl $crate::__private::Sealed for $connection {}
+
+        impl $crate::OutboxConnection for $connection {
+            fn backend_connection(&mut self) -> $crate::__private::BackendConnection<'_> {
+                match self {
+                    $(
+                        $(#[$attr])*
+                        Self::$variant(inner) => $crate::OutboxConnection::backend_connection(inner),
+                    )+
+                }
+            }
+        }
+    };
 }
 
 /// The database products the outbox supports.
@@ -56,8 +100,6 @@ pub enum BackendConnection<'a> {
 impl sealed::Sealed for PgConnection {}
 #[cfg(feature = "postgres")]
 impl OutboxConnection for PgConnection {
-    const BACKEND: Backend = Backend::Postgres;
-
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         BackendConnection::Pg(self)
     }
@@ -67,8 +109,6 @@ impl OutboxConnection for PgConnection {
 impl sealed::Sealed for MysqlConnection {}
 #[cfg(feature = "mysql")]
 impl OutboxConnection for MysqlConnection {
-    const BACKEND: Backend = Backend::Mysql;
-
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         BackendConnection::Mysql(self)
     }
@@ -78,8 +118,6 @@ impl OutboxConnection for MysqlConnection {
 impl sealed::Sealed for SqliteConnection {}
 #[cfg(feature = "sqlite")]
 impl OutboxConnection for SqliteConnection {
-    const BACKEND: Backend = Backend::Sqlite;
-
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         BackendConnection::Sqlite(self)
     }
@@ -93,8 +131,6 @@ impl<C> OutboxConnection for PooledConnection<ConnectionManager<C>>
 where
     C: OutboxConnection + R2D2Connection + Send + 'static,
 {
-    const BACKEND: Backend = C::BACKEND;
-
     fn backend_connection(&mut self) -> BackendConnection<'_> {
         (**self).backend_connection()
     }
@@ -192,7 +228,9 @@ pub(crate) const SQLITE: Dialect = Dialect {
     for_update: "",
     uuid_param: |param| param.to_owned(),
     now_plus_micros: |param| {
-        format!("strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', {param} / 1000000.0))")
+        format!(
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', {param} / 1000000.0))"
+        )
     },
     inbox_insert: "INSERT OR IGNORE INTO outbox_inbox (webhook_id) VALUES (?)",
     uuid_text: |column| column.to_owned(),
@@ -323,7 +361,7 @@ where
     C: OutboxConnection + Connection + 'static,
 {
     fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
-        if C::BACKEND == Backend::Sqlite {
+        if conn.backend() == Backend::Sqlite {
             conn.batch_execute(
                 "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;",
             )

@@ -98,9 +98,9 @@ compile_error!("outbox-diesel needs at least one backend feature: postgres, mysq
 pub mod admin;
 mod connection;
 mod enqueue;
+mod error;
 #[cfg(feature = "webhook")]
 pub mod inbox;
-mod error;
 mod migrations;
 mod store;
 
@@ -152,6 +152,8 @@ struct ReadmeDoctests;
 
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::connection::sealed::Sealed;
+    pub use crate::connection::BackendConnection;
     pub use outbox_core::__private::inventory;
     pub use outbox_core::{HandlerRegistration, Message};
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
@@ -30,6 +31,7 @@ const SQLITE_BUSY_TIMEOUT_MS: u32 = 5000;
 /// pool of its own or size the application's pool for it.
 pub struct DieselStore<C: R2D2Connection + 'static> {
     pool: Pool<ConnectionManager<C>>,
+    backend: OnceLock<Backend>,
 }
 
 impl<C: R2D2Connection + 'static> fmt::Debug for DieselStore<C> {
@@ -46,7 +48,22 @@ where
 {
     /// A store over `pool`. Run [`run_migrations`](crate::run_migrations) first.
     pub fn new(pool: Pool<ConnectionManager<C>>) -> Self {
-        DieselStore { pool }
+        DieselStore {
+            pool,
+            backend: OnceLock::new(),
+        }
+    }
+
+    /// The pool's backend, asked of its first connection.
+    fn backend(&self) -> Result<Backend, StoreError> {
+        if let Some(backend) = self.backend.get() {
+            return Ok(*backend);
+        }
+        let mut conn = self
+            .pool
+            .get()
+            .map_err(|e| StoreError::new("getting a connection from the pool", e))?;
+        Ok(*self.backend.get_or_init(|| conn.backend()))
     }
 
     fn connection(&self) -> Result<PooledConnection<ConnectionManager<C>>, StoreError> {
@@ -54,7 +71,7 @@ where
             .pool
             .get()
             .map_err(|e| StoreError::new("getting a connection from the pool", e))?;
-        if C::BACKEND == Backend::Sqlite {
+        if *self.backend.get_or_init(|| conn.backend()) == Backend::Sqlite {
             conn.batch_execute(&format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}"))
                 .map_err(|e| StoreError::new("setting the SQLite busy timeout", e))?;
         }
@@ -100,7 +117,7 @@ where
     }
 
     fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
-        if C::BACKEND != Backend::Postgres {
+        if self.backend()? != Backend::Postgres {
             return Ok(None);
         }
         let mut conn = self.connection()?;
@@ -110,7 +127,7 @@ where
     }
 
     fn wants_local_wakeups(&self) -> bool {
-        C::BACKEND != Backend::Postgres
+        !matches!(self.backend(), Ok(Backend::Postgres))
     }
 }
 

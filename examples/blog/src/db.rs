@@ -1,0 +1,238 @@
+//! The blog's tables, and one connection type for whichever database `DATABASE_URL` names.
+
+use diesel::prelude::*;
+use diesel::r2d2::{self as r2d2, Pool, PooledConnection};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+/// Declares `AnyConnection` over the backends compiled in (the derive takes no `#[cfg]`s).
+macro_rules! any_connection {
+    ($($variant:ident($connection:ty)),+) => {
+        /// A connection to SQLite, or to PostgreSQL or MySQL when built with their features.
+        #[derive(diesel::MultiConnection)]
+        #[allow(missing_debug_implementations)]
+        pub enum AnyConnection {
+            $(
+                #[allow(missing_docs)]
+                $variant($connection),
+            )+
+        }
+    };
+}
+
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+any_connection!(
+    Postgres(PgConnection),
+    Mysql(MysqlConnection),
+    Sqlite(SqliteConnection)
+);
+#[cfg(all(feature = "postgres", not(feature = "mysql")))]
+any_connection!(Postgres(PgConnection), Sqlite(SqliteConnection));
+#[cfg(all(not(feature = "postgres"), feature = "mysql"))]
+any_connection!(Mysql(MysqlConnection), Sqlite(SqliteConnection));
+#[cfg(all(not(feature = "postgres"), not(feature = "mysql")))]
+any_connection!(Sqlite(SqliteConnection));
+
+// The outbox writes through the very connection (and transaction) the blog's queries use.
+outbox_diesel::impl_outbox_connection!(AnyConnection {
+    #[cfg(feature = "postgres")]
+    Postgres,
+    #[cfg(feature = "mysql")]
+    Mysql,
+    Sqlite,
+});
+
+/// Opens the backend the URL's scheme names, and only that one: `AnyConnection::establish`
+/// would try each backend in turn, and an unreachable server would quietly become an SQLite
+/// file named after its URL.
+#[derive(Debug, Clone)]
+pub struct Manager {
+    url: String,
+}
+
+impl Manager {
+    /// A manager for `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Manager { url: url.into() }
+    }
+
+    fn establish(&self) -> ConnectionResult<AnyConnection> {
+        #[cfg(feature = "postgres")]
+        if self.url.starts_with("postgres://") || self.url.starts_with("postgresql://") {
+            return PgConnection::establish(&self.url).map(AnyConnection::Postgres);
+        }
+        #[cfg(feature = "mysql")]
+        if self.url.starts_with("mysql://") {
+            return MysqlConnection::establish(&self.url).map(AnyConnection::Mysql);
+        }
+        if self.url.contains("://") && !self.url.starts_with("sqlite://") {
+            return Err(ConnectionError::InvalidConnectionUrl(format!(
+                "{} is not an SQLite file, and this build has no driver for its scheme \
+                 (build with --features postgres or --features mysql)",
+                self.url
+            )));
+        }
+        SqliteConnection::establish(self.url.trim_start_matches("sqlite://"))
+            .map(AnyConnection::Sqlite)
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = AnyConnection;
+    type Error = diesel::r2d2::Error;
+
+    fn connect(&self) -> Result<AnyConnection, Self::Error> {
+        self.establish()
+            .map_err(diesel::r2d2::Error::ConnectionError)
+    }
+
+    fn is_valid(&self, conn: &mut AnyConnection) -> Result<(), Self::Error> {
+        use diesel::r2d2::R2D2Connection;
+        conn.ping().map_err(diesel::r2d2::Error::QueryError)
+    }
+
+    fn has_broken(&self, conn: &mut AnyConnection) -> bool {
+        use diesel::r2d2::R2D2Connection;
+        conn.is_broken()
+    }
+}
+
+/// The pool the web handlers use.
+pub type DbPool = Pool<Manager>;
+/// One pooled connection.
+pub type DbConn = PooledConnection<Manager>;
+
+diesel::table! {
+    members (id) {
+        id -> Integer,
+        name -> Text,
+        email -> Text,
+    }
+}
+
+diesel::table! {
+    posts (id) {
+        id -> Integer,
+        title -> Text,
+        body -> Text,
+    }
+}
+
+diesel::table! {
+    comments (id) {
+        id -> Integer,
+        post_id -> Integer,
+        member_id -> Integer,
+        body -> Text,
+        created_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    subscriptions (post_id, member_id) {
+        post_id -> Integer,
+        member_id -> Integer,
+    }
+}
+
+diesel::table! {
+    deliveries (id) {
+        id -> Integer,
+        webhook_id -> Text,
+        message_type -> Text,
+        outcome -> Text,
+        body -> Text,
+        received_at -> BigInt,
+    }
+}
+
+diesel::joinable!(comments -> members (member_id));
+diesel::allow_tables_to_appear_in_same_query!(members, posts, comments, subscriptions, deliveries);
+
+const SQLITE: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+#[cfg(feature = "postgres")]
+const POSTGRES: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+#[cfg(feature = "mysql")]
+const MYSQL: EmbeddedMigrations = embed_migrations!("migrations/mysql");
+
+/// Creates the blog's tables and the outbox's, whichever exist already.
+pub fn migrate(conn: &mut AnyConnection) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    match conn {
+        AnyConnection::Sqlite(c) => {
+            c.run_pending_migrations(SQLITE)?;
+        }
+        #[cfg(feature = "postgres")]
+        AnyConnection::Postgres(c) => {
+            c.run_pending_migrations(POSTGRES)?;
+        }
+        #[cfg(feature = "mysql")]
+        AnyConnection::Mysql(c) => {
+            c.run_pending_migrations(MYSQL)?;
+        }
+    }
+    outbox_diesel::run_migrations(conn)?;
+    Ok(())
+}
+
+/// A post as shown.
+#[derive(Debug, Clone, Queryable)]
+pub struct Post {
+    /// Its id.
+    pub id: i32,
+    /// Its title.
+    pub title: String,
+    /// Its text.
+    pub body: String,
+}
+
+/// A comment as shown, with its author.
+#[derive(Debug, Clone, Queryable)]
+pub struct ShownComment {
+    /// The author's name.
+    pub author: String,
+    /// The text.
+    pub body: String,
+    /// Unix seconds.
+    pub created_at: i64,
+}
+
+/// A line of the receiver's log.
+#[derive(Debug, Clone, Queryable)]
+pub struct Delivery {
+    /// Its id.
+    pub id: i32,
+    /// The `webhook-id` header: the outbox message id.
+    pub webhook_id: String,
+    /// The message type from the body.
+    pub message_type: String,
+    /// What the receiver made of it.
+    pub outcome: String,
+    /// The body as received.
+    pub body: String,
+    /// Unix seconds.
+    pub received_at: i64,
+}
+
+/// The post and its comments, oldest first.
+pub fn post_page(
+    conn: &mut AnyConnection,
+    post_id: i32,
+) -> QueryResult<Option<(Post, Vec<ShownComment>)>> {
+    let Some(post) = posts::table.find(post_id).first::<Post>(conn).optional()? else {
+        return Ok(None);
+    };
+    let shown = comments::table
+        .inner_join(members::table)
+        .filter(comments::post_id.eq(post_id))
+        .order(comments::id)
+        .select((members::name, comments::body, comments::created_at))
+        .load::<ShownComment>(conn)?;
+    Ok(Some((post, shown)))
+}
+
+/// The newest deliveries first.
+pub fn recent_deliveries(conn: &mut AnyConnection, limit: i64) -> QueryResult<Vec<Delivery>> {
+    deliveries::table
+        .order(deliveries::id.desc())
+        .limit(limit)
+        .load(conn)
+}

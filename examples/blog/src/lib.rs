@@ -1,0 +1,256 @@
+//! The outbox example: a blog that thanks first-time commenters.
+//!
+//! A comment, the commenter's subscription to the post, a notification for every other
+//! subscriber and, on a first comment ever, a thank-you are written in one transaction. The
+//! outbox worker, started when Rocket lifts off, delivers the messages to a webhook standing in
+//! for a mail service: by default the blog's own `/receiver/hooks`, which verifies the signature
+//! and records each delivery once through the outbox's inbox. `/outbox` shows the queue and the
+//! dead letters to operators.
+//!
+//! Configuration (environment):
+//! - `DATABASE_URL`: an SQLite file (default `blog.db`), or `postgres://…` / `mysql://…` when
+//!   built with the `postgres` / `mysql` feature.
+//! - `ROCKET_ADDRESS`, `ROCKET_PORT`: where to listen (default 127.0.0.1:8000).
+//! - `WEBHOOK_URL`, `WEBHOOK_SECRET`: where to deliver and the `whsec_…` signing secret
+//!   (default: the built-in receiver, with a secret made at start).
+//! - `OUTBOX_ADMIN_TOKEN`: the token for `/outbox` (default: made at start and printed once).
+//! - `BLOG_MAX_ATTEMPTS`, `BLOG_RETRY_MS`: a shorter retry schedule, to watch dead letters
+//!   happen (default: the library's, 10 attempts over about 15 hours).
+
+#![forbid(unsafe_code)]
+
+pub mod comments;
+pub mod db;
+pub mod messages;
+pub mod pages;
+mod routes;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use diesel::r2d2::{ConnectionManager, Pool};
+use outbox_diesel::inbox::Inbox;
+use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
+use outbox_diesel::{DieselStore, PoolCustomizer, RetryPolicy, Worker, WorkerHandle};
+use rocket::fairing::AdHoc;
+use rocket::{Build, Rocket};
+
+use crate::db::{AnyConnection, DbPool};
+
+/// The outbox's SQLite settings (busy timeout, WAL) for the blog's own pool.
+#[derive(Debug)]
+struct SqlitePragmas;
+
+impl diesel::r2d2::CustomizeConnection<AnyConnection, diesel::r2d2::Error> for SqlitePragmas {
+    fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
+        match conn {
+            AnyConnection::Sqlite(c) => {
+                diesel::r2d2::CustomizeConnection::on_acquire(&PoolCustomizer, c)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How the blog is set up; see the crate documentation for the environment variables.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The database.
+    pub database_url: String,
+    /// Where messages are delivered; `None` for the built-in receiver.
+    pub webhook_url: Option<String>,
+    /// The signing secret, shared with the built-in receiver.
+    pub webhook_secret: WebhookSecret,
+    /// The admin page's token.
+    pub admin_token: String,
+    /// The worker's retry policy.
+    pub retry_policy: RetryPolicy,
+}
+
+fn random_token() -> String {
+    let whsec = WebhookSecret::generate().expose_whsec();
+    whsec
+        .trim_start_matches("whsec_")
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect()
+}
+
+impl Settings {
+    /// Reads the environment, making a secret and an admin token where none is given.
+    pub fn from_env() -> Result<Settings, String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let webhook_secret = match var("WEBHOOK_SECRET") {
+            Some(text) => {
+                WebhookSecret::parse(&text).map_err(|e| format!("WEBHOOK_SECRET: {e}"))?
+            }
+            None => WebhookSecret::generate(),
+        };
+        let admin_token = match var("OUTBOX_ADMIN_TOKEN") {
+            Some(token) => token,
+            None => {
+                let token = random_token();
+                println!("\n  Outbox admin token (for /outbox; set OUTBOX_ADMIN_TOKEN to choose one): {token}\n");
+                token
+            }
+        };
+        let mut retry_policy = RetryPolicy::new();
+        if let Some(attempts) = var("BLOG_MAX_ATTEMPTS") {
+            let attempts = attempts
+                .parse()
+                .map_err(|_| "BLOG_MAX_ATTEMPTS must be a whole number".to_owned())?;
+            retry_policy = retry_policy.max_attempts(attempts);
+        }
+        if let Some(ms) = var("BLOG_RETRY_MS") {
+            let ms = ms
+                .parse()
+                .map_err(|_| "BLOG_RETRY_MS must be a number of milliseconds".to_owned())?;
+            retry_policy = retry_policy
+                .initial_backoff(Duration::from_millis(ms))
+                .multiplier(2.0);
+        }
+        Ok(Settings {
+            database_url: var("DATABASE_URL").unwrap_or_else(|| "blog.db".to_owned()),
+            webhook_url: var("WEBHOOK_URL"),
+            webhook_secret,
+            admin_token,
+            retry_policy,
+        })
+    }
+}
+
+/// What the routes share.
+#[allow(missing_debug_implementations)] // holds the admin token
+pub struct App {
+    pub(crate) db: DbPool,
+    pub(crate) inbox: Inbox,
+    pub(crate) receiver_failing: AtomicBool,
+    pub(crate) admin_token: String,
+    pub(crate) admin_session: String,
+    worker: Mutex<Option<WorkerHandle>>,
+}
+
+/// The blog, ready to launch.
+pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
+    let figment = rocket::Config::figment();
+    let port: u16 = figment.extract_inner("port").unwrap_or(8000);
+    let webhook_url = settings
+        .webhook_url
+        .clone()
+        .unwrap_or_else(|| format!("http://127.0.0.1:{port}/receiver/hooks"));
+    let endpoint = WebhookEndpoint::builder(webhook_url)
+        .secret(settings.webhook_secret.clone())
+        .timeout(Duration::from_secs(5))
+        // The built-in receiver is on loopback, which endpoints refuse unless told otherwise.
+        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .build()
+        .map_err(|e| format!("the webhook endpoint: {e}"))?;
+
+    let db: DbPool = Pool::builder()
+        .max_size(8)
+        .connection_customizer(Box::new(SqlitePragmas))
+        .build(db::Manager::new(&settings.database_url))
+        .map_err(|e| format!("cannot open {}: {e}", settings.database_url))?;
+    let mut conn = db
+        .get()
+        .map_err(|e| format!("cannot connect to {}: {e}", settings.database_url))?;
+    db::migrate(&mut conn).map_err(|e| format!("migrations failed: {e}"))?;
+    drop(conn);
+
+    let app = App {
+        db,
+        inbox: Inbox::new([settings.webhook_secret.clone()]),
+        receiver_failing: AtomicBool::new(false),
+        admin_token: settings.admin_token.clone(),
+        admin_session: random_token(),
+        worker: Mutex::new(None),
+    };
+    let database_url = settings.database_url.clone();
+    let retry_policy = settings.retry_policy.clone();
+    Ok(rocket::custom(figment)
+        .manage(app)
+        .mount("/", routes::all())
+        .attach(AdHoc::on_liftoff("outbox worker", move |rocket| {
+            Box::pin(async move {
+                let Some(app) = rocket.state::<App>() else {
+                    return;
+                };
+                let spawned = rocket::tokio::task::spawn_blocking(move || {
+                    spawn_worker(&database_url, endpoint, retry_policy)
+                })
+                .await;
+                match spawned {
+                    Ok(Ok(worker)) => {
+                        if let Ok(mut slot) = app.worker.lock() {
+                            *slot = Some(worker);
+                        }
+                    }
+                    Ok(Err(error)) => {
+                        log::error!("the outbox worker did not start: {error}");
+                        rocket.shutdown().notify();
+                    }
+                    Err(error) => log::error!("the outbox worker did not start: {error}"),
+                }
+            })
+        }))
+        .attach(AdHoc::on_shutdown("outbox worker", |rocket| {
+            Box::pin(async move {
+                let worker = rocket
+                    .state::<App>()
+                    .and_then(|app| app.worker.lock().ok()?.take());
+                if let Some(worker) = worker {
+                    let stopped = rocket::tokio::task::spawn_blocking(move || {
+                        worker.shutdown(Duration::from_secs(10))
+                    })
+                    .await;
+                    if let Ok(Err(error)) = stopped {
+                        log::warn!("outbox worker shutdown: {error}");
+                    }
+                }
+            })
+        })))
+}
+
+/// The worker gets a small pool of its own, of the concrete connection type.
+fn spawn_worker(
+    database_url: &str,
+    endpoint: WebhookEndpoint,
+    retry_policy: RetryPolicy,
+) -> Result<WorkerHandle, String> {
+    fn start<C>(
+        url: &str,
+        endpoint: WebhookEndpoint,
+        retry_policy: RetryPolicy,
+    ) -> Result<WorkerHandle, String>
+    where
+        C: outbox_diesel::OutboxConnection + diesel::r2d2::R2D2Connection + Send + 'static,
+    {
+        let pool = Pool::builder()
+            .max_size(3)
+            .connection_customizer(Box::new(PoolCustomizer))
+            .build(ConnectionManager::<C>::new(url))
+            .map_err(|e| e.to_string())?;
+        Worker::builder(DieselStore::new(pool))
+            .handler_threads(4)
+            .retry_policy(retry_policy)
+            .webhook(endpoint)
+            .spawn()
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(feature = "postgres")]
+    if database_url.starts_with("postgres") {
+        return start::<diesel::PgConnection>(database_url, endpoint, retry_policy);
+    }
+    #[cfg(feature = "mysql")]
+    if database_url.starts_with("mysql") {
+        return start::<diesel::MysqlConnection>(database_url, endpoint, retry_policy);
+    }
+    start::<diesel::SqliteConnection>(
+        database_url.trim_start_matches("sqlite://"),
+        endpoint,
+        retry_policy,
+    )
+}

@@ -1,0 +1,390 @@
+//! The pages and actions. Database work runs on Rocket's blocking pool, never on its async
+//! threads.
+
+use std::sync::atomic::Ordering;
+
+use diesel::prelude::*;
+use outbox_diesel::admin::{self, DeadLetterSelection, ListOptions};
+use outbox_diesel::inbox::{InboxError, Received};
+use rocket::data::{Data, ToByteUnit};
+use rocket::form::Form;
+use rocket::http::{Cookie, CookieJar, SameSite, Status};
+use rocket::request::{FromRequest, Outcome, Request};
+use rocket::response::content::RawHtml;
+use rocket::response::Redirect;
+use rocket::{get, post, routes, uri, Route, State};
+
+use crate::comments::{post_comment, NewComment, PostError};
+use crate::db::{deliveries, AnyConnection, DbConn};
+use crate::{pages, App};
+
+pub fn all() -> Vec<Route> {
+    routes![
+        index,
+        show_post,
+        create_comment,
+        receiver_log,
+        receive_webhook,
+        set_receiver_mode,
+        admin_page,
+        admin_login,
+        requeue_one,
+        purge_one,
+        requeue_type,
+    ]
+}
+
+/// Runs `work` with a pooled connection on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    app: &State<App>,
+    work: impl FnOnce(&mut DbConn) -> Result<T, String> + Send + 'static,
+) -> Result<T, Status> {
+    let pool = app.db.clone();
+    rocket::tokio::task::spawn_blocking(move || {
+        let mut conn = pool.get().map_err(|e| e.to_string())?;
+        work(&mut conn)
+    })
+    .await
+    .map_err(|_| Status::InternalServerError)?
+    .map_err(|error| {
+        log::error!("blog: {error}");
+        Status::InternalServerError
+    })
+}
+
+#[get("/")]
+fn index() -> Redirect {
+    Redirect::to(uri!(show_post(id = 1, notice = _, error = _)))
+}
+
+#[get("/posts/<id>?<notice>&<error>")]
+async fn show_post(
+    app: &State<App>,
+    id: i32,
+    notice: Option<String>,
+    error: Option<String>,
+) -> Result<RawHtml<String>, Status> {
+    let page = blocking(app, move |conn| {
+        crate::db::post_page(conn, id).map_err(|e| e.to_string())
+    })
+    .await?;
+    let (post, comments) = page.ok_or(Status::NotFound)?;
+    Ok(pages::post(
+        &post,
+        &comments,
+        notice.as_deref(),
+        error.as_deref(),
+    ))
+}
+
+/// Rejects state-changing requests a browser sends on behalf of another site.
+struct SameSite_;
+
+#[rocket::async_trait]
+impl<'r> FromRequest<'r> for SameSite_ {
+    type Error = &'static str;
+
+    async fn from_request(request: &'r Request<'_>) -> Outcome<Self, Self::Error> {
+        let headers = request.headers();
+        let cross_site = match headers.get_one("sec-fetch-site") {
+            Some(site) => site != "same-origin" && site != "none",
+            None => match (headers.get_one("origin"), headers.get_one("host")) {
+                (Some(origin), Some(host)) => {
+                    origin.split_once("://").map(|(_, rest)| rest) != Some(host)
+                }
+                _ => false,
+            },
+        };
+        if cross_site {
+            Outcome::Error((Status::Forbidden, "cross-site request refused"))
+        } else {
+            Outcome::Success(SameSite_)
+        }
+    }
+}
+
+#[post("/posts/<id>/comments", data = "<form>")]
+async fn create_comment(
+    app: &State<App>,
+    _same_site: SameSite_,
+    id: i32,
+    form: Form<NewComment>,
+) -> Result<Redirect, Status> {
+    let comment = form.into_inner();
+    let posted = blocking(app, move |conn| Ok(post_comment(conn, id, &comment))).await?;
+    Ok(match posted {
+        Ok(posted) => {
+            let notice = match (posted.first_comment, posted.notified) {
+                (true, 0) => "Thanks for your first comment! A thank-you mail is on its way.".to_owned(),
+                (true, n) => format!("Thanks for your first comment! A thank-you mail is on its way, and {n} subscribers are being notified."),
+                (false, n) => format!("Comment posted; {n} subscribers are being notified."),
+            };
+            Redirect::to(uri!(show_post(id = id, notice = Some(notice), error = _)))
+        }
+        Err(PostError::NoPost) => return Err(Status::NotFound),
+        Err(PostError::Invalid(why)) => {
+            Redirect::to(uri!(show_post(id = id, notice = _, error = Some(why))))
+        }
+        Err(PostError::Outbox(error)) => {
+            log::error!("blog: posting a comment failed: {error}");
+            return Err(Status::InternalServerError);
+        }
+    })
+}
+
+#[get("/receiver")]
+async fn receiver_log(app: &State<App>) -> Result<RawHtml<String>, Status> {
+    let failing = app.receiver_failing.load(Ordering::SeqCst);
+    let log = blocking(app, |conn| {
+        crate::db::recent_deliveries(conn, 100).map_err(|e| e.to_string())
+    })
+    .await?;
+    Ok(pages::receiver(&log, failing))
+}
+
+/// Every request header, for the signature check.
+struct Headers(Vec<(String, String)>);
+
+#[rocket::async_trait]
+impl<'r> FromRequest<'r> for Headers {
+    type Error = std::convert::Infallible;
+
+    async fn from_request(request: &'r Request<'_>) -> Outcome<Self, Self::Error> {
+        Outcome::Success(Headers(
+            request
+                .headers()
+                .iter()
+                .map(|h| (h.name().to_string(), h.value().to_string()))
+                .collect(),
+        ))
+    }
+}
+
+fn log_delivery(
+    conn: &mut AnyConnection,
+    webhook_id: &str,
+    body: &[u8],
+    outcome: &str,
+) -> QueryResult<usize> {
+    let text = String::from_utf8_lossy(body).into_owned();
+    let message_type = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["type"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    diesel::insert_into(deliveries::table)
+        .values((
+            deliveries::webhook_id.eq(webhook_id.to_owned()),
+            deliveries::message_type.eq(message_type),
+            deliveries::outcome.eq(outcome.to_owned()),
+            deliveries::body.eq(text),
+            deliveries::received_at.eq(now),
+        ))
+        .execute(conn)
+}
+
+/// The stand-in mail service: verify, record once, answer.
+#[post("/receiver/hooks", data = "<body>")]
+async fn receive_webhook(
+    app: &State<App>,
+    headers: Headers,
+    body: Data<'_>,
+) -> Result<Status, Status> {
+    let body = body
+        .open(1.mebibytes())
+        .into_bytes()
+        .await
+        .map_err(|_| Status::BadRequest)?
+        .into_inner();
+    let failing = app.receiver_failing.load(Ordering::SeqCst);
+    let inbox = app.inbox.clone();
+    blocking(app, move |conn| {
+        let id = headers
+            .0
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case("webhook-id"))
+            .map(|(_, value)| value.clone())
+            .unwrap_or_default();
+        if failing {
+            log_delivery(&mut **conn, &id, &body, "failed on purpose: answered 500")
+                .map_err(|e| e.to_string())?;
+            return Ok(Status::InternalServerError);
+        }
+        let received = inbox.receive(&mut **conn, &headers.0, &body, |conn, webhook| {
+            log_delivery(conn, &webhook.id, &body, "verified, delivered")
+        });
+        match received {
+            Ok(Received::Processed(_)) => Ok(Status::Ok),
+            Ok(Received::Duplicate { id }) => {
+                log_delivery(&mut **conn, &id, &body, "verified, duplicate: skipped")
+                    .map_err(|e| e.to_string())?;
+                Ok(Status::Ok)
+            }
+            Err(InboxError::Verify(error)) => {
+                log_delivery(&mut **conn, &id, &body, &format!("rejected: {error}"))
+                    .map_err(|e| e.to_string())?;
+                Ok(Status::Unauthorized)
+            }
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await
+}
+
+#[derive(rocket::FromForm)]
+struct Mode {
+    failing: String,
+}
+
+#[post("/receiver/mode", data = "<mode>")]
+fn set_receiver_mode(app: &State<App>, _same_site: SameSite_, mode: Form<Mode>) -> Redirect {
+    app.receiver_failing
+        .store(mode.failing == "on", Ordering::SeqCst);
+    Redirect::to(uri!(receiver_log))
+}
+
+const SESSION_COOKIE: &str = "outbox_admin";
+
+/// An operator signed in with the admin token.
+struct Admin;
+
+#[rocket::async_trait]
+impl<'r> FromRequest<'r> for Admin {
+    type Error = ();
+
+    async fn from_request(request: &'r Request<'_>) -> Outcome<Self, Self::Error> {
+        let Some(app) = request.rocket().state::<App>() else {
+            return Outcome::Error((Status::InternalServerError, ()));
+        };
+        match request.cookies().get(SESSION_COOKIE) {
+            Some(cookie) if constant_time_eq(cookie.value(), &app.admin_session) => {
+                Outcome::Success(Admin)
+            }
+            _ => Outcome::Forward(Status::Unauthorized),
+        }
+    }
+}
+
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+#[get("/outbox?<notice>")]
+async fn admin_page(
+    app: &State<App>,
+    admin: Option<Admin>,
+    notice: Option<String>,
+) -> Result<RawHtml<String>, Status> {
+    if admin.is_none() {
+        return Ok(pages::login(None));
+    }
+    let (stats, dead) = blocking(app, |conn| {
+        let conn = &mut **conn;
+        let stats = admin::stats(conn).map_err(|e| e.to_string())?;
+        let dead =
+            admin::dead_letters(conn, &ListOptions::new().limit(200)).map_err(|e| e.to_string())?;
+        Ok((stats, dead))
+    })
+    .await?;
+    Ok(pages::admin(&stats, &dead, notice.as_deref()))
+}
+
+#[derive(rocket::FromForm)]
+struct Login {
+    token: String,
+}
+
+#[post("/outbox/login", data = "<login>")]
+fn admin_login(
+    app: &State<App>,
+    _same_site: SameSite_,
+    cookies: &CookieJar<'_>,
+    login: Form<Login>,
+) -> Result<Redirect, RawHtml<String>> {
+    if !constant_time_eq(login.token.trim(), &app.admin_token) {
+        return Err(pages::login(Some("That is not the admin token.")));
+    }
+    cookies.add(
+        Cookie::build((SESSION_COOKIE, app.admin_session.clone()))
+            .http_only(true)
+            .same_site(SameSite::Strict)
+            .path("/outbox"),
+    );
+    Ok(Redirect::to(uri!(admin_page(notice = _))))
+}
+
+async fn admin_action(
+    app: &State<App>,
+    action: impl FnOnce(&mut DbConn) -> Result<String, String> + Send + 'static,
+) -> Result<Redirect, Status> {
+    let notice = blocking(app, action).await?;
+    Ok(Redirect::to(uri!(admin_page(notice = Some(notice)))))
+}
+
+#[post("/outbox/dead/<position>/requeue")]
+async fn requeue_one(
+    app: &State<App>,
+    _admin: Admin,
+    _same_site: SameSite_,
+    position: i64,
+) -> Result<Redirect, Status> {
+    admin_action(app, move |conn| {
+        let moved = admin::requeue_dead_letters(
+            &mut **conn,
+            &DeadLetterSelection::Positions(vec![position]),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(format!("Re-queued {} dead letter(s).", moved.len()))
+    })
+    .await
+}
+
+#[post("/outbox/dead/<position>/purge")]
+async fn purge_one(
+    app: &State<App>,
+    _admin: Admin,
+    _same_site: SameSite_,
+    position: i64,
+) -> Result<Redirect, Status> {
+    admin_action(app, move |conn| {
+        let purged =
+            admin::purge_dead_letters(&mut **conn, &DeadLetterSelection::Positions(vec![position]))
+                .map_err(|e| e.to_string())?;
+        Ok(format!("Purged {purged} dead letter(s)."))
+    })
+    .await
+}
+
+#[derive(rocket::FromForm)]
+struct TypeForm {
+    message_type: String,
+}
+
+#[post("/outbox/dead/requeue-type", data = "<form>")]
+async fn requeue_type(
+    app: &State<App>,
+    _admin: Admin,
+    _same_site: SameSite_,
+    form: Form<TypeForm>,
+) -> Result<Redirect, Status> {
+    let message_type = form.into_inner().message_type;
+    admin_action(app, move |conn| {
+        let moved = admin::requeue_dead_letters(
+            &mut **conn,
+            &DeadLetterSelection::MessageType(message_type.clone()),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(format!(
+            "Re-queued {} {message_type} dead letter(s).",
+            moved.len()
+        ))
+    })
+    .await
+}

@@ -1,0 +1,151 @@
+//! The command line, as clap types.
+
+use clap::{Args, Parser, Subcommand};
+
+/// What `--help` says after the options: how URLs and JSON output look.
+const AFTER_HELP: &str = "\
+Database URLs:
+  PostgreSQL        postgres://USER[:PASSWORD]@HOST[:PORT]/DB (or postgresql://)
+  MySQL or MariaDB  mysql://USER[:PASSWORD]@HOST[:PORT]/DB
+  SQLite            sqlite://PATH, file:PATH[?OPTIONS], or a PATH ending .db, .sqlite or .sqlite3
+
+JSON output (--json): each command prints one JSON document on stdout. Times are RFC 3339
+strings in UTC with microseconds (e.g. \"2025-01-31T09:15:02.123456Z\"), ages are whole
+seconds, payloads are the stored JSON (a string if the stored text is not JSON).
+
+Exit codes: 0 success, 1 error (one `error: ` line on stderr), 2 usage error.";
+
+/// Operate a transactional outbox: run its migrations, look at pending messages and dead
+/// letters, re-queue or purge dead letters.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The database: postgres://, postgresql://, mysql://, sqlite://PATH, file:PATH or a path
+    /// ending .db, .sqlite or .sqlite3.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        global = true,
+        value_name = "URL"
+    )]
+    pub database_url: Option<String>,
+
+    /// Print one JSON document on stdout instead of tables (see below for the format).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the outbox tables.
+    Migrate,
+    /// Pending, in-flight and dead messages by type, with the oldest pending message's age.
+    Stats,
+    /// Messages waiting in the outbox.
+    #[command(subcommand)]
+    Pending(PendingCommand),
+    /// Messages that failed for good.
+    #[command(subcommand)]
+    Dead(DeadCommand),
+}
+
+/// `outbox pending ...`
+#[derive(Debug, Subcommand)]
+pub enum PendingCommand {
+    /// List pending messages, oldest first.
+    List(ListArgs),
+}
+
+/// `outbox dead ...`
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// List dead letters, oldest first.
+    List(ListArgs),
+    /// Show every field of one dead letter, its payload pretty-printed.
+    Show {
+        /// The dead letter's position (the first column of `dead list`).
+        position: i64,
+    },
+    /// Move dead letters back into the outbox, to be processed again from the first attempt.
+    ///
+    /// Positions that do not exist are reported on stderr and make the exit code 1; the others
+    /// are still re-queued.
+    Requeue {
+        /// Which dead letters.
+        #[command(flatten)]
+        selector: Selector,
+        /// Only list what would be re-queued; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete dead letters for good, after asking (unless --yes).
+    ///
+    /// Positions that do not exist are reported on stderr and make the exit code 1; the others
+    /// are still purged.
+    Purge {
+        /// Which dead letters.
+        #[command(flatten)]
+        selector: Selector,
+        /// Only list what would be purged; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+/// Filters of a listing.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only messages of this type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub message_type: Option<String>,
+    /// At most this many messages.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub limit: u32,
+}
+
+/// Which dead letters a requeue or purge applies to: exactly one of positions, `--type` or
+/// `--all`.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct Selector {
+    /// The dead letters at these positions.
+    #[arg(value_name = "POSITION")]
+    pub positions: Vec<i64>,
+    /// Every dead letter of this message type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub message_type: Option<String>,
+    /// Every dead letter.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_selector_takes_exactly_one_kind() {
+        let parse = |args: &[&str]| Cli::try_parse_from([&["outbox", "dead"], args].concat());
+        assert!(parse(&["requeue", "1", "2"]).is_ok());
+        assert!(parse(&["requeue", "--type", "a"]).is_ok());
+        assert!(parse(&["purge", "--all", "--yes"]).is_ok());
+        assert!(parse(&["requeue"]).is_err());
+        assert!(parse(&["requeue", "1", "--all"]).is_err());
+        assert!(parse(&["purge", "--type", "a", "--all"]).is_err());
+    }
+}

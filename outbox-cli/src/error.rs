@@ -1,0 +1,85 @@
+//! What can go wrong, each said in one line.
+
+/// An error that ends the command with exit code 1.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The URL's scheme names no supported backend.
+    #[error(
+        "unsupported database URL `{0}`: use postgres://, postgresql://, mysql://, \
+         sqlite://PATH, file:PATH, or a path ending .db, .sqlite or .sqlite3"
+    )]
+    UnsupportedUrl(String),
+
+    /// The database could not be reached or refused the connection.
+    #[error("cannot connect to the database: {0}")]
+    Connect(String),
+
+    /// An SQLite path that names no file, for a command that only reads or changes the outbox.
+    #[error("no SQLite database at `{0}` (`outbox migrate` creates it)")]
+    NoSqliteFile(String),
+
+    /// An outbox table does not exist.
+    #[error("the outbox table `{0}` does not exist; run `outbox migrate` first")]
+    MissingSchema(&'static str),
+
+    /// No dead letter at these positions.
+    #[error("no dead letter at {}", positions(.0))]
+    UnknownPositions(Vec<i64>),
+
+    /// The operator did not confirm a purge.
+    #[error("aborted: nothing was purged")]
+    Aborted,
+
+    /// The outbox library failed.
+    #[error("{0}")]
+    Outbox(outbox_diesel::Error),
+
+    /// Writing the output failed.
+    #[error("writing the output: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// `position 4` or `positions 3, 4`
+fn positions(positions: &[i64]) -> String {
+    match positions {
+        [one] => format!("position {one}"),
+        many => format!("positions {}", list(many)),
+    }
+}
+
+/// `1, 2, 5`
+pub fn list(positions: &[i64]) -> String {
+    positions
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl From<outbox_diesel::Error> for CliError {
+    fn from(error: outbox_diesel::Error) -> Self {
+        match missing_table(&error) {
+            Some(table) => CliError::MissingSchema(table),
+            None => CliError::Outbox(error),
+        }
+    }
+}
+
+/// Which outbox table an error says is missing, on any of the three backends:
+/// PostgreSQL `relation "outbox_message" does not exist`, MySQL/MariaDB
+/// `Table 'db.outbox_message' doesn't exist`, SQLite `no such table: outbox_message`.
+fn missing_table(error: &outbox_diesel::Error) -> Option<&'static str> {
+    let outbox_diesel::Error::Database(diesel::result::Error::DatabaseError(_, info)) = error else {
+        return None;
+    };
+    let message = info.message().to_ascii_lowercase();
+    let missing = message.contains("does not exist")
+        || message.contains("doesn't exist")
+        || message.contains("no such table");
+    if !missing {
+        return None;
+    }
+    ["outbox_message", "outbox_failure"]
+        .into_iter()
+        .find(|table| message.contains(table))
+}

@@ -1,0 +1,689 @@
+//! The `outbox` binary against real PostgreSQL, MariaDB and SQLite databases, each test in a
+//! fresh database; state is prepared through the library and checked through it afterwards.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use diesel::r2d2::{ConnectionManager, Pool};
+use outbox_diesel::admin::{dead_letters, pending_messages, DeadLetter, ListOptions};
+use outbox_diesel::prelude::*;
+use outbox_diesel::{
+    ClaimToken, DieselStore, EnqueueOptions, Message, Outcome, Settlement, Store,
+};
+use outbox_tests::worker_support::{pool, TestConnection};
+use outbox_tests::{backend_tests, TestDb};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+#[derive(Serialize, Deserialize)]
+struct Alpha {
+    n: u32,
+}
+
+impl Message for Alpha {
+    const MESSAGE_TYPE: &'static str = "cli.alpha";
+}
+
+#[derive(Serialize, Deserialize)]
+struct Beta {
+    n: u32,
+}
+
+impl Message for Beta {
+    const MESSAGE_TYPE: &'static str = "cli.beta";
+}
+
+/// What one run of the binary did.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Asserts success and returns stdout.
+    fn ok(self) -> String {
+        assert_eq!(self.code, 0, "{self:#?}");
+        assert_eq!(self.stderr, "", "{self:#?}");
+        self.stdout
+    }
+
+    /// Asserts success and parses stdout as one JSON document.
+    fn json(self) -> Value {
+        let stdout = self.ok();
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    }
+
+    /// Asserts failure with exit code 1 and exactly one `error: ` line on stderr; returns it.
+    fn error(&self) -> &str {
+        assert_eq!(self.code, 1, "{self:#?}");
+        let line = self.stderr.strip_suffix('\n').unwrap_or("no newline");
+        assert!(
+            line.starts_with("error: ") && !line.contains('\n'),
+            "one error line: {self:#?}"
+        );
+        assert!(!self.stderr.contains("panicked"), "{self:#?}");
+        line
+    }
+}
+
+/// Runs `outbox --database-url URL ARGS..` with `input` on stdin (none: stdin closed).
+fn outbox_with_input(url: &str, args: &[&str], input: Option<&str>) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("RUST_BACKTRACE", "1")
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the outbox binary");
+    if let Some(input) = input {
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(input.as_bytes()).expect("writing stdin");
+    }
+    let output = child.wait_with_output().expect("running the outbox binary");
+    Run {
+        code: output.status.code().expect("an exit code, not a signal"),
+        stdout: String::from_utf8(output.stdout).expect("UTF-8 stdout"),
+        stderr: String::from_utf8(output.stderr).expect("UTF-8 stderr"),
+    }
+}
+
+fn outbox(url: &str, args: &[&str]) -> Run {
+    outbox_with_input(url, args, None)
+}
+
+type TestPool<C> = Pool<ConnectionManager<C>>;
+
+fn dead<C: TestConnection>(pool: &TestPool<C>) -> Vec<DeadLetter> {
+    dead_letters(&mut pool.get().unwrap(), &ListOptions::new().limit(1000)).unwrap()
+}
+
+fn dead_positions<C: TestConnection>(pool: &TestPool<C>) -> Vec<i64> {
+    dead(pool).iter().map(|d| d.position).collect()
+}
+
+fn pending_count<C: TestConnection>(pool: &TestPool<C>) -> usize {
+    pending_messages(&mut pool.get().unwrap(), &ListOptions::new().limit(1000))
+        .unwrap()
+        .len()
+}
+
+/// Claims every due message and dead-letters it with an error naming its type and payload;
+/// the long error of `cli.alpha` {"n":2} spans two lines.
+fn dead_letter_everything_due<C: TestConnection>(pool: &TestPool<C>) -> usize {
+    let store = DieselStore::new(pool.clone());
+    let token = ClaimToken::new();
+    let claimed = store.claim(token, 100, Duration::from_secs(60)).unwrap();
+    let outcomes: Vec<Outcome> = claimed
+        .iter()
+        .map(|m| {
+            let error = if m.message_type == "cli.alpha" && m.payload.contains('2') {
+                format!("line one of a long error\n{}", "x".repeat(200))
+            } else {
+                format!("{} failed: {}", m.message_type, m.payload)
+            };
+            Outcome {
+                token,
+                position: m.position,
+                message_id: m.message_id,
+                settlement: Settlement::DeadLetter { error },
+            }
+        })
+        .collect();
+    assert_eq!(store.settle(&outcomes).unwrap(), Vec::<i64>::new());
+    claimed.len()
+}
+
+/// The outbox every test but the first starts from:
+/// dead letters: cli.beta {1}, cli.alpha {1}, cli.alpha {2} (in this order);
+/// pending: cli.alpha {3} (in flight), cli.alpha {4}, cli.beta {2} (ordering key `key-1`).
+fn seed<C: TestConnection>(db: &TestDb) -> TestPool<C> {
+    let pool = pool::<C>(db, 2);
+    {
+        let mut conn = pool.get().unwrap();
+        Beta { n: 1 }.enqueue(&mut conn).unwrap();
+        Alpha { n: 1 }.enqueue(&mut conn).unwrap();
+        Alpha { n: 2 }.enqueue(&mut conn).unwrap();
+    }
+    assert_eq!(dead_letter_everything_due(&pool), 3);
+    {
+        let mut conn = pool.get().unwrap();
+        Alpha { n: 3 }.enqueue(&mut conn).unwrap();
+        Alpha { n: 4 }.enqueue(&mut conn).unwrap();
+        Beta { n: 2 }
+            .enqueue_with(&mut conn, &EnqueueOptions::new().ordering_key("key-1"))
+            .unwrap();
+    }
+    let store = DieselStore::new(pool.clone());
+    let claimed = store
+        .claim(ClaimToken::new(), 1, Duration::from_secs(600))
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].payload.replace(' ', ""), r#"{"n":3}"#);
+    pool
+}
+
+/// The table rows (header excluded) of human output, split on whitespace.
+fn rows(stdout: &str) -> Vec<Vec<&str>> {
+    stdout
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect())
+        .collect()
+}
+
+fn is_short_duration(text: &str) -> bool {
+    let digits_then_unit = |part: &str| {
+        let unit = part.trim_start_matches(|c: char| c.is_ascii_digit());
+        unit.len() < part.len() && ["s", "m", "h", "d"].contains(&unit)
+    };
+    let mut rest = text;
+    let mut parts = 0;
+    while !rest.is_empty() {
+        let end = rest.find(|c: char| c.is_alphabetic()).map_or(rest.len(), |i| i + 1);
+        if !digits_then_unit(&rest[..end]) {
+            return false;
+        }
+        rest = &rest[end..];
+        parts += 1;
+    }
+    (1..=2).contains(&parts)
+}
+
+fn migrate_and_missing_tables<C: TestConnection>(db: &TestDb) {
+    // The database exists (for SQLite: the file) but holds no outbox tables.
+    drop(db.connect::<C>());
+    for args in [&["stats"][..], &["dead", "list"], &["--json", "pending", "list"]] {
+        let run = outbox(db.url(), args);
+        assert_eq!(run.stdout, "", "{run:#?}");
+        let error = run.error();
+        assert!(
+            error.contains("does not exist; run `outbox migrate` first"),
+            "{args:?}: {error}"
+        );
+    }
+
+    // The URL may come from DATABASE_URL.
+    let first = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("migrate")
+        .env("DATABASE_URL", db.url())
+        .output()
+        .unwrap();
+    assert!(first.status.success(), "{first:?}");
+    let stdout = String::from_utf8(first.stdout).unwrap();
+    assert!(!stdout.is_empty());
+    for line in stdout.lines() {
+        let version = line.strip_prefix("applied migration ").unwrap_or_else(|| {
+            panic!("unexpected line `{line}` in {stdout}");
+        });
+        assert!(version.chars().all(|c| c.is_ascii_digit()), "{line}");
+    }
+    assert!(
+        stdout.contains("applied migration 00000000000100\n"),
+        "{stdout}"
+    );
+
+    assert_eq!(
+        outbox(db.url(), &["migrate"]).ok(),
+        "the outbox schema is up to date; nothing to apply\n"
+    );
+    assert_eq!(
+        outbox(db.url(), &["--json", "migrate"]).json(),
+        json!({ "applied": [] })
+    );
+    let stats = outbox(db.url(), &["stats"]).ok();
+    assert_eq!(
+        stats,
+        "TYPE   PENDING  IN FLIGHT  DEAD  OLDEST PENDING\n\
+         total        0          0     0               -\n"
+    );
+}
+
+fn stats<C: TestConnection>(db: &TestDb) {
+    let _pool = seed::<C>(db);
+    let stdout = outbox(db.url(), &["stats"]).ok();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0], "TYPE       PENDING  IN FLIGHT  DEAD  OLDEST PENDING",
+        "{stdout}"
+    );
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert_eq!(rows[0][..4], ["cli.alpha", "2", "1", "2"], "{stdout}");
+    assert_eq!(rows[1][..5], ["cli.beta", "1", "0", "1", rows[1][4]]);
+    assert_eq!(rows[1][..4], ["cli.beta", "1", "0", "1"], "{stdout}");
+    assert_eq!(rows[2][..4], ["total", "3", "1", "3"], "{stdout}");
+    for row in &rows {
+        assert_eq!(row.len(), 5, "{stdout}");
+        assert!(is_short_duration(row[4]), "an age like 3m12s: {stdout}");
+    }
+    // Numbers are right-aligned under their headers.
+    let dead_end = lines[0].find("DEAD").unwrap() + "DEAD".len();
+    for line in &lines[1..] {
+        assert!(line.as_bytes()[dead_end - 1].is_ascii_digit(), "{stdout}");
+        assert_eq!(line.as_bytes()[dead_end], b' ', "{stdout}");
+    }
+
+    let json = outbox(db.url(), &["--json", "stats"]).json();
+    let types = json["types"].as_array().unwrap();
+    assert_eq!(types.len(), 2, "{json}");
+    assert_eq!(types[0]["message_type"], "cli.alpha");
+    assert_eq!(
+        (
+            &types[0]["pending"],
+            &types[0]["in_flight"],
+            &types[0]["dead"]
+        ),
+        (&json!(2), &json!(1), &json!(2))
+    );
+    assert_eq!(types[1]["message_type"], "cli.beta");
+    assert_eq!(
+        (
+            &types[1]["pending"],
+            &types[1]["in_flight"],
+            &types[1]["dead"]
+        ),
+        (&json!(1), &json!(0), &json!(1))
+    );
+    let total = &json["total"];
+    assert_eq!(
+        (&total["pending"], &total["in_flight"], &total["dead"]),
+        (&json!(3), &json!(1), &json!(3))
+    );
+    let oldest = total["oldest_pending"].as_str().unwrap();
+    assert!(oldest.ends_with('Z') && oldest.contains('T'), "{oldest}");
+    assert!(total["oldest_pending_age_secs"].as_u64().unwrap() < 300);
+}
+
+fn pending_list<C: TestConnection>(db: &TestDb) {
+    let pool = seed::<C>(db);
+    let pending =
+        pending_messages(&mut pool.get().unwrap(), &ListOptions::new().limit(10)).unwrap();
+    assert_eq!(pending.len(), 3);
+
+    let stdout = outbox(db.url(), &["pending", "list"]).ok();
+    assert!(
+        stdout.starts_with("POSITION  MESSAGE ID"),
+        "header first: {stdout}"
+    );
+    assert!(
+        stdout.lines().next().unwrap().ends_with(
+            "TYPE       ATTEMPTS  IN FLIGHT  DUE        ORDERING KEY  LAST ERROR"
+        ),
+        "{stdout}"
+    );
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 3, "{stdout}");
+    for (row, message) in rows.iter().zip(&pending) {
+        assert_eq!(row[0], message.position.to_string());
+        assert_eq!(row[1], message.message_id.to_string());
+    }
+    // cli.alpha {3}: leased for 600 s.
+    assert_eq!(rows[0][2..5], ["cli.alpha", "1", "yes"], "{stdout}");
+    assert_eq!(rows[0][5], "in", "{stdout}");
+    assert!(rows[0][6].starts_with("9m") || rows[0][6] == "10m00s", "{stdout}");
+    assert_eq!(rows[0][7..], ["-", "-"], "{stdout}");
+    assert_eq!(rows[1][2..5], ["cli.alpha", "0", "no"], "{stdout}");
+    assert_eq!(rows[2][2..5], ["cli.beta", "0", "no"], "{stdout}");
+    assert_eq!(rows[2][rows[2].len() - 2..], ["key-1", "-"], "{stdout}");
+
+    let beta = outbox(db.url(), &["pending", "list", "--type", "cli.beta"]).ok();
+    let beta_rows = rows(&beta);
+    assert_eq!(beta_rows.len(), 1, "{beta}");
+    assert_eq!(beta_rows[0][0], pending[2].position.to_string());
+
+    let limited = outbox(db.url(), &["pending", "list", "--limit", "2"]).ok();
+    let lines: Vec<&str> = limited.lines().collect();
+    assert_eq!(lines.len(), 4, "header, two rows, the note: {limited}");
+    assert_eq!(
+        lines[3],
+        "(only the first 2 shown; raise --limit to see more)"
+    );
+
+    assert_eq!(
+        outbox(db.url(), &["pending", "list", "--type", "nope"]).ok(),
+        "no pending messages of type `nope`\n"
+    );
+
+    let json = outbox(db.url(), &["--json", "pending", "list"]).json();
+    assert_eq!(json["more"], false);
+    let messages = json["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{json}");
+    assert_eq!(messages[0]["position"], pending[0].position);
+    assert_eq!(messages[0]["message_id"], pending[0].message_id.to_string());
+    assert_eq!(messages[0]["in_flight"], true);
+    assert_eq!(messages[0]["attempts"], 1);
+    assert_eq!(messages[0]["payload"], json!({ "n": 3 }));
+    assert_eq!(messages[1]["in_flight"], false);
+    assert_eq!(messages[2]["message_type"], "cli.beta");
+    assert_eq!(messages[2]["ordering_key"], "key-1");
+    assert_eq!(messages[2]["last_error"], Value::Null);
+    let due = messages[0]["next_attempt_at"].as_str().unwrap();
+    assert!(due.len() == 27 && due.ends_with('Z'), "{due}");
+
+    let json = outbox(db.url(), &["--json", "pending", "list", "--limit", "1"]).json();
+    assert_eq!(json["more"], true);
+    assert_eq!(json["messages"].as_array().unwrap().len(), 1);
+}
+
+fn dead_list_and_show<C: TestConnection>(db: &TestDb) {
+    let pool = seed::<C>(db);
+    let letters = dead(&pool);
+    assert_eq!(letters.len(), 3);
+    let [beta1, alpha1, alpha2] = [&letters[0], &letters[1], &letters[2]];
+
+    let stdout = outbox(db.url(), &["dead", "list"]).ok();
+    assert!(
+        stdout.starts_with("POSITION  MESSAGE ID"),
+        "header first: {stdout}"
+    );
+    assert!(
+        stdout.lines().next().unwrap().ends_with(
+            "TYPE       ATTEMPTS  FAILED AT             LAST ERROR"
+        ),
+        "{stdout}"
+    );
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert_eq!(
+        rows[0][..4],
+        [
+            beta1.position.to_string().as_str(),
+            &beta1.message_id.to_string(),
+            "cli.beta",
+            "1"
+        ]
+    );
+    assert!(rows[0][4].ends_with('Z') && rows[0][4].len() == 20, "{stdout}");
+    assert_eq!(rows[0][5..].join(" "), "cli.beta failed: {\"n\":1}".replace("{\"n\":1}", &beta1.payload));
+    // The long two-line error is cut to one line of at most 60 characters.
+    let long_line = stdout.lines().nth(3).unwrap();
+    assert!(long_line.ends_with("line one of a long error xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…"), "{stdout}");
+
+    let alpha = outbox(db.url(), &["dead", "list", "--type", "cli.alpha"]).ok();
+    let alpha_rows = rows(&alpha);
+    assert_eq!(alpha_rows.len(), 2, "{alpha}");
+    assert_eq!(alpha_rows[0][0], alpha1.position.to_string());
+    assert_eq!(alpha_rows[1][0], alpha2.position.to_string());
+    assert_eq!(
+        outbox(db.url(), &["dead", "list", "--type", "nope"]).ok(),
+        "no dead letters of type `nope`\n"
+    );
+
+    let json = outbox(db.url(), &["--json", "dead", "list", "--type", "cli.beta"]).json();
+    assert_eq!(json["more"], false);
+    let list = json["dead_letters"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{json}");
+    assert_eq!(list[0]["position"], beta1.position);
+    assert_eq!(list[0]["message_type"], "cli.beta");
+    assert_eq!(list[0]["attempts"], 1);
+    assert_eq!(list[0]["last_error"], beta1.last_error);
+    assert_eq!(list[0]["payload"], json!({ "n": 1 }));
+    let json = outbox(db.url(), &["--json", "dead", "list", "--limit", "2"]).json();
+    assert_eq!(json["more"], true);
+    assert_eq!(json["dead_letters"].as_array().unwrap().len(), 2);
+
+    let position = alpha2.position.to_string();
+    let show = outbox(db.url(), &["dead", "show", &position]).ok();
+    let expected_start = format!(
+        "position      {position}\n\
+         message id    {}\n\
+         type          cli.alpha\n\
+         attempts      1\n\
+         ordering key  -\n\
+         created at    ",
+        alpha2.message_id
+    );
+    assert!(show.starts_with(&expected_start), "{show}");
+    assert!(
+        show.contains(&format!(
+            "\nlast error    line one of a long error\n              {}\npayload:\n{{\n  \"n\": 2\n}}\n",
+            "x".repeat(200)
+        )),
+        "{show}"
+    );
+    assert!(show.contains(" ago)\nfailed at     ") || show.contains(" (now)\nfailed at     "), "{show}");
+
+    let json = outbox(db.url(), &["--json", "dead", "show", &position]).json();
+    assert_eq!(json["position"], alpha2.position);
+    assert_eq!(json["message_id"], alpha2.message_id.to_string());
+    assert_eq!(json["message_type"], "cli.alpha");
+    assert_eq!(json["ordering_key"], Value::Null);
+    assert_eq!(json["last_error"], alpha2.last_error);
+    assert_eq!(json["payload"], json!({ "n": 2 }));
+    assert!(json["failed_at"].as_str().unwrap().ends_with('Z'));
+
+    let unknown = outbox(db.url(), &["dead", "show", "999999"]);
+    assert_eq!(unknown.stdout, "");
+    assert_eq!(unknown.error(), "error: no dead letter at position 999999");
+}
+
+fn requeue<C: TestConnection>(db: &TestDb) {
+    let pool = seed::<C>(db);
+    let [beta1, alpha1, alpha2] = <[i64; 3]>::try_from(dead_positions(&pool)).unwrap();
+
+    // Dry runs change nothing.
+    let dry = outbox(db.url(), &["dead", "requeue", "--all", "--dry-run"]).ok();
+    assert!(
+        dry.starts_with("would requeue 3 dead letters (dry run: nothing changed)\nPOSITION"),
+        "{dry}"
+    );
+    let listed: Vec<String> = rows(&dry[dry.find('\n').unwrap() + 1..])
+        .iter()
+        .map(|row| row[0].to_owned())
+        .collect();
+    assert_eq!(listed, [beta1, alpha1, alpha2].map(|p| p.to_string()));
+    let dry = outbox(
+        db.url(),
+        &["--json", "dead", "requeue", "--type", "cli.alpha", "--dry-run"],
+    )
+    .json();
+    assert_eq!(
+        dry,
+        json!({"action": "requeue", "dry_run": true, "count": 2,
+               "positions": [alpha1, alpha2], "not_found": []})
+    );
+    assert_eq!(dead_positions(&pool), [beta1, alpha1, alpha2]);
+    assert_eq!(pending_count(&pool), 3);
+
+    // One position.
+    let alpha1_id = dead(&pool)[1].message_id;
+    assert_eq!(
+        outbox(db.url(), &["dead", "requeue", &alpha1.to_string()]).ok(),
+        format!("requeued 1 dead letter: {alpha1}\n")
+    );
+    assert_eq!(dead_positions(&pool), [beta1, alpha2]);
+    let pending =
+        pending_messages(&mut pool.get().unwrap(), &ListOptions::new().limit(10)).unwrap();
+    assert_eq!(pending.len(), 4);
+    let requeued = pending.iter().find(|m| m.message_id == alpha1_id).unwrap();
+    assert_eq!(requeued.attempts, 0);
+
+    // Requeueing it again: it is gone.
+    let again = outbox(db.url(), &["dead", "requeue", &alpha1.to_string()]);
+    assert_eq!(again.stdout, "");
+    assert_eq!(
+        again.error(),
+        format!("error: no dead letter at position {alpha1}")
+    );
+
+    // Several positions, some unknown: the others move, the unknown are reported.
+    let partial = outbox(
+        db.url(),
+        &["--json", "dead", "requeue", &beta1.to_string(), "999998", "999999"],
+    );
+    assert_eq!(
+        partial.error(),
+        "error: no dead letter at positions 999998, 999999"
+    );
+    let partial: Value = serde_json::from_str(&partial.stdout).unwrap();
+    assert_eq!(
+        partial,
+        json!({"action": "requeue", "dry_run": false, "count": 1,
+               "positions": [beta1], "not_found": [999998, 999999]})
+    );
+    assert_eq!(dead_positions(&pool), [alpha2]);
+
+    // By type: nothing of another type moves.
+    assert_eq!(
+        outbox(db.url(), &["dead", "requeue", "--type", "cli.beta"]).ok(),
+        "requeued 0 dead letters\n"
+    );
+    assert_eq!(
+        outbox(db.url(), &["dead", "requeue", "--type", "cli.alpha"]).ok(),
+        format!("requeued 1 dead letter: {alpha2}\n")
+    );
+    assert!(dead_positions(&pool).is_empty());
+    assert_eq!(pending_count(&pool), 6);
+
+    // Everything: the five due messages die again, then all come back.
+    assert_eq!(dead_letter_everything_due(&pool), 5);
+    let positions = dead_positions(&pool);
+    assert_eq!(positions.len(), 5);
+    let all = outbox(db.url(), &["--json", "dead", "requeue", "--all"]).json();
+    assert_eq!(
+        all,
+        json!({"action": "requeue", "dry_run": false, "count": 5,
+               "positions": positions, "not_found": []})
+    );
+    assert!(dead_positions(&pool).is_empty());
+    assert_eq!(pending_count(&pool), 6);
+}
+
+fn purge<C: TestConnection>(db: &TestDb) {
+    let pool = seed::<C>(db);
+    let [beta1, alpha1, alpha2] = <[i64; 3]>::try_from(dead_positions(&pool)).unwrap();
+
+    // Declined, or no answer at all: nothing is purged.
+    for input in [Some("n\n"), Some("\n"), Some("nope\n"), None] {
+        let run = outbox_with_input(db.url(), &["dead", "purge", "--all"], input);
+        assert_eq!(run.code, 1, "{input:?}: {run:#?}");
+        assert_eq!(run.stdout, "", "{run:#?}");
+        assert_eq!(
+            run.stderr,
+            "Purge 3 dead letters? [y/N] \nerror: aborted: nothing was purged\n",
+            "{input:?}"
+        );
+        assert_eq!(dead_positions(&pool), [beta1, alpha1, alpha2]);
+    }
+
+    let dry = outbox(db.url(), &["dead", "purge", "--type", "cli.alpha", "--dry-run"]).ok();
+    assert!(
+        dry.starts_with("would purge 2 dead letters (dry run: nothing changed)\nPOSITION"),
+        "{dry}"
+    );
+    assert_eq!(rows(&dry[dry.find('\n').unwrap() + 1..]).len(), 2, "{dry}");
+    assert_eq!(dead_positions(&pool), [beta1, alpha1, alpha2]);
+
+    // Confirmed on stdin.
+    let run = outbox_with_input(db.url(), &["dead", "purge", &alpha1.to_string()], Some("yes\n"));
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(run.stderr, "Purge 1 dead letter? [y/N] \n");
+    assert_eq!(run.stdout, format!("purged 1 dead letter: {alpha1}\n"));
+    assert_eq!(dead_positions(&pool), [beta1, alpha2]);
+
+    assert_eq!(
+        outbox(db.url(), &["dead", "purge", "--type", "cli.alpha", "--yes"]).ok(),
+        format!("purged 1 dead letter: {alpha2}\n")
+    );
+    assert_eq!(dead_positions(&pool), [beta1]);
+
+    let unknown = outbox(db.url(), &["dead", "purge", "999999", "--yes"]);
+    assert_eq!(unknown.stdout, "");
+    assert_eq!(unknown.error(), "error: no dead letter at position 999999");
+    assert_eq!(dead_positions(&pool), [beta1]);
+
+    assert_eq!(
+        outbox(db.url(), &["--json", "dead", "purge", "--all", "--yes"]).json(),
+        json!({"action": "purge", "dry_run": false, "count": 1,
+               "positions": [beta1], "not_found": []})
+    );
+    assert!(dead_positions(&pool).is_empty());
+    assert_eq!(pending_count(&pool), 3, "pending messages are not touched");
+    assert_eq!(
+        outbox(db.url(), &["dead", "purge", "--all"]).ok(),
+        "purged 0 dead letters\n",
+        "nothing to purge asks nothing"
+    );
+}
+
+backend_tests!(
+    migrate_and_missing_tables,
+    stats,
+    pending_list,
+    dead_list_and_show,
+    requeue,
+    purge,
+);
+
+#[test]
+fn a_url_with_an_unknown_scheme_is_refused() {
+    let run = outbox("redis://user:secret@localhost/0", &["stats"]);
+    assert_eq!(run.stdout, "");
+    assert_eq!(
+        run.error(),
+        "error: unsupported database URL `redis://…`: use postgres://, postgresql://, mysql://, \
+         sqlite://PATH, file:PATH, or a path ending .db, .sqlite or .sqlite3"
+    );
+}
+
+#[test]
+fn an_unreachable_server_is_one_error_line() {
+    for url in [
+        "postgres://postgres@127.0.0.1:1/x",
+        "mysql://root@127.0.0.1:1/x",
+    ] {
+        let run = outbox(url, &["stats"]);
+        assert_eq!(run.stdout, "");
+        assert!(
+            run.error().starts_with("error: cannot connect to the database: "),
+            "{run:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_sqlite_file_is_not_created_by_a_read() {
+    let path = std::env::temp_dir().join(format!("outbox-cli-missing-{}.db", std::process::id()));
+    let path = path.to_str().unwrap();
+    let run = outbox(path, &["dead", "list"]);
+    assert_eq!(
+        run.error(),
+        format!("error: no SQLite database at `{path}` (`outbox migrate` creates it)")
+    );
+    assert!(!std::path::Path::new(path).exists());
+}
+
+#[test]
+fn usage_errors_exit_with_2() {
+    let missing_url = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("stats")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(missing_url.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing_url.stderr)
+        .starts_with("error: no database: pass --database-url URL or set DATABASE_URL"));
+    for args in [
+        &["dead", "requeue"][..],
+        &["dead", "requeue", "1", "--all"],
+        &["dead", "purge", "--type", "a", "--all", "--yes"],
+        &["dead", "show"],
+        &["pending", "list", "--limit", "-1"],
+    ] {
+        let run = outbox("x.db", args);
+        assert_eq!(run.code, 2, "{args:?}: {run:#?}");
+        assert_eq!(run.stdout, "");
+        assert!(run.stderr.starts_with("error: "), "{run:#?}");
+    }
+}
