@@ -31,7 +31,8 @@ pub struct Cli {
     )]
     pub database_url: Option<String>,
 
-    /// Print one JSON document on stdout instead of tables (see below for the format).
+    /// Print one JSON document on stdout instead of tables: times as RFC 3339 UTC strings,
+    /// ages in seconds (`outbox --help` tells more).
     #[arg(long, global = true)]
     pub json: bool,
 

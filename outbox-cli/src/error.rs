@@ -69,7 +69,8 @@ impl From<outbox_diesel::Error> for CliError {
 /// PostgreSQL `relation "outbox_message" does not exist`, MySQL/MariaDB
 /// `Table 'db.outbox_message' doesn't exist`, SQLite `no such table: outbox_message`.
 fn missing_table(error: &outbox_diesel::Error) -> Option<&'static str> {
-    let outbox_diesel::Error::Database(diesel::result::Error::DatabaseError(_, info)) = error else {
+    let outbox_diesel::Error::Database(diesel::result::Error::DatabaseError(_, info)) = error
+    else {
         return None;
     };
     let message = info.message().to_ascii_lowercase();

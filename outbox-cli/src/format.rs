@@ -34,7 +34,12 @@ pub fn relative(then: SystemTime, now: SystemTime) -> String {
 /// `time` as RFC 3339 in UTC, to the second: `2025-01-31T09:15:02Z`.
 pub fn timestamp(time: SystemTime) -> String {
     let (date, secs, _) = split(time);
-    format!("{date}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+    format!(
+        "{date}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
 }
 
 /// `time` as RFC 3339 in UTC, to the microsecond: `2025-01-31T09:15:02.123456Z`.
@@ -97,7 +102,10 @@ mod tests {
         assert_eq!(duration(Duration::from_secs(45)), "45s");
         assert_eq!(duration(Duration::from_secs(192)), "3m12s");
         assert_eq!(duration(Duration::from_secs(7_500)), "2h05m");
-        assert_eq!(duration(Duration::from_secs(3 * 86_400 + 4 * 3_600 + 5)), "3d04h");
+        assert_eq!(
+            duration(Duration::from_secs(3 * 86_400 + 4 * 3_600 + 5)),
+            "3d04h"
+        );
     }
 
     #[test]

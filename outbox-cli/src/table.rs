@@ -30,7 +30,8 @@ impl Table {
 
     /// Adds a row; control characters (newlines, tabs) become spaces so rows stay one line.
     pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells.into_iter().map(|c| one_line(&c)).collect());
+        self.rows
+            .push(cells.into_iter().map(|c| one_line(&c)).collect());
     }
 
     /// The table as text, one line per row, each ending in a newline.

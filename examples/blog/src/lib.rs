@@ -60,6 +60,8 @@ impl diesel::r2d2::CustomizeConnection<AnyConnection, diesel::r2d2::Error> for S
 pub struct Settings {
     /// The database.
     pub database_url: String,
+    /// The port to listen on (127.0.0.1 unless `ROCKET_ADDRESS` says otherwise).
+    pub port: u16,
     /// Where messages are delivered; `None` for the built-in receiver.
     pub webhook_url: Option<String>,
     /// The signing secret, shared with the built-in receiver.
@@ -112,8 +114,15 @@ impl Settings {
                 .initial_backoff(Duration::from_millis(ms))
                 .multiplier(2.0);
         }
+        let port = match var("ROCKET_PORT") {
+            Some(port) => port
+                .parse()
+                .map_err(|_| "ROCKET_PORT must be a port number".to_owned())?,
+            None => 8000,
+        };
         Ok(Settings {
             database_url: var("DATABASE_URL").unwrap_or_else(|| "blog.db".to_owned()),
+            port,
             webhook_url: var("WEBHOOK_URL"),
             webhook_secret,
             admin_token,
@@ -135,8 +144,8 @@ pub struct App {
 
 /// The blog, ready to launch.
 pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
-    let figment = rocket::Config::figment();
-    let port: u16 = figment.extract_inner("port").unwrap_or(8000);
+    let port = settings.port;
+    let figment = rocket::Config::figment().merge(("port", port));
     let webhook_url = settings
         .webhook_url
         .clone()

@@ -192,7 +192,7 @@ async fn receive_webhook(
     app: &State<App>,
     headers: Headers,
     body: Data<'_>,
-) -> Result<Status, Status> {
+) -> Result<(Status, &'static str), Status> {
     let body = body
         .open(1.mebibytes())
         .into_bytes()
@@ -211,22 +211,25 @@ async fn receive_webhook(
         if failing {
             log_delivery(&mut **conn, &id, &body, "failed on purpose: answered 500")
                 .map_err(|e| e.to_string())?;
-            return Ok(Status::InternalServerError);
+            return Ok((
+                Status::InternalServerError,
+                "the receiver is switched to fail",
+            ));
         }
         let received = inbox.receive(&mut **conn, &headers.0, &body, |conn, webhook| {
             log_delivery(conn, &webhook.id, &body, "verified, delivered")
         });
         match received {
-            Ok(Received::Processed(_)) => Ok(Status::Ok),
+            Ok(Received::Processed(_)) => Ok((Status::Ok, "received")),
             Ok(Received::Duplicate { id }) => {
                 log_delivery(&mut **conn, &id, &body, "verified, duplicate: skipped")
                     .map_err(|e| e.to_string())?;
-                Ok(Status::Ok)
+                Ok((Status::Ok, "already received"))
             }
             Err(InboxError::Verify(error)) => {
                 log_delivery(&mut **conn, &id, &body, &format!("rejected: {error}"))
                     .map_err(|e| e.to_string())?;
-                Ok(Status::Unauthorized)
+                Ok((Status::Unauthorized, "signature rejected"))
             }
             Err(error) => Err(error.to_string()),
         }

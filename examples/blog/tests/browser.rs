@@ -1,0 +1,311 @@
+//! The blog in a real browser: headless Chromium driven over WebDriver (chromedriver).
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them); elsewhere set
+//! `CHROMEDRIVER` and `CHROMIUM` to their paths. Without them the test says so and passes,
+//! except with `CI=true`, where it fails. The admin page's screenshot is saved as
+//! `target/browser/outbox-admin.png`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{free_port, Server, ADMIN_TOKEN};
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A WebDriver session on a chromedriver process of its own.
+struct Browser {
+    http: reqwest::blocking::Client,
+    session: String,
+    driver: Child,
+    profile: PathBuf,
+}
+
+impl Browser {
+    fn start() -> Option<Browser> {
+        let driver_path =
+            std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
+        let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        if !Path::new(&driver_path).exists() || !Path::new(&chromium).exists() {
+            let message = format!(
+                "no browser: {driver_path} or {chromium} is missing; install Debian's chromium and \
+                 chromium-driver (as .ci/run does) or set CHROMEDRIVER and CHROMIUM"
+            );
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{message}; CI=true, so this fails instead of skipping");
+            }
+            eprintln!("\n!!! SKIPPED: {message}\n");
+            return None;
+        }
+        let port = free_port();
+        let driver = Command::new(&driver_path)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting chromedriver");
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        while http.get(format!("{base}/status")).send().is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chromedriver did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let profile = std::env::temp_dir().join(format!("outbox-chromium-{port}"));
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-quic", "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--window-size=1280,1100",
+                    format!("--user-data-dir={}", profile.display()),
+                ]
+            }
+        }}});
+        let created: Value = http
+            .post(format!("{base}/session"))
+            .body(capabilities.to_string())
+            .send()
+            .and_then(|r| r.bytes())
+            .map(|body| serde_json::from_slice(&body).expect("WebDriver answers JSON"))
+            .expect("creating a browser session");
+        let session = created["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {created}"))
+            .to_owned();
+        Some(Browser {
+            http,
+            session: format!("{base}/session/{session}"),
+            driver,
+            profile,
+        })
+    }
+
+    fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let mut request = self.http.request(method, format!("{}{path}", self.session));
+        if !body.is_null() {
+            request = request.body(body.to_string());
+        }
+        let response: Value = request
+            .send()
+            .and_then(|r| r.bytes())
+            .map(|body| serde_json::from_slice(&body).expect("WebDriver answers JSON"))
+            .unwrap_or_else(|e| panic!("WebDriver {path}: {e}"));
+        if let Some(error) = response["value"].get("error") {
+            panic!("WebDriver {path}: {error} {}", response["value"]["message"]);
+        }
+        response["value"].clone()
+    }
+
+    fn goto(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", json!({ "url": url }));
+    }
+
+    fn find(&self, css: &str) -> String {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found: Value = self
+                .http
+                .post(format!("{}/element", self.session))
+                .body(json!({"using": "css selector", "value": css}).to_string())
+                .send()
+                .and_then(|r| r.bytes())
+                .map(|body| serde_json::from_slice(&body).expect("WebDriver answers JSON"))
+                .expect("WebDriver /element");
+            if let Some(id) = found["value"][ELEMENT].as_str() {
+                return id.to_owned();
+            }
+            assert!(
+                Instant::now() < until,
+                "no element {css} on the page:\n{}",
+                self.source()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn click(&self, css: &str) {
+        let element = self.find(css);
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{element}/click"),
+            json!({}),
+        );
+    }
+
+    fn type_into(&self, css: &str, text: &str) {
+        let element = self.find(css);
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{element}/value"),
+            json!({ "text": text }),
+        );
+    }
+
+    fn source(&self) -> String {
+        self.call(reqwest::Method::GET, "/source", json!(null))
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Waits, without reloading, until the current page satisfies `done` (a click's navigation
+    /// completes after the click command returns).
+    fn settle(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let page = self.source();
+            if done(&page) {
+                return page;
+            }
+            assert!(
+                Instant::now() < until,
+                "timed out waiting for {what}:\n{page}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Reloads `url` until its page satisfies `done`.
+    fn wait_for(&self, url: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.goto(url);
+            let page = self.source();
+            if done(&page) {
+                return page;
+            }
+            assert!(
+                Instant::now() < until,
+                "timed out waiting for {what} at {url}:\n{page}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn screenshot(&self, path: &Path) {
+        use base64_decode::decode;
+        let png = self.call(reqwest::Method::GET, "/screenshot", json!(null));
+        let bytes = decode(png.as_str().expect("base64 PNG"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).expect("writing the screenshot");
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.http.delete(&self.session).send();
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
+}
+
+/// Enough base64 for a screenshot, to keep the dependency list short.
+mod base64_decode {
+    pub fn decode(text: &str) -> Vec<u8> {
+        let value = |c: u8| match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            _ => 63,
+        };
+        let clean: Vec<u8> = text.bytes().filter(|c| !b"=\r\n".contains(c)).collect();
+        let mut out = Vec::with_capacity(clean.len() * 3 / 4);
+        for chunk in clean.chunks(4) {
+            let n = chunk.iter().enumerate().fold(0u32, |acc, (i, c)| {
+                acc | (u32::from(value(*c)) << (18 - 6 * i))
+            });
+            let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+            out.extend_from_slice(&bytes[..chunk.len() - 1]);
+        }
+        out
+    }
+}
+
+fn comment(browser: &Browser, server: &Server, name: &str, text: &str) -> String {
+    browser.goto(&server.url("/posts/1"));
+    browser.type_into("#name", name);
+    browser.type_into("#email", &format!("{}@example.com", name.to_lowercase()));
+    browser.type_into("#body", text);
+    browser.click("#submit");
+    browser.settle("the comment's notice", |page| {
+        page.contains("id=\"notice\"")
+    })
+}
+
+#[test]
+fn a_reader_comments_an_operator_requeues_a_dead_letter() {
+    let Some(browser) = Browser::start() else {
+        return;
+    };
+    let server = Server::start("browser");
+    let receiver = server.url("/receiver");
+    let outbox = server.url("/outbox");
+
+    let page = comment(&browser, &server, "Grace", "What a post!");
+    assert!(page.contains("Thanks for your first comment"), "{page}");
+    browser.wait_for(&receiver, "Grace's thank-you", |page| {
+        page.contains("grace@example.com") && page.contains("verified, delivered")
+    });
+
+    browser.goto(&receiver);
+    browser.click("#toggle-failing");
+    browser.settle("the failing receiver", |page| {
+        page.contains("failing: every delivery is answered 500")
+    });
+    comment(&browser, &server, "Linus", "Me too.");
+
+    browser.goto(&outbox);
+    browser.type_into("#token", ADMIN_TOKEN);
+    browser.click("#login");
+    browser.settle("the admin page", |page| page.contains("id=\"dead-count\""));
+    let admin = browser.wait_for(&outbox, "two dead letters", |page| {
+        page.contains("id=\"dead-count\">2<")
+    });
+    assert!(admin.contains("comment.thankYou") && admin.contains("comment.notification"));
+    assert!(admin.contains("gave up after 2 attempts"), "{admin}");
+    assert!(admin.contains("500"), "the last error names the status");
+    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/browser/outbox-admin.png");
+    browser.screenshot(&shot);
+    assert!(std::fs::metadata(&shot)
+        .map(|m| m.len() > 10_000)
+        .unwrap_or(false));
+
+    browser.goto(&receiver);
+    browser.click("#toggle-failing");
+    browser.settle("the healthy receiver", |page| {
+        page.contains("healthy: deliveries")
+    });
+
+    browser.goto(&outbox);
+    browser.click("button.requeue");
+    browser.settle("the first re-queue", |page| {
+        page.contains("Re-queued 1 dead letter")
+    });
+    browser.goto(&outbox);
+    browser.click("button.requeue");
+    browser.settle("the second re-queue", |page| {
+        page.contains("Re-queued 1 dead letter")
+    });
+    browser.wait_for(&receiver, "Linus's thank-you after the re-queue", |page| {
+        page.contains("linus@example.com") && page.matches("verified, delivered").count() >= 3
+    });
+    let admin = browser.wait_for(&outbox, "no dead letters", |page| {
+        page.contains("id=\"dead-count\">0<")
+    });
+    assert!(admin.contains("No dead letters."));
+    eprintln!("admin page screenshot: {}", shot.display());
+}

@@ -1,0 +1,76 @@
+//! The commands, written once for every backend: `run` dispatches to the module of each.
+
+mod changes;
+mod listing;
+mod stats;
+
+use outbox_diesel::OutboxConnection;
+use serde_json::{json, Value};
+
+use crate::cli::{Command, DeadCommand, PendingCommand};
+use crate::error::CliError;
+
+/// What a command prints on stdout, and an error to report after it when the command did only
+/// part of its work (e.g. some positions of a requeue did not exist).
+#[derive(Debug)]
+pub struct Output {
+    /// The text for stdout.
+    pub stdout: String,
+    /// An error to report afterwards, making the exit code 1.
+    pub error: Option<CliError>,
+}
+
+impl Output {
+    pub(crate) fn text(stdout: String) -> Self {
+        Output {
+            stdout,
+            error: None,
+        }
+    }
+
+    pub(crate) fn json(value: &Value) -> Self {
+        let mut stdout = serde_json::to_string_pretty(value).unwrap_or_default();
+        stdout.push('\n');
+        Output::text(stdout)
+    }
+}
+
+/// Runs `command` on `conn`, rendering JSON when `json`.
+pub fn run<C>(conn: &mut C, command: &Command, json: bool) -> Result<Output, CliError>
+where
+    C: OutboxConnection + diesel::Connection,
+{
+    match command {
+        Command::Migrate => migrate(conn, json),
+        Command::Stats => stats::stats(conn, json),
+        Command::Pending(PendingCommand::List(args)) => listing::pending_list(conn, args, json),
+        Command::Dead(DeadCommand::List(args)) => listing::dead_list(conn, args, json),
+        Command::Dead(DeadCommand::Show { position }) => listing::dead_show(conn, *position, json),
+        Command::Dead(DeadCommand::Requeue { selector, dry_run }) => {
+            changes::requeue(conn, selector, *dry_run, json)
+        }
+        Command::Dead(DeadCommand::Purge {
+            selector,
+            dry_run,
+            yes,
+        }) => changes::purge(conn, selector, *dry_run, *yes, json),
+    }
+}
+
+fn migrate<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Output, CliError> {
+    let applied = outbox_diesel::run_migrations(conn)?;
+    if json {
+        return Ok(Output::json(&json!({ "applied": applied })));
+    }
+    if applied.is_empty() {
+        return Ok(Output::text(
+            "the outbox schema is up to date; nothing to apply\n".to_owned(),
+        ));
+    }
+    Ok(Output::text(
+        applied
+            .iter()
+            .map(|version| format!("applied migration {version}\n"))
+            .collect(),
+    ))
+}
