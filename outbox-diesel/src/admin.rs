@@ -307,7 +307,7 @@ pub fn dead_letter<C: OutboxConnection>(conn: &mut C, position: i64) -> Result<O
 }
 
 /// Id lists in one statement stay well under every backend's limits.
-const REQUEUE_CHUNK: usize = 1000;
+const ID_CHUNK: usize = 1000;
 
 /// Moves the selected dead letters back into the outbox, atomically, to be processed again
 /// from the first attempt with their original message ids. Returns the positions the dead
@@ -327,7 +327,7 @@ pub fn requeue_dead_letters<C: OutboxConnection>(
     );
     let moved = with_backend!(&mut conn, c => c.write_transaction(|c| {
         let ids = c.ids(&select, &binds(message_type))?;
-        for chunk in ids.chunks(REQUEUE_CHUNK) {
+        for chunk in ids.chunks(ID_CHUNK) {
             let list = id_list(chunk);
             c.run(
                 &format!(
@@ -358,9 +358,23 @@ pub fn purge_dead_letters<C: OutboxConnection>(
 ) -> Result<usize> {
     let mut conn = conn.backend_connection();
     let d = conn.dialect();
-    let (condition, message_type) = selection.condition(d);
-    let sql = format!("DELETE FROM outbox_failure WHERE {condition}");
-    let purged = with_backend!(&mut conn, c => c.run(&sql, &binds(message_type))?);
+    let purged = match selection {
+        DeadLetterSelection::Positions(ids) => with_backend!(&mut conn, c => {
+            c.write_transaction(|c| {
+                let mut purged = 0;
+                for chunk in ids.chunks(ID_CHUNK) {
+                    let sql = format!("DELETE FROM outbox_failure WHERE id IN ({})", id_list(chunk));
+                    purged += c.run(&sql, &[])?;
+                }
+                Ok(purged)
+            })?
+        }),
+        _ => {
+            let (condition, message_type) = selection.condition(d);
+            let sql = format!("DELETE FROM outbox_failure WHERE {condition}");
+            with_backend!(&mut conn, c => c.run(&sql, &binds(message_type))?)
+        }
+    };
     log::info!("outbox: purged {purged} dead letters");
     Ok(purged)
 }
@@ -406,8 +420,10 @@ pub fn stats<C: OutboxConnection>(conn: &mut C) -> Result<Vec<TypeStats>> {
         now = d.now,
         oldest = (d.epoch_micros)("MIN(created_at)"),
     );
-    let dead_sql = "SELECT message_type, COUNT(*) AS total, 0 AS in_flight, NULL AS oldest \
-                    FROM outbox_failure GROUP BY message_type";
+    // COUNT of nothing is a BIGINT zero on every backend (a literal 0 is an INTEGER on
+    // PostgreSQL, and MySQL cannot CAST to BIGINT).
+    let dead_sql = "SELECT message_type, COUNT(*) AS total, COUNT(CASE WHEN 1 = 0 THEN 1 END) \
+                    AS in_flight, NULL AS oldest FROM outbox_failure GROUP BY message_type";
     let (pending, dead): (Vec<StatsRow>, Vec<StatsRow>) = with_backend!(&mut conn, c => (
         diesel::sql_query(&pending_sql).load(*c)?,
         diesel::sql_query(dead_sql).load(*c)?,

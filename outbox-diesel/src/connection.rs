@@ -158,6 +158,7 @@ pub(crate) struct Dialect {
     /// The current time plus the microseconds in the given bind parameter.
     pub now_plus_micros: fn(&str) -> String,
     /// Records a webhook id (one bind) in the inbox unless it is there; changes 1 row or 0.
+    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
     pub inbox_insert: &'static str,
     /// A UUID column as text.
     pub uuid_text: fn(&str) -> String,
@@ -268,6 +269,7 @@ pub(crate) trait RawSql: Sized {
     fn ids(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<i64>>;
     /// A transaction that will write: on SQLite it takes the write lock at once (`BEGIN
     /// IMMEDIATE`), so it waits for the busy timeout instead of failing on a lock upgrade.
+    /// Inside an open transaction it is a savepoint of that transaction.
     fn write_transaction<T>(
         &mut self,
         body: impl FnOnce(&mut Self) -> QueryResult<T>,
@@ -290,7 +292,15 @@ macro_rules! raw_sql {
                 &mut self,
                 body: impl FnOnce(&mut Self) -> QueryResult<T>,
             ) -> QueryResult<T> {
-                self.$transaction(body)
+                use diesel::connection::{AnsiTransactionManager, TransactionManager};
+                let depth = AnsiTransactionManager::transaction_manager_status_mut(self)
+                    .transaction_depth()?;
+                if depth.is_some() {
+                    // Inside the caller's transaction: a savepoint, and the caller's locks.
+                    self.transaction(body)
+                } else {
+                    self.$transaction(body)
+                }
             }
         }
     };

@@ -47,6 +47,10 @@ pub enum Reply {
     Hang(Duration),
     /// Close the connection without answering.
     Reset,
+    /// Start a 200 answer, then close the connection halfway through its body.
+    Truncated,
+    /// Send a 200 answer's header lines one by one, `delay` apart.
+    Trickle(Duration),
 }
 
 impl Reply {
@@ -205,6 +209,26 @@ fn serve(stream: TcpStream, state: &State) {
             Reply::Reset => {
                 let _ = writer.shutdown(Shutdown::Both);
                 return;
+            }
+            Reply::Truncated => {
+                let _ = writer.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\npartial");
+                let _ = writer.flush();
+                let _ = writer.shutdown(Shutdown::Both);
+                return;
+            }
+            Reply::Trickle(delay) => {
+                for line in [
+                    "HTTP/1.1 200 OK\r\n",
+                    "x-slow-1: a\r\n",
+                    "x-slow-2: b\r\n",
+                    "content-length: 0\r\n",
+                    "\r\n",
+                ] {
+                    std::thread::sleep(delay);
+                    if writer.write_all(line.as_bytes()).and_then(|_| writer.flush()).is_err() {
+                        return;
+                    }
+                }
             }
         }
     }

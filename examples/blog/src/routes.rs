@@ -209,7 +209,7 @@ async fn receive_webhook(
             .map(|(_, value)| value.clone())
             .unwrap_or_default();
         if failing {
-            log_delivery(&mut **conn, &id, &body, "failed on purpose: answered 500")
+            log_delivery(conn, &id, &body, "failed on purpose: answered 500")
                 .map_err(|e| e.to_string())?;
             return Ok((
                 Status::InternalServerError,
@@ -222,12 +222,12 @@ async fn receive_webhook(
         match received {
             Ok(Received::Processed(_)) => Ok((Status::Ok, "received")),
             Ok(Received::Duplicate { id }) => {
-                log_delivery(&mut **conn, &id, &body, "verified, duplicate: skipped")
+                log_delivery(conn, &id, &body, "verified, duplicate: skipped")
                     .map_err(|e| e.to_string())?;
                 Ok((Status::Ok, "already received"))
             }
             Err(InboxError::Verify(error)) => {
-                log_delivery(&mut **conn, &id, &body, &format!("rejected: {error}"))
+                log_delivery(conn, &id, &body, &format!("rejected: {error}"))
                     .map_err(|e| e.to_string())?;
                 Ok((Status::Unauthorized, "signature rejected"))
             }

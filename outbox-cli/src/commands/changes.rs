@@ -13,8 +13,6 @@ use crate::error::CliError;
 
 /// Positions listed in human output before the rest are only counted.
 const POSITIONS_SHOWN: usize = 50;
-/// Positions deleted per statement by a purge.
-const PURGE_CHUNK: usize = 1000;
 
 /// The positions named on the command line, each once, in the order given.
 fn unique_positions(positions: &[i64]) -> Vec<i64> {
@@ -186,14 +184,8 @@ where
         if !yes && !confirm(&question) {
             return Err(CliError::Aborted);
         }
-        count = conn.transaction::<_, outbox_diesel::Error, _>(|conn| {
-            let mut purged = 0;
-            for chunk in positions.chunks(PURGE_CHUNK) {
-                let chunk = DeadLetterSelection::Positions(chunk.to_vec());
-                purged += admin::purge_dead_letters(conn, &chunk)?;
-            }
-            Ok(purged)
-        })?;
+        count =
+            admin::purge_dead_letters(conn, &DeadLetterSelection::Positions(positions.clone()))?;
     }
     Report {
         action: "purge",

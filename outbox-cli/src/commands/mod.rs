@@ -21,6 +21,7 @@ pub struct Output {
 }
 
 impl Output {
+    /// Human text.
     pub(crate) fn text(stdout: String) -> Self {
         Output {
             stdout,
@@ -28,6 +29,7 @@ impl Output {
         }
     }
 
+    /// One pretty-printed JSON document.
     pub(crate) fn json(value: &Value) -> Self {
         let mut stdout = serde_json::to_string_pretty(value).unwrap_or_default();
         stdout.push('\n');

@@ -2,7 +2,7 @@
 
 use std::time::SystemTime;
 
-use outbox_diesel::admin::{self, ListOptions, TypeStats};
+use outbox_diesel::admin::{self, TypeStats};
 use outbox_diesel::OutboxConnection;
 use serde_json::{json, Value};
 
@@ -13,7 +13,7 @@ use crate::table::{Align, Table};
 
 pub(super) fn stats<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Output, CliError> {
     let now = SystemTime::now();
-    let types = type_stats(conn)?;
+    let types = admin::stats(conn)?;
     let total = Totals::of(&types);
     let age = |oldest: Option<SystemTime>| oldest.map(|t| format::age(t, now));
     if json {
@@ -68,76 +68,6 @@ pub(super) fn stats<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Out
     Ok(Output::text(table.render()))
 }
 
-/// The counts of one message type.
-struct TypeCounts {
-    message_type: String,
-    pending: u64,
-    in_flight: u64,
-    dead: u64,
-    oldest_pending: Option<SystemTime>,
-}
-
-impl From<TypeStats> for TypeCounts {
-    fn from(t: TypeStats) -> Self {
-        TypeCounts {
-            message_type: t.message_type,
-            pending: t.pending,
-            in_flight: t.in_flight,
-            dead: t.dead,
-            oldest_pending: t.oldest_pending,
-        }
-    }
-}
-
-/// The counts by message type, sorted by type.
-///
-/// Works around a bug of `admin::stats` on PostgreSQL: its dead-letter query selects
-/// `0 AS in_flight`, an `integer` that Diesel refuses to decode as the `BigInt` the row declares,
-/// so it fails as soon as one dead letter exists. There (a deserialization error) the counts
-/// come from the listings instead, which read every row.
-fn type_stats<C: OutboxConnection>(conn: &mut C) -> Result<Vec<TypeCounts>, CliError> {
-    match admin::stats(conn) {
-        Ok(types) => Ok(types.into_iter().map(TypeCounts::from).collect()),
-        Err(outbox_diesel::Error::Database(diesel::result::Error::DeserializationError(_))) => {
-            counted_from_listings(conn)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-fn counted_from_listings<C: OutboxConnection>(conn: &mut C) -> Result<Vec<TypeCounts>, CliError> {
-    let everything = ListOptions::new().limit(u32::MAX);
-    let mut by_type = std::collections::BTreeMap::<String, TypeCounts>::new();
-    fn entry<'a>(
-        by_type: &'a mut std::collections::BTreeMap<String, TypeCounts>,
-        message_type: &str,
-    ) -> &'a mut TypeCounts {
-        by_type
-            .entry(message_type.to_owned())
-            .or_insert_with(|| TypeCounts {
-                message_type: message_type.to_owned(),
-                pending: 0,
-                in_flight: 0,
-                dead: 0,
-                oldest_pending: None,
-            })
-    }
-    for m in admin::pending_messages(conn, &everything)? {
-        let counts = entry(&mut by_type, &m.message_type);
-        counts.pending += 1;
-        counts.in_flight += u64::from(m.in_flight);
-        counts.oldest_pending = Some(
-            counts
-                .oldest_pending
-                .map_or(m.created_at, |t| t.min(m.created_at)),
-        );
-    }
-    for d in admin::dead_letters(conn, &everything)? {
-        entry(&mut by_type, &d.message_type).dead += 1;
-    }
-    Ok(by_type.into_values().collect())
-}
-
 /// The sums over every message type.
 struct Totals {
     pending: u64,
@@ -147,7 +77,7 @@ struct Totals {
 }
 
 impl Totals {
-    fn of(types: &[TypeCounts]) -> Self {
+    fn of(types: &[TypeStats]) -> Self {
         Totals {
             pending: types.iter().map(|t| t.pending).sum(),
             in_flight: types.iter().map(|t| t.in_flight).sum(),
