@@ -8,8 +8,10 @@
 //! Where a server cannot be reached, the test says which variable to set and passes, except
 //! with `CI=true`, where it fails: CI skips nothing.
 
+pub mod checker;
 pub mod handlers;
 pub mod receiver;
+pub mod worker_process;
 pub mod worker_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

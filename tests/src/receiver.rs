@@ -21,6 +21,8 @@ pub struct Request {
     pub body: Vec<u8>,
     /// When it arrived.
     pub at: Instant,
+    /// The status the receiver answered with (0: it hung or reset without one).
+    pub answered: u16,
 }
 
 impl Request {
@@ -47,7 +49,8 @@ pub enum Reply {
     Hang(Duration),
     /// Close the connection without answering.
     Reset,
-    /// Start a 200 answer, then close the connection halfway through its body.
+    /// Start a 200 answer (the work is done), then close the connection halfway through its
+    /// body.
     Truncated,
     /// Send a 200 answer's header lines one by one, `delay` apart.
     Trickle(Duration),
@@ -187,7 +190,18 @@ fn serve(stream: TcpStream, state: &State) {
             let n = requests.len();
             requests.push(request.clone());
             drop(requests);
-            (state.behaviour.lock().unwrap())(&request, n)
+            let reply = (state.behaviour.lock().unwrap())(&request, n);
+            // A receiver that sent a 2xx status line has done its work, even if the rest of
+            // the answer is then cut short.
+            let answered = match &reply {
+                Reply::Status(code, _, _) => *code,
+                Reply::Trickle(_) | Reply::Truncated => 200,
+                Reply::Hang(_) | Reply::Reset => 0,
+            };
+            if let Some(logged) = state.requests.lock().unwrap().get_mut(n) {
+                logged.answered = answered;
+            }
+            reply
         };
         match reply {
             Reply::Status(code, headers, body) => {
@@ -225,7 +239,11 @@ fn serve(stream: TcpStream, state: &State) {
                     "\r\n",
                 ] {
                     std::thread::sleep(delay);
-                    if writer.write_all(line.as_bytes()).and_then(|_| writer.flush()).is_err() {
+                    if writer
+                        .write_all(line.as_bytes())
+                        .and_then(|_| writer.flush())
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -269,5 +287,6 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Request> {
         headers,
         body,
         at: Instant::now(),
+        answered: 0,
     })
 }

@@ -6,15 +6,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::Connection;
 use outbox_diesel::inbox::{sweep_inbox, Inbox, InboxError, Received};
-use outbox_diesel::webhook::{VerifyError, WebhookSecret};
 use outbox_diesel::prelude::*;
+use outbox_diesel::webhook::{VerifyError, WebhookSecret};
 use outbox_diesel::{Message, OutboxConnection};
 use outbox_tests::worker_support::{pending, pool, secret, TestConnection};
-use serde::{Deserialize, Serialize};
 use outbox_tests::{backend_tests, TestDb};
+use serde::{Deserialize, Serialize};
 
 fn signed(secret: &WebhookSecret, id: &str, body: &[u8]) -> Vec<(String, String)> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
     vec![
         ("webhook-id".into(), id.into()),
         ("webhook-timestamp".into(), now.to_string()),
@@ -42,7 +45,11 @@ fn notes<C: TestConnection + Connection>(pool: &Pool<ConnectionManager<C>>) -> u
 }
 
 fn note<C: OutboxConnection>(conn: &mut C) -> Result<(), outbox_diesel::Error> {
-    Noted { note: "hello".into() }.enqueue(conn).map(|_| ())
+    Noted {
+        note: "hello".into(),
+    }
+    .enqueue(conn)
+    .map(|_| ())
 }
 
 fn a_webhook_is_processed_once_however_often_it_arrives<C: TestConnection + Connection>(
@@ -55,12 +62,16 @@ fn a_webhook_is_processed_once_however_often_it_arrives<C: TestConnection + Conn
     let mut conn = pool.get().unwrap();
 
     let first = inbox
-        .receive(&mut conn, &headers, body, |c, webhook| note(c).map(|_| webhook.id.clone()))
+        .receive(&mut conn, &headers, body, |c, webhook| {
+            note(c).map(|_| webhook.id.clone())
+        })
         .unwrap();
     assert_eq!(first, Received::Processed("m1".to_string()));
     for _ in 0..3 {
         let again = inbox
-            .receive(&mut conn, &headers, body, |c, _| note(c).map(|_| String::new()))
+            .receive(&mut conn, &headers, body, |c, _| {
+                note(c).map(|_| String::new())
+            })
             .unwrap();
         assert_eq!(again, Received::Duplicate { id: "m1".into() });
     }
@@ -80,7 +91,9 @@ fn failed_work_rolls_back_the_id_so_the_retry_runs_it<C: TestConnection + Connec
     });
     assert!(matches!(failed, Err(InboxError::Work(_))), "{failed:?}");
     assert_eq!(notes(&pool), 0, "the work rolled back");
-    let retried = inbox.receive(&mut conn, &headers, body, |c, _| note(c)).unwrap();
+    let retried = inbox
+        .receive(&mut conn, &headers, body, |c, _| note(c))
+        .unwrap();
     assert_eq!(retried, Received::Processed(()));
     assert_eq!(notes(&pool), 1);
 }
@@ -94,8 +107,16 @@ fn forged_or_stale_webhooks_are_rejected_without_a_trace<C: TestConnection + Con
     let mut conn = pool.get().unwrap();
 
     let forged = signed(&WebhookSecret::generate(), "m3", body);
-    let err = inbox.receive(&mut conn, &forged, body, |c, _| note(c)).unwrap_err();
-    assert!(matches!(err, InboxError::Verify(VerifyError::NoValidSignature { .. })), "{err}");
+    let err = inbox
+        .receive(&mut conn, &forged, body, |c, _| note(c))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            InboxError::Verify(VerifyError::NoValidSignature { .. })
+        ),
+        "{err}"
+    );
 
     let tampered = signed(&secret(), "m3", body);
     let err = inbox
@@ -104,16 +125,31 @@ fn forged_or_stale_webhooks_are_rejected_without_a_trace<C: TestConnection + Con
     assert!(matches!(err, InboxError::Verify(_)), "{err}");
 
     let mut stale = signed(&secret(), "m3", body);
-    let old = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64 - 3600;
+    let old = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+        - 3600;
     stale[1].1 = old.to_string();
     stale[2].1 = secret().sign("m3", old, body);
-    let err = inbox.receive(&mut conn, &stale, body, |c, _| note(c)).unwrap_err();
-    assert!(matches!(err, InboxError::Verify(VerifyError::TimestampTooOld { .. })), "{err}");
+    let err = inbox
+        .receive(&mut conn, &stale, body, |c, _| note(c))
+        .unwrap_err();
+    assert!(
+        matches!(err, InboxError::Verify(VerifyError::TimestampTooOld { .. })),
+        "{err}"
+    );
 
     assert_eq!(notes(&pool), 0);
     let genuine = signed(&secret(), "m3", body);
-    let first = inbox.receive(&mut conn, &genuine, body, |c, _| note(c)).unwrap();
-    assert_eq!(first, Received::Processed(()), "rejections recorded nothing");
+    let first = inbox
+        .receive(&mut conn, &genuine, body, |c, _| note(c))
+        .unwrap();
+    assert_eq!(
+        first,
+        Received::Processed(()),
+        "rejections recorded nothing"
+    );
 }
 
 fn concurrent_duplicates_run_the_work_once<C: TestConnection + Connection>(db: &TestDb) {
@@ -124,8 +160,12 @@ fn concurrent_duplicates_run_the_work_once<C: TestConnection + Connection>(db: &
     let start = Arc::new(Barrier::new(4));
     let threads: Vec<_> = (0..4)
         .map(|_| {
-            let (pool, inbox, headers, start) =
-                (pool.clone(), inbox.clone(), headers.clone(), Arc::clone(&start));
+            let (pool, inbox, headers, start) = (
+                pool.clone(),
+                inbox.clone(),
+                headers.clone(),
+                Arc::clone(&start),
+            );
             std::thread::spawn(move || {
                 let mut conn = pool.get().unwrap();
                 start.wait();
@@ -140,7 +180,10 @@ fn concurrent_duplicates_run_the_work_once<C: TestConnection + Connection>(db: &
         })
         .collect();
     let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    let processed = results.iter().filter(|r| matches!(r, Received::Processed(()))).count();
+    let processed = results
+        .iter()
+        .filter(|r| matches!(r, Received::Processed(())))
+        .count();
     assert_eq!(processed, 1, "{results:?}");
     assert_eq!(notes(&pool), 1);
 }
@@ -151,13 +194,23 @@ fn the_sweep_removes_only_old_ids<C: TestConnection + Connection>(db: &TestDb) {
     let mut conn = pool.get().unwrap();
     for id in ["a", "b"] {
         let headers = signed(&secret(), id, b"{}");
-        inbox.receive(&mut conn, &headers, b"{}", |c, _| note(c)).unwrap();
+        inbox
+            .receive(&mut conn, &headers, b"{}", |c, _| note(c))
+            .unwrap();
     }
-    assert_eq!(sweep_inbox(&mut conn, Duration::from_secs(86_400)).unwrap(), 0);
+    assert_eq!(
+        sweep_inbox(&mut conn, Duration::from_secs(86_400)).unwrap(),
+        0
+    );
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(sweep_inbox(&mut conn, Duration::from_millis(10)).unwrap(), 2);
+    assert_eq!(
+        sweep_inbox(&mut conn, Duration::from_millis(10)).unwrap(),
+        2
+    );
     let headers = signed(&secret(), "a", b"{}");
-    let again = inbox.receive(&mut conn, &headers, b"{}", |c, _| note(c)).unwrap();
+    let again = inbox
+        .receive(&mut conn, &headers, b"{}", |c, _| note(c))
+        .unwrap();
     assert_eq!(again, Received::Processed(()), "a swept id is new again");
 }
 

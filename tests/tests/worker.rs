@@ -679,11 +679,14 @@ fn the_lease_must_outlast_the_handler_timeout<C: TestConnection>(db: &TestDb) {
     );
 }
 
-
 fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb) {
     let pool = pool::<C>(db, 4);
     let store = DieselStore::new(pool.clone());
-    enqueue_all(&mut pool.get().unwrap(), &[Hook::new(1), Hook::new(2), Hook::new(3)]).unwrap();
+    enqueue_all(
+        &mut pool.get().unwrap(),
+        &[Hook::new(1), Hook::new(2), Hook::new(3)],
+    )
+    .unwrap();
     Nobody { x: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
     let token = ClaimToken::new();
     let claimed = store.claim(token, 2, Duration::from_secs(60)).unwrap();
@@ -692,15 +695,31 @@ fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb
         token,
         position: claimed[0].position,
         message_id: claimed[0].message_id,
-        settlement: Settlement::DeadLetter { error: "gone".into() },
+        settlement: Settlement::DeadLetter {
+            error: "gone".into(),
+        },
     };
     assert!(store.settle(&[dead]).unwrap().is_empty());
 
     let stats = outbox_diesel::admin::stats(&mut pool.get().unwrap()).unwrap();
-    let hook = stats.iter().find(|s| s.message_type == "test.hook").unwrap();
-    let nobody = stats.iter().find(|s| s.message_type == "test.nobody").unwrap();
-    assert_eq!((hook.pending, hook.in_flight, hook.dead), (2, 1, 1), "{hook:?}");
-    assert_eq!((nobody.pending, nobody.in_flight, nobody.dead), (1, 0, 0), "{nobody:?}");
+    let hook = stats
+        .iter()
+        .find(|s| s.message_type == "test.hook")
+        .unwrap();
+    let nobody = stats
+        .iter()
+        .find(|s| s.message_type == "test.nobody")
+        .unwrap();
+    assert_eq!(
+        (hook.pending, hook.in_flight, hook.dead),
+        (2, 1, 1),
+        "{hook:?}"
+    );
+    assert_eq!(
+        (nobody.pending, nobody.in_flight, nobody.dead),
+        (1, 0, 0),
+        "{nobody:?}"
+    );
     assert!(hook.oldest_pending.is_some());
     assert_eq!(stats.len(), 2);
 }

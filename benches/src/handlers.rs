@@ -1,0 +1,86 @@
+//! The benchmark's messages: one delivered to the receiver, one whose handler does nothing.
+
+use outbox_diesel::webhook::WebhookEndpoint;
+use outbox_diesel::{outbox_handler, Context, Handler, ProcessError};
+use serde::{Deserialize, Serialize};
+
+/// The text every benchmark message carries, so payloads have a realistic size (~100 bytes).
+pub const NOTE: &str = "Thank you for your first comment on this blog; we hope to read you again.";
+
+/// Delivered to the worker's webhook endpoint (a signed POST), like a real notification.
+#[outbox_handler("bench.hook")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hook {
+    /// A sequence number.
+    pub n: u64,
+    /// A business key.
+    pub member_id: i64,
+    /// Padding to a realistic size.
+    pub note: String,
+}
+
+impl Hook {
+    /// Message number `n`.
+    pub fn new(n: u64) -> Hook {
+        Hook {
+            n,
+            member_id: i64::try_from(n % 1_000_000).unwrap_or(0),
+            note: NOTE.to_owned(),
+        }
+    }
+}
+
+impl Handler for Hook {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
+    }
+}
+
+/// Processed by doing nothing: what is left is the worker's database work.
+#[outbox_handler("bench.noop")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Noop {
+    /// A sequence number.
+    pub n: u64,
+    /// A business key.
+    pub member_id: i64,
+    /// Padding to a realistic size.
+    pub note: String,
+}
+
+impl Noop {
+    /// Message number `n`.
+    pub fn new(n: u64) -> Noop {
+        let Hook { n, member_id, note } = Hook::new(n);
+        Noop { n, member_id, note }
+    }
+}
+
+impl Handler for Noop {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+/// The JSON body `WebhookEndpoint::deliver` sends for a message: the same envelope, built the
+/// same way, for the baselines that POST without a worker.
+pub fn envelope(message_id: &str, message_type: &str, data: &impl Serialize) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Envelope<'a, T> {
+        id: &'a str,
+        #[serde(rename = "type")]
+        message_type: &'a str,
+        data: &'a T,
+    }
+    serde_json::to_vec(&Envelope {
+        id: message_id,
+        message_type,
+        data,
+    })
+    .unwrap_or_default()
+}
+
+/// The envelope around a payload that is already JSON text (as read from the outbox table).
+pub fn envelope_raw(message_id: &str, message_type: &str, payload: &str) -> Vec<u8> {
+    format!(r#"{{"id":"{message_id}","type":"{message_type}","data":{payload}}}"#).into_bytes()
+}

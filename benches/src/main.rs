@@ -1,0 +1,217 @@
+//! `outbox-bench`: how fast the outbox is on this machine, as ratios against baselines measured
+//! in the same run.
+//!
+//! ```text
+//! cargo run --release -p outbox-bench -- <scenario> --backend postgres|mysql|sqlite [--quick]
+//! ```
+//!
+//! Scenarios: `enqueue`, `drain`, `latency`, `memory`, `scale` (and `explain`, the claim query's
+//! plan). Each prints one JSON object per line on stdout (one per run, then a summary with
+//! medians and spread) and a short human summary on stderr. A scenario that loses or duplicates
+//! messages exits non-zero; a missed speed target only prints `"target_met": false`.
+
+mod cpu;
+mod db;
+mod drain;
+mod enqueue;
+mod explain;
+mod handlers;
+mod latency;
+mod memory;
+mod receiver;
+mod report;
+mod stats;
+mod worker_process;
+
+use std::error::Error;
+use std::fmt;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Every fallible step of the benchmark returns this: an error with what was being done.
+pub type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
+
+/// An error that says what failed, around the error that made it fail.
+#[derive(Debug)]
+pub struct Failed {
+    what: String,
+    source: Option<Box<dyn Error + Send + Sync>>,
+}
+
+impl fmt::Display for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            Some(source) => write!(f, "{}: {source}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+impl Error for Failed {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+/// A failure without an underlying error.
+pub fn failed(what: impl Into<String>) -> Box<dyn Error + Send + Sync> {
+    Box::new(Failed {
+        what: what.into(),
+        source: None,
+    })
+}
+
+/// `.ctx("what was being done")` on any result.
+pub trait WithContext<T> {
+    /// Wraps the error with what was being done.
+    fn ctx(self, what: impl Into<String>) -> Res<T>;
+}
+
+impl<T, E: Into<Box<dyn Error + Send + Sync>>> WithContext<T> for Result<T, E> {
+    fn ctx(self, what: impl Into<String>) -> Res<T> {
+        self.map_err(|e| {
+            Box::new(Failed {
+                what: what.into(),
+                source: Some(e.into()),
+            }) as Box<dyn Error + Send + Sync>
+        })
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "outbox-bench",
+    about = "Benchmarks of the outbox against baselines measured in the same run",
+    long_about = "Benchmarks of the outbox against baselines measured in the same run.\n\n\
+        Databases: a database named outbox_bench is dropped and created on the servers of \
+        OUTBOX_TEST_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432/outbox_test) and \
+        OUTBOX_TEST_MYSQL_URL (default mysql://root@127.0.0.1:3306/outbox_test); SQLite uses a \
+        temporary file. Results: one JSON object per line on stdout, a summary on stderr."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Transactions/s of a business INSERT alone, plus a raw outbox INSERT, plus `enqueue`;
+    /// and a Batch of 100 against 100 single enqueues.
+    Enqueue(Opts),
+    /// Time to deliver a prefilled backlog, against the receiver's capacity, the no-op drain
+    /// rate and a one-at-a-time loop.
+    Drain(Opts),
+    /// Commit-to-received latency at a steady enqueue rate.
+    Latency(Opts),
+    /// Peak RSS of a worker process over a large backlog and a slow receiver.
+    Memory(Opts),
+    /// The drain with 1 and 2 worker processes: ratio, and duplicates (must be 0).
+    Scale(Opts),
+    /// The claim query's plan on a large table (must not scan the table).
+    Explain(Opts),
+    /// A worker process for `memory` and `scale` (started by the benchmark itself).
+    #[command(hide = true)]
+    Worker(worker_process::WorkerArgs),
+}
+
+/// The database a scenario runs on.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// PostgreSQL (`OUTBOX_TEST_POSTGRES_URL`).
+    Postgres,
+    /// MySQL or MariaDB (`OUTBOX_TEST_MYSQL_URL`).
+    Mysql,
+    /// SQLite, in a temporary file.
+    Sqlite,
+}
+
+impl Backend {
+    /// The name used in the JSON output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// Options shared by the scenarios; each uses those that apply to it.
+#[derive(Args, Debug, Clone)]
+pub struct Opts {
+    /// The database.
+    #[arg(long, value_enum, default_value = "postgres")]
+    pub backend: Backend,
+    /// A few seconds, small counts and one run: proves the benchmark works, measures nothing.
+    #[arg(long)]
+    pub quick: bool,
+    /// Runs per scenario (default 3, 1 with --quick); figures are medians over runs.
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Messages: the backlog of drain/scale/memory/explain.
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Seconds: each enqueue variant's slice, the latency test's length, a memory run's length.
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Messages per second the latency scenario enqueues.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// The worker's handler threads (the library's default is 16).
+    #[arg(long, default_value_t = 16)]
+    pub handler_threads: usize,
+    /// The worker's batch size (the library's default is 64).
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// How long the memory scenario's slow receiver takes to answer, in milliseconds.
+    #[arg(long)]
+    pub delay_ms: Option<u64>,
+    /// Concurrent enqueuing connections in the enqueue scenario.
+    #[arg(long, default_value_t = 1)]
+    pub clients: usize,
+    /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+impl Opts {
+    /// Runs to make: `--runs`, else 1 quick or 3 full.
+    pub fn runs(&self) -> usize {
+        self.runs.unwrap_or(if self.quick { 1 } else { 3 }).max(1)
+    }
+
+    /// "quick" or "full", as printed in the JSON.
+    pub fn mode(&self) -> &'static str {
+        if self.quick {
+            "quick"
+        } else {
+            "full"
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Enqueue(opts) => enqueue::run(&opts),
+        Command::Drain(opts) => drain::run(&opts),
+        Command::Latency(opts) => latency::run(&opts),
+        Command::Memory(opts) => memory::run(&opts),
+        Command::Scale(opts) => drain::run_scale(&opts),
+        Command::Explain(opts) => explain::run(&opts),
+        Command::Worker(args) => worker_process::run(&args).map(|()| true),
+    };
+    match result {
+        Ok(true) => {}
+        Ok(false) => {
+            eprintln!("outbox-bench: the scenario did not complete correctly (see above)");
+            std::process::exit(1);
+        }
+        Err(error) => {
+            eprintln!("outbox-bench: {error}");
+            std::process::exit(2);
+        }
+    }
+}

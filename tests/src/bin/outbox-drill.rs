@@ -1,0 +1,497 @@
+//! Fault drills: a mixed workload through worker processes against a real database while
+//! faults are injected, then the delivery checker.
+//!
+//! ```text
+//! outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|all> --backend <postgres|mysql|sqlite> [--quick] [--messages N]
+//! ```
+//!
+//! Prints one JSON line of figures per drill (and one of details where something is wrong) and
+//! exits non-zero if any drill's expectations fail: nothing lost, no ghosts, no order
+//! violations, every poison message dead-lettered, and duplicates only where a process died or
+//! the database restarted, at most as many as were in flight then. See RELIABILITY.md.
+
+use std::collections::HashSet;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel::Connection;
+use outbox_diesel::admin::{dead_letters, pending_messages, stats, ListOptions};
+use outbox_diesel::{Batch, EnqueueOptions, Message, MessageId};
+use outbox_tests::checker::{check, Arrival, Ledger};
+use outbox_tests::handlers::Hook;
+use outbox_tests::receiver::{Receiver, Reply};
+use outbox_tests::worker_support::{pool, TestConnection};
+use outbox_tests::{Backend, TestDb};
+use serde::{Deserialize, Serialize};
+
+/// A type no worker handles.
+#[derive(Serialize, Deserialize)]
+struct Nobody {
+    n: u64,
+}
+
+impl Message for Nobody {
+    const MESSAGE_TYPE: &'static str = "drill.nobody";
+}
+
+/// Stored as `test.hook`, shaped otherwise: it does not deserialize.
+#[derive(Serialize, Deserialize)]
+struct Garbled {
+    garbled: bool,
+}
+
+impl Message for Garbled {
+    const MESSAGE_TYPE: &'static str = "test.hook";
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drill {
+    Kill,
+    DbRestart,
+    Receiver,
+    Poison,
+    Concurrency,
+    Rollback,
+}
+
+impl Drill {
+    const ALL: [Drill; 6] = [
+        Drill::Kill,
+        Drill::DbRestart,
+        Drill::Receiver,
+        Drill::Poison,
+        Drill::Concurrency,
+        Drill::Rollback,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Drill::Kill => "kill",
+            Drill::DbRestart => "db-restart",
+            Drill::Receiver => "receiver",
+            Drill::Poison => "poison",
+            Drill::Concurrency => "concurrency",
+            Drill::Rollback => "rollback",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    drill: Drill,
+    backend: Backend,
+    quick: bool,
+    messages: u64,
+    workers: usize,
+    kills: usize,
+    rollback_every: u64,
+    poison_every: u64,
+}
+
+impl Plan {
+    fn new(drill: Drill, backend: Backend, quick: bool, messages: Option<u64>) -> Plan {
+        let full = if drill == Drill::Kill { 50_000 } else { 20_000 };
+        Plan {
+            drill,
+            backend,
+            quick,
+            messages: messages.unwrap_or(if quick { 2_000 } else { full }),
+            workers: if drill == Drill::Concurrency { 4 } else { 1 },
+            kills: match (drill, quick) {
+                (Drill::Kill, false) => 20,
+                (Drill::Kill, true) => 5,
+                _ => 0,
+            },
+            rollback_every: if drill == Drill::Rollback { 3 } else { 20 },
+            poison_every: if drill == Drill::Poison { 50 } else { 0 },
+        }
+    }
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|all> \
+         --backend <postgres|mysql|sqlite> [--quick] [--messages N]"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("worker") {
+        outbox_tests::worker_process::run_from_env();
+    }
+    let mut drills = Vec::new();
+    let mut backend = None;
+    let mut quick = false;
+    let mut messages = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--backend" => {
+                backend = match rest.next().map(String::as_str) {
+                    Some("postgres") => Some(Backend::Postgres),
+                    Some("mysql") => Some(Backend::Mysql),
+                    Some("sqlite") => Some(Backend::Sqlite),
+                    _ => usage(),
+                }
+            }
+            "--quick" => quick = true,
+            "--messages" => {
+                messages = Some(
+                    rest.next()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or_else(|| usage()),
+                )
+            }
+            "all" => drills.extend(Drill::ALL),
+            name => match Drill::ALL.iter().find(|d| d.name() == name) {
+                Some(drill) => drills.push(*drill),
+                None => usage(),
+            },
+        }
+    }
+    let Some(backend) = backend else { usage() };
+    if drills.is_empty() {
+        usage();
+    }
+    let mut failed = 0;
+    for drill in drills {
+        if drill == Drill::DbRestart && backend == Backend::Sqlite {
+            eprintln!("db-restart does not apply to SQLite (no server); skipped");
+            continue;
+        }
+        let plan = Plan::new(drill, backend, quick, messages);
+        let held = match backend {
+            Backend::Postgres => run::<diesel::PgConnection>(&plan),
+            Backend::Mysql => run::<diesel::MysqlConnection>(&plan),
+            Backend::Sqlite => run::<diesel::SqliteConnection>(&plan),
+        };
+        if !held {
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        eprintln!("{failed} drill(s) failed");
+        std::process::exit(1);
+    }
+}
+
+struct Workers {
+    url: String,
+    webhook: String,
+    children: Vec<Child>,
+}
+
+impl Workers {
+    fn spawn_one(&self) -> Child {
+        Command::new(std::env::current_exe().expect("this executable"))
+            .arg("worker")
+            .env("OUTBOX_WORKER_DATABASE_URL", &self.url)
+            .env("OUTBOX_WORKER_WEBHOOK_URL", &self.webhook)
+            .env("OUTBOX_WORKER_LEASE_MS", "6000")
+            .env("OUTBOX_WORKER_TIMEOUT_MS", "1000")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting a worker process")
+    }
+
+    fn kill(&mut self, i: usize) {
+        let _ = self.children[i].kill();
+        let _ = self.children[i].wait();
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.children[i] = self.spawn_one();
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            self.kill(i);
+        }
+    }
+}
+
+fn chaos(n: usize) -> Reply {
+    match n % 20 {
+        0 => Reply::Status(500, Vec::new(), b"internal error".to_vec()),
+        3 => Reply::with_header(429, "retry-after", "1"),
+        6 => Reply::Hang(Duration::from_secs(3)),
+        9 => Reply::Truncated,
+        12 => Reply::Status(200, Vec::new(), vec![b'x'; 10 << 20]),
+        15 => Reply::Trickle(Duration::from_millis(60)),
+        18 => Reply::with_header(308, "location", "http://127.0.0.1:9/elsewhere"),
+        _ => Reply::status(200),
+    }
+}
+
+/// The messages leased right now: after a fault, the only ones that may arrive twice.
+fn in_flight<C: TestConnection>(pool: &Pool<ConnectionManager<C>>) -> HashSet<MessageId> {
+    let mut conn = pool.get().expect("a connection");
+    pending_messages(&mut conn, &ListOptions::new().limit(u32::MAX))
+        .expect("listing pending messages")
+        .into_iter()
+        .filter(|m| m.in_flight)
+        .map(|m| m.message_id)
+        .collect()
+}
+
+fn pending<C: TestConnection>(pool: &Pool<ConnectionManager<C>>) -> Option<u64> {
+    let mut conn = pool.get().ok()?;
+    stats(&mut conn)
+        .ok()
+        .map(|types| types.iter().map(|t| t.pending).sum())
+}
+
+fn enqueue<C: TestConnection + Connection>(
+    plan: &Plan,
+    pool: &Pool<ConnectionManager<C>>,
+    ledger: &mut Ledger,
+) {
+    let mut conn = pool.get().expect("a connection");
+    let mut n = 0u64;
+    let mut tx = 0u64;
+    while n < plan.messages {
+        tx += 1;
+        let size = 1 + fastrand::u64(0..8);
+        let roll_back = tx % plan.rollback_every == 0;
+        let mut batch = Batch::new();
+        let mut written: Vec<(MessageId, Option<String>, bool)> = Vec::new();
+        for _ in 0..size.min(plan.messages - n) {
+            n += 1;
+            if plan.poison_every > 0 && n % plan.poison_every == 0 {
+                let id = if n % (2 * plan.poison_every) == 0 {
+                    batch.push(&Garbled { garbled: true })
+                } else {
+                    batch.push(&Nobody { n })
+                }
+                .expect("serializing");
+                written.push((id, None, true));
+                continue;
+            }
+            let key = (n % 3 == 0).then(|| format!("key-{}", n % 16));
+            let hook = Hook {
+                n: n as u32,
+                key: key.clone(),
+            };
+            let options = match &key {
+                Some(key) => EnqueueOptions::new().ordering_key(key.clone()),
+                None => EnqueueOptions::new(),
+            };
+            written.push((
+                batch.push_with(&hook, &options).expect("serializing"),
+                key,
+                false,
+            ));
+        }
+        let result: Result<(), outbox_diesel::Error> = conn.transaction(|conn| {
+            batch.enqueue(conn)?;
+            if roll_back {
+                Err(outbox_diesel::Error::Internal("rolled back by the drill"))
+            } else {
+                Ok(())
+            }
+        });
+        for (id, key, poison) in written {
+            match (&result, poison) {
+                (Ok(()), true) => ledger.committed_poison(id),
+                (Ok(()), false) => ledger.committed(id, key),
+                (Err(_), _) => ledger.rolled_back(id),
+            }
+        }
+        if let Err(error) = &result {
+            assert!(roll_back, "an enqueue failed: {error}");
+        }
+    }
+}
+
+fn restart_database(backend: Backend) {
+    match backend {
+        Backend::Postgres => {
+            let version = std::fs::read_dir("/etc/postgresql")
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .expect("a PostgreSQL cluster under /etc/postgresql");
+            let status = Command::new("pg_ctlcluster")
+                .args(["--skip-systemctl-redirect", &version, "main", "restart"])
+                .status()
+                .expect("pg_ctlcluster");
+            assert!(status.success(), "restarting PostgreSQL failed");
+        }
+        Backend::Mysql => {
+            let _ = Command::new("mysqladmin")
+                .args(["-uroot", "-h127.0.0.1", "shutdown"])
+                .status();
+            let until = Instant::now() + Duration::from_secs(30);
+            while Command::new("pgrep")
+                .args(["-x", "mariadbd"])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {
+                assert!(Instant::now() < until, "MariaDB did not stop");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let status = Command::new("start-stop-daemon")
+                .args([
+                    "--start",
+                    "--oknodo",
+                    "--background",
+                    "--exec",
+                    "/usr/sbin/mariadbd",
+                ])
+                .status()
+                .expect("start-stop-daemon");
+            assert!(status.success(), "starting MariaDB failed");
+            while !Command::new("mysqladmin")
+                .args(["-uroot", "-h127.0.0.1", "status"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {
+                assert!(Instant::now() < until, "MariaDB did not come back");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Backend::Sqlite => {}
+    }
+}
+
+fn run<C: TestConnection + Connection>(plan: &Plan) -> bool {
+    let started = Instant::now();
+    let db = TestDb::new(plan.backend).expect("the drill's database server is reachable");
+    let pool = pool::<C>(&db, 4);
+    let receiver = match plan.drill {
+        Drill::Receiver => Receiver::start(|_, n| chaos(n)),
+        // A receiver that takes a moment keeps messages in flight for the kills to hit.
+        Drill::Kill => Receiver::start(|_, _| {
+            std::thread::sleep(Duration::from_millis(5));
+            Reply::status(200)
+        }),
+        _ => Receiver::ok(),
+    };
+    let mut workers = Workers {
+        url: db.url().to_owned(),
+        webhook: receiver.url("/hook"),
+        children: Vec::new(),
+    };
+    let mut ledger = Ledger::new();
+    let enqueue_first = plan.drill == Drill::DbRestart;
+    if enqueue_first {
+        enqueue(plan, &pool, &mut ledger);
+    }
+    workers.children = (0..plan.workers).map(|_| workers.spawn_one()).collect();
+    if !enqueue_first {
+        enqueue(plan, &pool, &mut ledger);
+    }
+
+    let mut faults = 0;
+    let mut in_flight_at_faults = HashSet::new();
+    match plan.drill {
+        Drill::Kill => {
+            while faults < plan.kills && pending(&pool).is_some_and(|p| p > 0) {
+                std::thread::sleep(Duration::from_millis(fastrand::u64(100..400)));
+                let victim = fastrand::usize(0..workers.children.len());
+                workers.kill(victim);
+                in_flight_at_faults.extend(in_flight(&pool));
+                workers.restart(victim);
+                faults += 1;
+            }
+        }
+        Drill::DbRestart => {
+            let target = ledger.committed_count() * 3 / 10;
+            let until = Instant::now() + Duration::from_secs(120);
+            while receiver.requests().len() < target && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            in_flight_at_faults.extend(in_flight(&pool));
+            restart_database(plan.backend);
+            faults += 1;
+        }
+        _ => {}
+    }
+
+    let patience = Duration::from_secs(if plan.quick { 180 } else { 900 });
+    let until = Instant::now() + patience;
+    while pending(&pool) != Some(0) {
+        if Instant::now() > until {
+            eprintln!("{}: not drained after {patience:?}", plan.drill.name());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    drop(workers);
+
+    let arrivals: Vec<Arrival> = receiver
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            Some(Arrival {
+                id: r.header("webhook-id")?.parse().ok()?,
+                delivered: (200..300).contains(&r.answered),
+            })
+        })
+        .collect();
+    let letters = dead_letters(
+        &mut pool.get().expect("a connection"),
+        &ListOptions::new().limit(u32::MAX),
+    )
+    .expect("listing dead letters");
+    let dead: HashSet<MessageId> = letters.iter().map(|l| l.message_id).collect();
+    let unexplained: Vec<&str> = letters
+        .iter()
+        .map(|l| l.last_error.as_str())
+        .filter(|e| {
+            !(e.contains("no handler is registered")
+                || e.contains("does not deserialize")
+                || e.contains("redirect"))
+        })
+        .collect();
+    let report = check(&ledger, &arrivals, &dead);
+    let duplicates_explained = report
+        .duplicated
+        .iter()
+        .all(|id| in_flight_at_faults.contains(id));
+    let held =
+        report.holds(in_flight_at_faults.len()) && duplicates_explained && unexplained.is_empty();
+    let mut line = report.figures();
+    line["drill"] = plan.drill.name().into();
+    line["backend"] = format!("{:?}", plan.backend).to_lowercase().into();
+    line["mode"] = if plan.quick { "quick" } else { "full" }.into();
+    line["workers"] = plan.workers.into();
+    line["faults"] = faults.into();
+    line["in_flight_at_faults"] = in_flight_at_faults.len().into();
+    line["duplicates_not_in_flight"] = (!duplicates_explained).into();
+    line["requests"] = arrivals.len().into();
+    line["seconds"] = ((started.elapsed().as_secs_f64() * 10.0).round() / 10.0).into();
+    line["ok"] = held.into();
+    println!("{line}");
+    if !held {
+        let mut details = report.details();
+        details["unexplained_dead_letters"] = unexplained
+            .iter()
+            .take(10)
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .into();
+        println!("{details}");
+        for lost in report.lost.iter().take(3) {
+            let seen: Vec<u16> = receiver
+                .requests()
+                .iter()
+                .filter(|r| r.header("webhook-id") == Some(lost.to_string().as_str()))
+                .map(|r| r.answered)
+                .collect();
+            eprintln!("lost {lost}: answered {seen:?}");
+        }
+    }
+    held
+}

@@ -1,0 +1,79 @@
+//! A worker process for tests and drills that kill it: it runs until killed, delivering
+//! `test.hook` messages to a webhook.
+//!
+//! Configured by environment: `OUTBOX_WORKER_DATABASE_URL` (a postgres:// or mysql:// URL, or
+//! an SQLite file path), `OUTBOX_WORKER_WEBHOOK_URL` (on 127.0.0.1), and optionally
+//! `OUTBOX_WORKER_LEASE_MS` (6000), `OUTBOX_WORKER_TIMEOUT_MS` (1000, the webhook timeout),
+//! `OUTBOX_WORKER_THREADS` (8), `OUTBOX_WORKER_BATCH` (16).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use diesel::r2d2::{ConnectionManager, Pool};
+use outbox_diesel::webhook::WebhookEndpoint;
+use outbox_diesel::{DieselStore, PoolCustomizer, RetryPolicy, Worker};
+
+use crate::worker_support::{secret, TestConnection};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
+}
+
+fn number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn run<C: TestConnection>(url: &str) -> ! {
+    let pool = Pool::builder()
+        .max_size(4)
+        .connection_timeout(Duration::from_secs(5))
+        .connection_customizer(Box::new(PoolCustomizer))
+        .build_unchecked(ConnectionManager::<C>::new(url));
+    let timeout = Duration::from_millis(number("OUTBOX_WORKER_TIMEOUT_MS", 1000));
+    let endpoint = WebhookEndpoint::builder(env("OUTBOX_WORKER_WEBHOOK_URL"))
+        .secret(secret())
+        .timeout(timeout)
+        .max_retry_after(Duration::from_secs(2))
+        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .build()
+        .expect("an endpoint");
+    let _worker = Worker::builder(DieselStore::new(pool))
+        .handler_threads(number("OUTBOX_WORKER_THREADS", 8) as usize)
+        .batch_size(number("OUTBOX_WORKER_BATCH", 16) as usize)
+        .poll_interval(Duration::from_millis(100))
+        .webhook(endpoint)
+        .handler_timeout(timeout)
+        .lease(Duration::from_millis(number(
+            "OUTBOX_WORKER_LEASE_MS",
+            6000,
+        )))
+        .retry_policy(
+            RetryPolicy::new()
+                .max_attempts(20)
+                .initial_backoff(Duration::from_millis(100))
+                .multiplier(2.0)
+                .max_backoff(Duration::from_secs(2))
+                .max_retry_after(Duration::from_secs(2)),
+        )
+        .spawn()
+        .expect("the worker starts");
+    println!("ready");
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Runs the worker the environment describes, until the process is killed.
+pub fn run_from_env() -> ! {
+    let url = env("OUTBOX_WORKER_DATABASE_URL");
+    if url.starts_with("postgres") {
+        run::<diesel::PgConnection>(&url)
+    } else if url.starts_with("mysql") {
+        run::<diesel::MysqlConnection>(&url)
+    } else {
+        run::<diesel::SqliteConnection>(&url)
+    }
+}
