@@ -10,6 +10,11 @@ use crate::error::{Error, Result};
 /// The longest message type and ordering key the tables store, in bytes.
 pub(crate) const MAX_KEY_LEN: usize = 255;
 
+/// The largest payload enqueued unless [`EnqueueOptions::max_payload_bytes`] says otherwise:
+/// 4 MiB, well within MySQL's default `max_allowed_packet` (16 MiB) and large for a message,
+/// which should carry references rather than documents.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 4 << 20;
+
 /// Bytes of payload one batched `INSERT` carries at most, well under MySQL's default
 /// `max_allowed_packet` (16 MiB) and cheap for any backend to parse.
 const MAX_BATCH_PAYLOAD_BYTES: usize = 8 << 20;
@@ -18,10 +23,21 @@ const MAX_BATCH_PAYLOAD_BYTES: usize = 8 << 20;
 const BINDS_PER_ROW: usize = 5;
 
 /// How a message is enqueued: when it may be processed, and which messages it is ordered with.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct EnqueueOptions {
     ordering_key: Option<String>,
     not_before: Option<SystemTime>,
+    max_payload_bytes: usize,
+}
+
+impl Default for EnqueueOptions {
+    fn default() -> Self {
+        EnqueueOptions {
+            ordering_key: None,
+            not_before: None,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        }
+    }
 }
 
 impl EnqueueOptions {
@@ -46,6 +62,13 @@ impl EnqueueOptions {
     /// Not processed before `delay` has passed from now.
     pub fn delay(self, delay: Duration) -> Self {
         self.not_before(SystemTime::now() + delay)
+    }
+
+    /// Refuse payloads larger than this many bytes of JSON (default
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`]).
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
     }
 }
 
@@ -79,6 +102,13 @@ impl NewMessage {
             message_type: M::MESSAGE_TYPE,
             source,
         })?;
+        if payload.len() > options.max_payload_bytes {
+            return Err(Error::PayloadTooLarge {
+                message_type: M::MESSAGE_TYPE,
+                len: payload.len(),
+                max: options.max_payload_bytes,
+            });
+        }
         let id = MessageId::new();
         let row = NewMessage {
             message_id: id.to_string(),

@@ -28,6 +28,21 @@ pub enum Error {
         len: usize,
     },
 
+    /// The message's JSON is larger than allowed, so nothing was written. Put large content in
+    /// your own tables and send a reference, or raise `EnqueueOptions::max_payload_bytes`.
+    #[error(
+        "a `{message_type}` message is {len} bytes of JSON, more than the {max} allowed; send a \
+         reference to large content instead, or raise EnqueueOptions::max_payload_bytes"
+    )]
+    PayloadTooLarge {
+        /// The message's type string.
+        message_type: &'static str,
+        /// Its size in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+
     /// The database refused or failed a statement. Inside a transaction, roll back (return the
     /// error from the closure): PostgreSQL rejects every further statement of a failed one.
     #[error("database error: {0}")]

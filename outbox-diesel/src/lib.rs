@@ -105,7 +105,7 @@ mod migrations;
 mod store;
 
 pub use connection::{Backend, OutboxConnection, PoolCustomizer};
-pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions};
+pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use error::{Error, Result};
 pub use migrations::run_migrations;
 pub use outbox_core::{

@@ -116,6 +116,19 @@ where
             .map_err(|e| StoreError::new("settling processed messages", e))
     }
 
+    fn check(&self) -> Result<(), StoreError> {
+        let mut conn = self.connection()?;
+        conn.batch_execute("SELECT 1 FROM outbox_message WHERE 1 = 0")
+            .and_then(|_| conn.batch_execute("SELECT 1 FROM outbox_failure WHERE 1 = 0"))
+            .map_err(|e| {
+                StoreError::new(
+                    "the outbox tables are missing or unreadable (run \
+                     outbox_diesel::run_migrations first)",
+                    e,
+                )
+            })
+    }
+
     fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
         if self.backend()? != Backend::Postgres {
             return Ok(None);

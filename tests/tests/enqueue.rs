@@ -316,6 +316,46 @@ fn migrations_live_beside_the_applications_own<C: TestConnection>(db: &TestDb) {
     assert_eq!(all_pending(&mut conn).len(), 1);
 }
 
+
+/// A type string no column can hold, possible only with a hand-written `Message` impl.
+#[derive(Serialize, Deserialize)]
+struct LongType;
+
+impl Message for LongType {
+    const MESSAGE_TYPE: &'static str = concat!(
+        "a.very.long.type.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+    );
+}
+
+fn bad_input_is_refused_before_anything_is_written<C: TestConnection>(db: &TestDb) {
+    let mut conn = migrated::<C>(db);
+    let err = LongType.enqueue(&mut conn).unwrap_err();
+    assert!(matches!(err, Error::TooLong { what: "message type", .. }), "{err}");
+
+    let big = Text { body: "x".repeat(2048) };
+    let small_limit = EnqueueOptions::new().max_payload_bytes(1024);
+    let err = big.enqueue_with(&mut conn, &small_limit).unwrap_err();
+    assert!(
+        matches!(err, Error::PayloadTooLarge { message_type: "test.text", max: 1024, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("reference"), "{err}");
+
+    // A batch with one bad message is refused whole, before its INSERT.
+    let result: Result<Vec<_>, Error> = conn.transaction(|conn| {
+        let mut batch = Batch::new();
+        batch.push(&ThankYou { member_id: 1 })?;
+        batch.push_with(&big, &small_limit)?;
+        batch.enqueue(conn)
+    });
+    assert!(matches!(result, Err(Error::PayloadTooLarge { .. })));
+    let huge = Text { body: "x".repeat(outbox_diesel::DEFAULT_MAX_PAYLOAD_BYTES) };
+    assert!(matches!(huge.enqueue(&mut conn), Err(Error::PayloadTooLarge { .. })));
+    assert!(all_pending(&mut conn).is_empty(), "nothing half-written");
+}
+
 backend_tests!(
     committed_enqueue_stores_exactly_that_message,
     rolled_back_enqueue_stores_nothing,
@@ -329,4 +369,5 @@ backend_tests!(
     serialization_failure_is_returned_and_the_transaction_goes_on,
     migrations_twice_are_a_no_op,
     migrations_live_beside_the_applications_own,
+    bad_input_is_refused_before_anything_is_written,
 );

@@ -679,6 +679,27 @@ fn the_lease_must_outlast_the_handler_timeout<C: TestConnection>(db: &TestDb) {
     );
 }
 
+fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection>(db: &TestDb) {
+    let unmigrated = Pool::builder()
+        .max_size(2)
+        .build(ConnectionManager::<C>::new(db.url()))
+        .unwrap();
+    let err = Worker::builder(DieselStore::new(unmigrated)).spawn().unwrap_err();
+    assert!(err.to_string().contains("run outbox_diesel::run_migrations"), "{err}");
+
+    let unreachable = match db.backend() {
+        outbox_tests::Backend::Postgres => "postgres://postgres@127.0.0.1:1/nowhere",
+        outbox_tests::Backend::Mysql => "mysql://root@127.0.0.1:1/nowhere",
+        outbox_tests::Backend::Sqlite => "/nonexistent-directory/outbox.db",
+    };
+    let pool = Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_secs(2))
+        .build_unchecked(ConnectionManager::<C>::new(unreachable));
+    let err = Worker::builder(DieselStore::new(pool)).spawn().unwrap_err();
+    assert!(err.to_string().contains("getting a connection from the pool"), "{err}");
+}
+
 fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb) {
     let pool = pool::<C>(db, 4);
     let store = DieselStore::new(pool.clone());
@@ -741,4 +762,5 @@ backend_tests!(
     shutdown_during_a_backlog_loses_nothing_and_holds_no_lease,
     the_lease_must_outlast_the_handler_timeout,
     stats_count_pending_in_flight_and_dead_by_type,
+    a_worker_on_a_wrong_database_fails_to_start_with_the_reason,
 );

@@ -184,6 +184,7 @@ impl<S: Store> WorkerBuilder<S> {
             ));
         }
         let registry = Registry::from_inventory()?;
+        self.store.check().map_err(WorkerError::Store)?;
         log::info!(
             "outbox worker starting: {} handler threads, batches of {}, lease {:?}, handling {:?}",
             self.handler_threads,

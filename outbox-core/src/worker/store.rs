@@ -107,6 +107,12 @@ pub trait Store: Send + Sync + 'static {
     /// skipped; returns the positions of those skipped (fenced) outcomes.
     fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError>;
 
+    /// Checks, once at start-up, that the store is reachable and ready, so a wrong URL or a
+    /// missing migration is an error from `spawn` rather than a log line every poll.
+    fn check(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// A way to be told promptly that new messages were committed (e.g. PostgreSQL
     /// `LISTEN`), or `None` if the store can only be polled.
     fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
