@@ -52,6 +52,7 @@ pub trait OutboxConnection: sealed::Sealed {
 /// }
 ///
 /// outbox_diesel::impl_outbox_connection!(AnyConnection { Sqlite });
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! impl_outbox_connection {
