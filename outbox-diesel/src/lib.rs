@@ -3,7 +3,7 @@
 //!
 //! A message is a struct marked with [`#[outbox_handler("type")]`](outbox_handler); its
 //! [`Handler::process`] is what the worker does with it after the commit (often: deliver it to
-//! a [webhook](webhook)). [`Enqueue::enqueue`] writes it with one `INSERT` through the caller's
+//! a [`webhook`]). [`Enqueue::enqueue`] writes it with one `INSERT` through the caller's
 //! connection, so it exists exactly when the caller's transaction commits.
 //!
 //! ```

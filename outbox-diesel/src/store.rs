@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
@@ -24,14 +24,19 @@ const HEAD_OF_ITS_KEY: &str = "(m.ordering_key IS NULL OR NOT EXISTS (\
 /// How long an SQLite connection waits for the write lock before failing with "busy".
 const SQLITE_BUSY_TIMEOUT_MS: u32 = 5000;
 
+type Pooled<C> = PooledConnection<ConnectionManager<C>>;
+
 /// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
 ///
-/// The worker takes up to three connections from the pool at once (the claimer, the acker and,
-/// on PostgreSQL, the `LISTEN` connection, held for the worker's lifetime), so give the worker a
-/// pool of its own or size the application's pool for it.
+/// The worker holds three connections of the pool for its lifetime (the claimer's, the
+/// acker's and, on PostgreSQL, the `LISTEN` connection) and briefly a fourth at start-up, so
+/// give the worker a pool of its own (4 connections) or size the application's pool for it.
 pub struct DieselStore<C: R2D2Connection + 'static> {
     pool: Pool<ConnectionManager<C>>,
     backend: OnceLock<Backend>,
+    // Held, not checked out per call: a checkout costs a validation round trip (r2d2 pings).
+    claim_connection: Mutex<Option<Pooled<C>>>,
+    settle_connection: Mutex<Option<Pooled<C>>>,
 }
 
 impl<C: R2D2Connection + 'static> fmt::Debug for DieselStore<C> {
@@ -51,7 +56,28 @@ where
         DieselStore {
             pool,
             backend: OnceLock::new(),
+            claim_connection: Mutex::new(None),
+            settle_connection: Mutex::new(None),
         }
+    }
+
+    /// Runs `work` on the connection held in `slot`, taking one from the pool if there is none;
+    /// after a failure the connection is let go, as it may be broken.
+    fn with_held<T>(
+        &self,
+        slot: &Mutex<Option<Pooled<C>>>,
+        what: &'static str,
+        work: impl FnOnce(&mut Pooled<C>) -> QueryResult<T>,
+    ) -> Result<T, StoreError> {
+        let mut slot = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let conn = match slot.as_mut() {
+            Some(conn) => conn,
+            None => slot.insert(self.connection()?),
+        };
+        work(conn).map_err(|error| {
+            *slot = None;
+            StoreError::new(what, error)
+        })
     }
 
     /// The pool's backend, asked of its first connection.
@@ -89,9 +115,9 @@ where
         limit: usize,
         lease: Duration,
     ) -> Result<Vec<ClaimedMessage>, StoreError> {
-        let mut conn = self.connection()?;
-        let rows = claim(conn.backend_connection(), token, limit, lease)
-            .map_err(|e| StoreError::new("claiming messages", e))?;
+        let rows = self.with_held(&self.claim_connection, "claiming messages", |conn| {
+            claim(conn.backend_connection(), token, limit, lease)
+        })?;
         let mut claimed = rows
             .into_iter()
             .map(|row| {
@@ -111,9 +137,11 @@ where
     }
 
     fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self.connection()?;
-        settle(conn.backend_connection(), outcomes)
-            .map_err(|e| StoreError::new("settling processed messages", e))
+        self.with_held(
+            &self.settle_connection,
+            "settling processed messages",
+            |conn| settle(conn.backend_connection(), outcomes),
+        )
     }
 
     fn check(&self) -> Result<(), StoreError> {
