@@ -26,7 +26,7 @@ pub struct ProcessError {
 }
 
 impl ProcessError {
-    /// A failure that a later attempt may not repeat.
+    /// A failure a later attempt may not meet (a timeout, a 503): the message is retried.
     pub fn retryable(reason: impl fmt::Display) -> Self {
         ProcessError {
             kind: FailureKind::Retryable,

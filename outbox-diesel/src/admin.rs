@@ -204,6 +204,7 @@ struct DeadLetterRow {
 
 /// Which dead letters an operation applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeadLetterSelection {
     /// These dead letters, by [`DeadLetter::position`].
     Positions(Vec<i64>),

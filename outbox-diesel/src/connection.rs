@@ -351,6 +351,9 @@ macro_rules! with_backend {
 }
 pub(crate) use with_backend;
 
+/// How long an SQLite connection waits for the write lock before failing with "busy".
+pub(crate) const SQLITE_BUSY_TIMEOUT_MS: u32 = 5000;
+
 /// Settings an r2d2 pool's connections need for the outbox, applied as each connection opens:
 /// on SQLite a busy timeout (so the worker and the application wait for each other's write
 /// transactions instead of failing with "database is locked") and WAL journaling (readers do
@@ -373,9 +376,10 @@ where
 {
     fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
         if conn.backend() == Backend::Sqlite {
-            conn.batch_execute(
-                "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;",
-            )
+            conn.batch_execute(&format!(
+                "PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}; PRAGMA journal_mode = WAL; \
+                 PRAGMA synchronous = NORMAL;"
+            ))
             .map_err(diesel::r2d2::Error::QueryError)?;
         }
         Ok(())

@@ -75,6 +75,7 @@ impl EnqueueOptions {
 /// One row about to be inserted.
 #[derive(Debug)]
 struct NewMessage {
+    id: MessageId,
     message_id: String,
     message_type: &'static str,
     payload: String,
@@ -102,6 +103,11 @@ impl NewMessage {
             message_type: M::MESSAGE_TYPE,
             source,
         })?;
+        if contains_nul_escape(&payload) {
+            return Err(Error::NulInPayload {
+                message_type: M::MESSAGE_TYPE,
+            });
+        }
         if payload.len() > options.max_payload_bytes {
             return Err(Error::PayloadTooLarge {
                 message_type: M::MESSAGE_TYPE,
@@ -111,6 +117,7 @@ impl NewMessage {
         }
         let id = MessageId::new();
         let row = NewMessage {
+            id,
             message_id: id.to_string(),
             message_type: M::MESSAGE_TYPE,
             payload,
@@ -119,6 +126,20 @@ impl NewMessage {
         };
         Ok((id, row))
     }
+}
+
+/// Whether the JSON text holds the escape of U+0000 (`\u0000` not preceded by another escaping
+/// backslash), which PostgreSQL's `jsonb` cannot store.
+fn contains_nul_escape(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    json.match_indices("\\u0000").any(|(at, _)| {
+        let backslashes = bytes[..at]
+            .iter()
+            .rev()
+            .take_while(|b| **b == b'\\')
+            .count();
+        backslashes % 2 == 0
+    })
 }
 
 fn micros_since_epoch(time: SystemTime) -> i64 {
@@ -214,14 +235,7 @@ impl Batch {
     pub fn enqueue<C: OutboxConnection>(self, conn: &mut C) -> Result<Vec<MessageId>> {
         insert(conn, &self.rows)?;
         outbox_core::__private::notify_enqueued();
-        self.rows
-            .iter()
-            .map(|row| {
-                row.message_id
-                    .parse()
-                    .map_err(|_| Error::Internal("a batch row lost its message id"))
-            })
-            .collect()
+        Ok(self.rows.iter().map(|row| row.id).collect())
     }
 }
 
@@ -286,4 +300,23 @@ fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<()> 
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::contains_nul_escape;
+
+    #[test]
+    fn only_real_nul_escapes_are_found() {
+        let with_nul = serde_json::to_string(&"a\0b").unwrap();
+        assert!(contains_nul_escape(&with_nul), "{with_nul}");
+        let backslash_then_text = serde_json::to_string(&"a\\u0000b").unwrap();
+        assert!(
+            !contains_nul_escape(&backslash_then_text),
+            "{backslash_then_text}"
+        );
+        let both = serde_json::to_string(&"\\\0").unwrap();
+        assert!(contains_nul_escape(&both), "{both}");
+        assert!(!contains_nul_escape(r#"{"a":"plain"}"#));
+    }
 }

@@ -19,6 +19,17 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A string in the message holds the character U+0000, which PostgreSQL cannot store in
+    /// JSON; it is refused on every backend so that code moves between them unchanged.
+    #[error(
+        "a `{message_type}` message contains the character U+0000 (NUL), which the outbox \
+         cannot store; remove it from the message's strings"
+    )]
+    NulInPayload {
+        /// The message's type string.
+        message_type: &'static str,
+    },
+
     /// A message type or ordering key is longer than the column that stores it.
     #[error("the {what} is {len} bytes long; the outbox stores at most 255")]
     TooLong {

@@ -14,15 +14,13 @@ use outbox_core::{ClaimToken, ClaimedMessage, Listener, Outcome, Settlement, Sto
 use crate::admin::parse_message_id;
 use crate::connection::{
     with_backend, Backend, BackendConnection, Bind, Dialect, OutboxConnection, RawSql,
+    SQLITE_BUSY_TIMEOUT_MS,
 };
 
 /// Only the first pending message of each ordering key is claimable, so a key's messages run
 /// one at a time, in order, and a key whose head is retrying waits for it.
 const HEAD_OF_ITS_KEY: &str = "(m.ordering_key IS NULL OR NOT EXISTS (\
      SELECT 1 FROM outbox_message e WHERE e.ordering_key = m.ordering_key AND e.id < m.id))";
-
-/// How long an SQLite connection waits for the write lock before failing with "busy".
-const SQLITE_BUSY_TIMEOUT_MS: u32 = 5000;
 
 type Pooled<C> = PooledConnection<ConnectionManager<C>>;
 
@@ -164,7 +162,10 @@ where
         let mut conn = self.connection()?;
         conn.batch_execute("LISTEN outbox_message")
             .map_err(|e| StoreError::new("listening for new messages", e))?;
-        Ok(Some(Box::new(NotificationListener { conn })))
+        Ok(Some(Box::new(NotificationListener {
+            conn,
+            checked: Instant::now(),
+        })))
     }
 
     fn wants_local_wakeups(&self) -> bool {
@@ -424,7 +425,12 @@ fn still_present<C: RawSql>(c: &mut C, positions: &[i64]) -> QueryResult<Vec<i64
 /// A pooled connection that `LISTEN`s on the channel the outbox table's trigger notifies.
 struct NotificationListener<C: R2D2Connection + 'static> {
     conn: PooledConnection<ConnectionManager<C>>,
+    checked: Instant,
 }
+
+/// How often the listener proves its connection alive: reading notifications never notices a
+/// connection whose server vanished without closing it, and wake-ups would silently stop.
+const LISTEN_HEALTH_CHECK: Duration = Duration::from_secs(30);
 
 /// How often the listener checks its socket: the wake-up latency it adds at most. Checking
 /// reads only what the server already sent; it costs no round trip.
@@ -435,6 +441,12 @@ where
     C: OutboxConnection + R2D2Connection + Send + 'static,
 {
     fn wait(&mut self, timeout: Duration) -> Result<bool, StoreError> {
+        if self.checked.elapsed() >= LISTEN_HEALTH_CHECK {
+            self.conn
+                .batch_execute("SELECT 1")
+                .map_err(|e| StoreError::new("checking the notification connection", e))?;
+            self.checked = Instant::now();
+        }
         let until = Instant::now() + timeout;
         loop {
             if self.drain()? {

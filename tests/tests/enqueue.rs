@@ -316,7 +316,6 @@ fn migrations_live_beside_the_applications_own<C: TestConnection>(db: &TestDb) {
     assert_eq!(all_pending(&mut conn).len(), 1);
 }
 
-
 /// A type string no column can hold, possible only with a hand-written `Message` impl.
 #[derive(Serialize, Deserialize)]
 struct LongType;
@@ -332,13 +331,31 @@ impl Message for LongType {
 fn bad_input_is_refused_before_anything_is_written<C: TestConnection>(db: &TestDb) {
     let mut conn = migrated::<C>(db);
     let err = LongType.enqueue(&mut conn).unwrap_err();
-    assert!(matches!(err, Error::TooLong { what: "message type", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::TooLong {
+                what: "message type",
+                ..
+            }
+        ),
+        "{err}"
+    );
 
-    let big = Text { body: "x".repeat(2048) };
+    let big = Text {
+        body: "x".repeat(2048),
+    };
     let small_limit = EnqueueOptions::new().max_payload_bytes(1024);
     let err = big.enqueue_with(&mut conn, &small_limit).unwrap_err();
     assert!(
-        matches!(err, Error::PayloadTooLarge { message_type: "test.text", max: 1024, .. }),
+        matches!(
+            err,
+            Error::PayloadTooLarge {
+                message_type: "test.text",
+                max: 1024,
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("reference"), "{err}");
@@ -351,8 +368,38 @@ fn bad_input_is_refused_before_anything_is_written<C: TestConnection>(db: &TestD
         batch.enqueue(conn)
     });
     assert!(matches!(result, Err(Error::PayloadTooLarge { .. })));
-    let huge = Text { body: "x".repeat(outbox_diesel::DEFAULT_MAX_PAYLOAD_BYTES) };
-    assert!(matches!(huge.enqueue(&mut conn), Err(Error::PayloadTooLarge { .. })));
+    let nul = Text {
+        body: "a\0b".into(),
+    };
+    let err = nul.enqueue(&mut conn).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NulInPayload {
+                message_type: "test.text"
+            }
+        ),
+        "{err}"
+    );
+    let backslash = Text {
+        body: "a\\u0000b".into(),
+    };
+    backslash.enqueue(&mut conn).unwrap();
+    let stored = all_pending(&mut conn);
+    let round_trip: Text = serde_json::from_str(&stored[0].payload).unwrap();
+    assert_eq!(
+        round_trip, backslash,
+        "a backslash before `u0000` is not a NUL"
+    );
+    conn.batch_execute("DELETE FROM outbox_message").unwrap();
+
+    let huge = Text {
+        body: "x".repeat(outbox_diesel::DEFAULT_MAX_PAYLOAD_BYTES),
+    };
+    assert!(matches!(
+        huge.enqueue(&mut conn),
+        Err(Error::PayloadTooLarge { .. })
+    ));
     assert!(all_pending(&mut conn).is_empty(), "nothing half-written");
 }
 

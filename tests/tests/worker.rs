@@ -176,11 +176,11 @@ fn a_500_is_retried_until_the_receiver_recovers<C: TestConnection>(db: &TestDb) 
         retrying.attempts >= 1,
         "the attempt count is visible: {retrying:?}"
     );
-    assert!(retrying
-        .last_error
-        .as_ref()
-        .unwrap()
-        .contains(&receiver.url("/hook")));
+    let shown = format!("http://{}/…", receiver.addr());
+    assert!(
+        retrying.last_error.as_ref().unwrap().contains(&shown),
+        "the error names the endpoint, without its path: {retrying:?}"
+    );
 
     assert!(receiver.wait_for(3, PATIENCE));
     assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
@@ -684,8 +684,14 @@ fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection
         .max_size(2)
         .build(ConnectionManager::<C>::new(db.url()))
         .unwrap();
-    let err = Worker::builder(DieselStore::new(unmigrated)).spawn().unwrap_err();
-    assert!(err.to_string().contains("run outbox_diesel::run_migrations"), "{err}");
+    let err = Worker::builder(DieselStore::new(unmigrated))
+        .spawn()
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("run outbox_diesel::run_migrations"),
+        "{err}"
+    );
 
     let unreachable = match db.backend() {
         outbox_tests::Backend::Postgres => "postgres://postgres@127.0.0.1:1/nowhere",
@@ -697,7 +703,11 @@ fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection
         .connection_timeout(Duration::from_secs(2))
         .build_unchecked(ConnectionManager::<C>::new(unreachable));
     let err = Worker::builder(DieselStore::new(pool)).spawn().unwrap_err();
-    assert!(err.to_string().contains("getting a connection from the pool"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("getting a connection from the pool"),
+        "{err}"
+    );
 }
 
 fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb) {
@@ -745,6 +755,87 @@ fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb
     assert_eq!(stats.len(), 2);
 }
 
+/// Fails permanently with a NUL in its reason, which PostgreSQL text cannot hold.
+#[outbox_handler("test.nul")]
+#[derive(Debug, Serialize, Deserialize)]
+struct NulReason;
+
+impl Handler for NulReason {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Err(ProcessError::permanent("bad\0byte"))
+    }
+}
+
+fn a_position_is_never_reused_and_dead_letters_do_not_collide<C: TestConnection>(db: &TestDb) {
+    let pool = pool::<C>(db, 4);
+    let store = DieselStore::new(pool.clone());
+    let mut positions = Vec::new();
+    for _ in 0..2 {
+        let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+        let token = ClaimToken::new();
+        let claimed = store.claim(token, 1, Duration::from_secs(60)).unwrap();
+        assert_eq!(claimed[0].message_id, id);
+        positions.push(claimed[0].position);
+        let dead = Outcome {
+            token,
+            position: claimed[0].position,
+            message_id: id,
+            settlement: Settlement::DeadLetter {
+                error: "gone".into(),
+            },
+        };
+        assert!(store.settle(&[dead]).unwrap().is_empty());
+        assert!(pending(&pool).is_empty(), "the outbox is empty again");
+    }
+    assert_ne!(
+        positions[0], positions[1],
+        "an emptied table handed out a position again"
+    );
+    assert_eq!(dead(&pool).len(), 2);
+}
+
+fn an_error_text_with_a_nul_is_stored<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let pool = pool::<C>(db, 8);
+    NulReason.enqueue(&mut pool.get().unwrap()).unwrap();
+    Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 1
+        && pending(&pool).is_empty()));
+    stop(worker);
+    assert_eq!(dead(&pool)[0].last_error, "bad\u{FFFD}byte");
+    assert_eq!(receiver.requests().len(), 1, "the worker went on");
+}
+
+fn a_message_whose_worker_keeps_dying_is_dead_lettered<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let pool = pool::<C>(db, 8);
+    let store = DieselStore::new(pool.clone());
+    let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
+    // Three claims that end without an outcome: each time, the worker died.
+    for _ in 0..3 {
+        let claimed = store
+            .claim(ClaimToken::new(), 1, Duration::from_millis(200))
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
+    stop(worker);
+    let letter = &dead(&pool)[0];
+    assert_eq!(letter.message_id, id);
+    assert!(
+        letter.last_error.contains("was lost each time"),
+        "{}",
+        letter.last_error
+    );
+    assert!(
+        receiver.requests().is_empty(),
+        "not attempted a fourth time"
+    );
+}
+
 backend_tests!(
     delivers_each_committed_message_once_signed,
     a_500_is_retried_until_the_receiver_recovers,
@@ -763,4 +854,7 @@ backend_tests!(
     the_lease_must_outlast_the_handler_timeout,
     stats_count_pending_in_flight_and_dead_by_type,
     a_worker_on_a_wrong_database_fails_to_start_with_the_reason,
+    a_position_is_never_reused_and_dead_letters_do_not_collide,
+    an_error_text_with_a_nul_is_stored,
+    a_message_whose_worker_keeps_dying_is_dead_lettered,
 );

@@ -37,27 +37,25 @@ fn selection(selector: &Selector) -> DeadLetterSelection {
 /// The dead letters a selector names, and the named positions that hold none.
 fn selected<C: OutboxConnection>(
     conn: &mut C,
-    selection: &DeadLetterSelection,
+    selector: &Selector,
 ) -> Result<(Vec<DeadLetter>, Vec<i64>), CliError> {
     let everything = ListOptions::new().limit(u32::MAX);
-    match selection {
-        DeadLetterSelection::All => Ok((admin::dead_letters(conn, &everything)?, Vec::new())),
-        DeadLetterSelection::MessageType(t) => Ok((
-            admin::dead_letters(conn, &everything.message_type(t.clone()))?,
-            Vec::new(),
-        )),
-        DeadLetterSelection::Positions(positions) => {
-            let mut found = Vec::new();
-            let mut missing = Vec::new();
-            for &position in positions {
-                match admin::dead_letter(conn, position)? {
-                    Some(d) => found.push(d),
-                    None => missing.push(position),
-                }
-            }
-            Ok((found, missing))
+    if selector.all {
+        return Ok((admin::dead_letters(conn, &everything)?, Vec::new()));
+    }
+    if let Some(message_type) = &selector.message_type {
+        let of_type = everything.message_type(message_type.clone());
+        return Ok((admin::dead_letters(conn, &of_type)?, Vec::new()));
+    }
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for position in unique_positions(&selector.positions) {
+        match admin::dead_letter(conn, position)? {
+            Some(d) => found.push(d),
+            None => missing.push(position),
         }
     }
+    Ok((found, missing))
 }
 
 /// What a requeue or purge did (or, dry, would do).
@@ -137,7 +135,7 @@ pub(super) fn requeue<C: OutboxConnection>(
 ) -> Result<Output, CliError> {
     let selection = selection(selector);
     let (positions, not_found, letters) = if dry_run {
-        let (letters, not_found) = selected(conn, &selection)?;
+        let (letters, not_found) = selected(conn, selector)?;
         let positions = letters.iter().map(|d| d.position).collect();
         (positions, not_found, letters)
     } else {
@@ -176,7 +174,7 @@ where
 {
     // Listing first gives the count to confirm, and deleting exactly the listed positions
     // means a dead letter that arrives while the operator reads the question is kept.
-    let (letters, not_found) = selected(conn, &selection(selector))?;
+    let (letters, not_found) = selected(conn, selector)?;
     let positions: Vec<i64> = letters.iter().map(|d| d.position).collect();
     let mut count = positions.len();
     if !dry_run && !positions.is_empty() {

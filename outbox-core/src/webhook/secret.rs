@@ -60,16 +60,18 @@ impl WebhookSecret {
 
     /// A new random 24-byte secret, to hand to a receiver with [`expose_whsec`].
     ///
-    /// The bytes come from the operating system (`/dev/urandom`) where it is available, and
-    /// from `fastrand` otherwise.
+    /// The bytes come from the operating system's cryptographic generator (`getrandom`).
+    ///
+    /// # Panics
+    ///
+    /// If the operating system provides no randomness at all: a signing key must not be made
+    /// from anything weaker.
     ///
     /// [`expose_whsec`]: WebhookSecret::expose_whsec
     pub fn generate() -> Self {
         let mut key = [0_u8; GENERATED_LEN];
-        if !fill_from_os(&mut key) {
-            // fastrand is not a cryptographic generator; it is the fallback only where the
-            // operating system offers no random device.
-            fastrand::fill(&mut key);
+        if let Err(error) = getrandom::fill(&mut key) {
+            panic!("the operating system provides no randomness for a webhook secret: {error}");
         }
         WebhookSecret { key: key.to_vec() }
     }
@@ -115,19 +117,6 @@ impl fmt::Debug for WebhookSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("WebhookSecret(<redacted>)")
     }
-}
-
-#[cfg(unix)]
-fn fill_from_os(buf: &mut [u8]) -> bool {
-    use std::io::Read as _;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut device| device.read_exact(buf))
-        .is_ok()
-}
-
-#[cfg(not(unix))]
-fn fill_from_os(_buf: &mut [u8]) -> bool {
-    false
 }
 
 #[cfg(test)]

@@ -180,7 +180,8 @@ pub fn verify_at(
         .filter_map(|entry| entry.strip_prefix("v1,"))
         .filter_map(|encoded| STANDARD.decode(encoded).ok())
         .collect();
-    let signed_timestamp = timestamp.to_string();
+    // The sender signed the header's text, which is what is checked (not a reformatted number).
+    let signed_timestamp = timestamp_text.trim();
     let matches = secrets.iter().any(|secret| {
         let mut mac = secret.mac();
         mac.update(id.as_bytes());

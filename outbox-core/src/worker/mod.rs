@@ -611,6 +611,24 @@ fn process(shared: &Shared<dyn Store>, message: &ClaimedMessage) -> Settlement {
         );
         return Settlement::DeadLetter { error };
     };
+    let policy = registration
+        .retry_policy()
+        .unwrap_or_else(|| shared.retry_policy.clone());
+    if message.attempt > policy.attempts() {
+        // Every earlier attempt ended without an outcome: each time, the worker holding the
+        // message died (an abort, a crash in native code, the OOM killer). Do not let it
+        // take down one more.
+        let error = format!(
+            "gave up after {} attempts: the worker processing it was lost each time (a crash \
+             or abort in the handler?)",
+            message.attempt - 1
+        );
+        log::warn!(
+            "outbox: message {} dead-lettered: {error}",
+            message.message_id
+        );
+        return Settlement::DeadLetter { error };
+    }
     let delivery = Delivery {
         message_id: message.message_id,
         message_type: message.message_type.clone(),
@@ -621,9 +639,6 @@ fn process(shared: &Shared<dyn Store>, message: &ClaimedMessage) -> Settlement {
     let result = catch_unwind(AssertUnwindSafe(|| {
         registration.dispatch(&message.payload, &mut ctx)
     }));
-    let policy = registration
-        .retry_policy()
-        .unwrap_or_else(|| shared.retry_policy.clone());
     let (error, retry_after) = match result {
         Ok(Ok(())) => {
             log::debug!(
@@ -687,7 +702,14 @@ fn process(shared: &Shared<dyn Store>, message: &ClaimedMessage) -> Settlement {
     }
 }
 
-fn truncate(mut text: String) -> String {
+/// Makes an error text storable: bounded in length, and without NUL characters, which
+/// PostgreSQL's text columns refuse.
+fn truncate(text: String) -> String {
+    let mut text = if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    };
     if text.len() > MAX_ERROR_LEN {
         let mut end = MAX_ERROR_LEN;
         while !text.is_char_boundary(end) {
@@ -717,33 +739,72 @@ fn acker(shared: &Shared<dyn Store>, outcomes: Receiver<Outcome>, capacity: Send
     }
 }
 
+/// Whole-batch attempts before settling outcome by outcome.
+const BATCH_SETTLE_TRIES: u32 = 3;
+
+/// Rounds in which an outcome alone keeps failing while others succeed, before it is given up.
+const POISON_OUTCOME_ROUNDS: u32 = 5;
+
+/// Saves the batch's outcomes, retrying while the store fails. After a few failed attempts it
+/// saves them one by one, so an outcome the database keeps refusing cannot hold up the rest; one
+/// that fails alone round after round while others succeed is given up (its message returns when
+/// its lease ends). While every outcome fails (the database is down), it keeps trying.
 fn settle(shared: &Shared<dyn Store>, batch: &[Outcome]) {
+    let mut unsettled: Vec<Outcome> = batch.to_vec();
     let mut failures = 0u32;
+    let mut poison_rounds = 0u32;
     loop {
-        match shared.store.settle(batch) {
-            Ok(fenced) => {
-                count_settled(shared, batch, &fenced);
-                return;
-            }
-            Err(error) => {
-                if shared.stopping() && shared.past_give_up() {
-                    log::error!(
-                        "outbox: giving up settling {} messages at the shutdown deadline; their \
-                         leases will expire and they will be processed again: {error}",
-                        batch.len()
-                    );
-                    return;
+        let one_by_one = failures >= BATCH_SETTLE_TRIES;
+        let groups: Vec<Vec<Outcome>> = if one_by_one {
+            unsettled.iter().map(|o| vec![o.clone()]).collect()
+        } else {
+            vec![std::mem::take(&mut unsettled)]
+        };
+        let total = groups.len();
+        let mut failed = Vec::new();
+        let mut last_error = None;
+        for group in groups {
+            match shared.store.settle(&group) {
+                Ok(fenced) => count_settled(shared, &group, &fenced),
+                Err(error) => {
+                    failed.extend(group);
+                    last_error = Some(error);
                 }
-                failures += 1;
-                let pause =
-                    Duration::from_millis(50 << failures.min(6)).min(Duration::from_secs(2));
-                log::error!(
-                    "outbox: settling {} messages failed (retrying in {pause:?}): {error}",
-                    batch.len()
-                );
-                std::thread::sleep(pause);
             }
         }
+        let Some(error) = last_error else {
+            return;
+        };
+        if one_by_one && failed.len() < total {
+            poison_rounds += 1;
+        }
+        if poison_rounds >= POISON_OUTCOME_ROUNDS {
+            for outcome in &failed {
+                log::error!(
+                    "outbox: giving up saving the outcome of message {} ({:?}); it will be \
+                     processed again when its lease ends: {error}",
+                    outcome.message_id,
+                    outcome.settlement
+                );
+            }
+            return;
+        }
+        if shared.stopping() && shared.past_give_up() {
+            log::error!(
+                "outbox: giving up settling {} messages at the shutdown deadline; their leases \
+                 will expire and they will be processed again: {error}",
+                failed.len()
+            );
+            return;
+        }
+        unsettled = failed;
+        failures += 1;
+        let pause = Duration::from_millis(50 << failures.min(6)).min(Duration::from_secs(2));
+        log::error!(
+            "outbox: settling {} messages failed (retrying in {pause:?}): {error}",
+            unsettled.len()
+        );
+        std::thread::sleep(pause);
     }
 }
 

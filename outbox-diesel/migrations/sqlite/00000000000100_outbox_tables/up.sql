@@ -1,6 +1,8 @@
 -- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS', which sorts in time order.
+-- AUTOINCREMENT: without it SQLite reuses the ids of deleted rows, and a dead letter keeps the
+-- id (position) its message had, so a new message must never get that id again.
 CREATE TABLE outbox_message (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     message_id TEXT NOT NULL,
     message_type TEXT NOT NULL,
     payload TEXT NOT NULL,
