@@ -803,7 +803,8 @@ fn an_error_text_with_a_nul_is_stored<C: TestConnection>(db: &TestDb) {
     assert!(eventually(PATIENCE, || dead(&pool).len() == 1
         && pending(&pool).is_empty()));
     stop(worker);
-    assert_eq!(dead(&pool)[0].last_error, "bad\u{FFFD}byte");
+    let error = &dead(&pool)[0].last_error;
+    assert_eq!(error, "failed permanently on attempt 1: bad\u{FFFD}byte");
     assert_eq!(receiver.requests().len(), 1, "the worker went on");
 }
 

@@ -599,17 +599,15 @@ fn handler(shared: &Shared<dyn Store>, jobs: Receiver<Job>, outcomes: Sender<Out
 
 fn process(shared: &Shared<dyn Store>, message: &ClaimedMessage) -> Settlement {
     let Some(registration) = shared.registry.get(&message.message_type) else {
-        let error = format!(
-            "no handler is registered for message type `{}` in this worker (it handles {:?}); \
-             deploy a handler for it, then re-queue this dead letter",
-            message.message_type,
-            shared.registry.message_types()
+        return dead_letter(
+            message,
+            format!(
+                "no handler is registered for message type `{}` in this worker (it handles \
+                 {:?}); deploy a handler for it, then re-queue this dead letter",
+                message.message_type,
+                shared.registry.message_types()
+            ),
         );
-        log::warn!(
-            "outbox: message {} dead-lettered: {error}",
-            message.message_id
-        );
-        return Settlement::DeadLetter { error };
     };
     let policy = registration
         .retry_policy()
@@ -618,16 +616,14 @@ fn process(shared: &Shared<dyn Store>, message: &ClaimedMessage) -> Settlement {
         // Every earlier attempt ended without an outcome: each time, the worker holding the
         // message died (an abort, a crash in native code, the OOM killer). Do not let it
         // take down one more.
-        let error = format!(
-            "gave up after {} attempts: the worker processing it was lost each time (a crash \
-             or abort in the handler?)",
-            message.attempt - 1
+        return dead_letter(
+            message,
+            format!(
+                "gave up after {} attempts: the worker processing it was lost each time (a \
+                 crash or abort in the handler?)",
+                message.attempt - 1
+            ),
         );
-        log::warn!(
-            "outbox: message {} dead-lettered: {error}",
-            message.message_id
-        );
-        return Settlement::DeadLetter { error };
     }
     let delivery = Delivery {
         message_id: message.message_id,
@@ -651,24 +647,19 @@ fn process(shared: &Shared<dyn Store>, message: &ClaimedMessage) -> Settlement {
             return Settlement::Done;
         }
         Ok(Err(error @ DispatchError::Deserialize { .. })) => {
-            let error = truncate(error.to_string());
-            log::warn!(
-                "outbox: message {} dead-lettered: {error}",
-                message.message_id
+            return dead_letter(message, error.to_string());
+        }
+        Ok(Err(DispatchError::Process(failure))) if failure.kind() == FailureKind::Permanent => {
+            return dead_letter(
+                message,
+                format!(
+                    "failed permanently on attempt {}: {}",
+                    message.attempt,
+                    failure.reason()
+                ),
             );
-            return Settlement::DeadLetter { error };
         }
         Ok(Err(DispatchError::Process(failure))) => {
-            if failure.kind() == FailureKind::Permanent {
-                let error = truncate(failure.reason().to_owned());
-                log::warn!(
-                    "outbox: message {} ({}) failed permanently on attempt {}, dead-lettered: {error}",
-                    message.message_id,
-                    message.message_type,
-                    message.attempt
-                );
-                return Settlement::DeadLetter { error };
-            }
             (failure.reason().to_owned(), failure.retry_after())
         }
         Err(panic) => {
@@ -680,31 +671,37 @@ fn process(shared: &Shared<dyn Store>, message: &ClaimedMessage) -> Settlement {
             (format!("the handler panicked: {text}"), None)
         }
     };
-    let error = truncate(error);
-    if policy.allows_retry_after(message.attempt) {
-        let delay = policy.delay(message.attempt, retry_after);
-        log::info!(
-            "outbox: message {} ({}) attempt {} failed, retrying in {:?}: {error}",
-            message.message_id,
-            message.message_type,
-            message.attempt,
-            delay
+    if !policy.allows_retry_after(message.attempt) {
+        return dead_letter(
+            message,
+            format!("gave up after {} attempts: {error}", message.attempt),
         );
-        Settlement::Retry { delay, error }
-    } else {
-        let error = format!("gave up after {} attempts: {error}", message.attempt);
-        log::warn!(
-            "outbox: message {} ({}) dead-lettered: {error}",
-            message.message_id,
-            message.message_type
-        );
-        Settlement::DeadLetter { error }
     }
+    let error = storable(error);
+    let delay = policy.delay(message.attempt, retry_after);
+    log::info!(
+        "outbox: message {} ({}) attempt {} failed, retrying in {:?}: {error}",
+        message.message_id,
+        message.message_type,
+        message.attempt,
+        delay
+    );
+    Settlement::Retry { delay, error }
+}
+
+fn dead_letter(message: &ClaimedMessage, error: String) -> Settlement {
+    let error = storable(error);
+    log::warn!(
+        "outbox: message {} ({}) dead-lettered: {error}",
+        message.message_id,
+        message.message_type
+    );
+    Settlement::DeadLetter { error }
 }
 
 /// Makes an error text storable: bounded in length, and without NUL characters, which
 /// PostgreSQL's text columns refuse.
-fn truncate(text: String) -> String {
+fn storable(text: String) -> String {
     let mut text = if text.contains('\0') {
         text.replace('\0', "\u{FFFD}")
     } else {
