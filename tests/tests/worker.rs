@@ -837,6 +837,37 @@ fn a_message_whose_worker_keeps_dying_is_dead_lettered<C: TestConnection>(db: &T
     );
 }
 
+fn the_next_message_of_a_key_does_not_wait_for_the_poll<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let pool = pool::<C>(db, 8);
+    let mut batch = Batch::new();
+    for n in 0..30 {
+        let hook = Hook {
+            n,
+            key: Some("k".into()),
+        };
+        batch
+            .push_with(&hook, &EnqueueOptions::new().ordering_key("k"))
+            .unwrap();
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+    let started = Instant::now();
+    let worker = builder(&pool, &receiver)
+        .poll_interval(Duration::from_secs(10))
+        .spawn()
+        .unwrap();
+    assert!(
+        receiver.wait_for(30, Duration::from_secs(9)),
+        "a key's messages waited for the 10 s poll: {} delivered",
+        receiver.requests().len()
+    );
+    let took = started.elapsed();
+    stop(worker);
+    let order: Vec<u32> = receiver.requests().iter().map(n_of).collect();
+    assert_eq!(order, (0..30).collect::<Vec<_>>());
+    eprintln!("{:?}: 30 messages of one key in {took:?}", db.backend());
+}
+
 backend_tests!(
     delivers_each_committed_message_once_signed,
     a_500_is_retried_until_the_receiver_recovers,
@@ -858,4 +889,5 @@ backend_tests!(
     a_position_is_never_reused_and_dead_letters_do_not_collide,
     an_error_text_with_a_nul_is_stored,
     a_message_whose_worker_keeps_dying_is_dead_lettered,
+    the_next_message_of_a_key_does_not_wait_for_the_poll,
 );

@@ -563,9 +563,12 @@ fn claimer(
             .first()
             .map(|ms| Duration::from_millis(*ms))
             .unwrap_or(shared.poll_interval);
-        match wake.recv_timeout(timeout) {
-            Ok(()) => follow_ups = &FOLLOW_UPS_MS,
-            Err(_) => follow_ups = follow_ups.get(1..).unwrap_or(&[]),
+        crossbeam_channel::select! {
+            recv(wake) -> _ => follow_ups = &FOLLOW_UPS_MS,
+            // A settled message may have been the head of its ordering key: the next one of
+            // that key is claimable now, not at the next poll.
+            recv(capacity) -> _ => follow_ups = &[],
+            default(timeout) => follow_ups = follow_ups.get(1..).unwrap_or(&[]),
         }
     }
 }
