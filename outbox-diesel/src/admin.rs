@@ -8,7 +8,7 @@ use outbox_core::MessageId;
 
 use crate::connection::{with_backend, Bind, Dialect, OutboxConnection, RawSql};
 use crate::error::{Error, Result};
-use crate::store::id_list;
+use crate::store::{id_list, MessageRow};
 
 /// Which messages a listing returns.
 #[derive(Debug, Clone)]
@@ -73,18 +73,8 @@ pub struct PendingMessage {
 
 #[derive(QueryableByName)]
 struct PendingRow {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Text)]
-    message_id: String,
-    #[diesel(sql_type = Text)]
-    message_type: String,
-    #[diesel(sql_type = Text)]
-    payload: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    ordering_key: Option<String>,
-    #[diesel(sql_type = Integer)]
-    attempts: i32,
+    #[diesel(embed)]
+    message: MessageRow,
     #[diesel(sql_type = BigInt)]
     created_at: i64,
     #[diesel(sql_type = BigInt)]
@@ -140,13 +130,14 @@ pub fn pending_messages<C: OutboxConnection>(
     });
     rows.into_iter()
         .map(|row| {
+            let m = row.message;
             Ok(PendingMessage {
-                message_id: parse_message_id("outbox_message", row.id, &row.message_id)?,
-                position: row.id,
-                message_type: row.message_type,
-                payload: row.payload,
-                ordering_key: row.ordering_key,
-                attempts: row.attempts.max(0).unsigned_abs(),
+                message_id: parse_message_id("outbox_message", m.id, &m.message_id)?,
+                position: m.id,
+                message_type: m.message_type,
+                payload: m.payload,
+                ordering_key: m.ordering_key,
+                attempts: m.attempts.max(0).unsigned_abs(),
                 created_at: time_from_micros(row.created_at),
                 next_attempt_at: time_from_micros(row.next_attempt_at),
                 in_flight: row.in_flight != 0,
@@ -182,18 +173,8 @@ pub struct DeadLetter {
 
 #[derive(QueryableByName)]
 struct DeadLetterRow {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Text)]
-    message_id: String,
-    #[diesel(sql_type = Text)]
-    message_type: String,
-    #[diesel(sql_type = Text)]
-    payload: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    ordering_key: Option<String>,
-    #[diesel(sql_type = Integer)]
-    attempts: i32,
+    #[diesel(embed)]
+    message: MessageRow,
     #[diesel(sql_type = Text)]
     last_error: String,
     #[diesel(sql_type = BigInt)]
@@ -264,13 +245,14 @@ fn dead_letters_where<C: OutboxConnection>(
     });
     rows.into_iter()
         .map(|row| {
+            let m = row.message;
             Ok(DeadLetter {
-                message_id: parse_message_id("outbox_failure", row.id, &row.message_id)?,
-                position: row.id,
-                message_type: row.message_type,
-                payload: row.payload,
-                ordering_key: row.ordering_key,
-                attempts: row.attempts.max(0).unsigned_abs(),
+                message_id: parse_message_id("outbox_failure", m.id, &m.message_id)?,
+                position: m.id,
+                message_type: m.message_type,
+                payload: m.payload,
+                ordering_key: m.ordering_key,
+                attempts: m.attempts.max(0).unsigned_abs(),
                 last_error: row.last_error,
                 created_at: time_from_micros(row.created_at),
                 failed_at: time_from_micros(row.failed_at),

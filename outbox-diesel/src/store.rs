@@ -173,20 +173,21 @@ where
     }
 }
 
+/// The columns every reading of a message row selects: claims, listings, dead letters.
 #[derive(QueryableByName)]
-struct ClaimRow {
+pub(crate) struct MessageRow {
     #[diesel(sql_type = BigInt)]
-    id: i64,
+    pub(crate) id: i64,
     #[diesel(sql_type = Text)]
-    message_id: String,
+    pub(crate) message_id: String,
     #[diesel(sql_type = Text)]
-    message_type: String,
+    pub(crate) message_type: String,
     #[diesel(sql_type = Text)]
-    payload: String,
+    pub(crate) payload: String,
     #[diesel(sql_type = Nullable<Text>)]
-    ordering_key: Option<String>,
+    pub(crate) ordering_key: Option<String>,
     #[diesel(sql_type = Integer)]
-    attempts: i32,
+    pub(crate) attempts: i32,
 }
 
 #[derive(QueryableByName)]
@@ -215,7 +216,7 @@ fn claim(
     token: ClaimToken,
     limit: usize,
     lease: Duration,
-) -> QueryResult<Vec<ClaimRow>> {
+) -> QueryResult<Vec<MessageRow>> {
     let token = token.to_string();
     let lease = micros(lease);
     match conn {
@@ -254,7 +255,7 @@ fn claim(
                     return Ok(Vec::new());
                 }
                 let ids: Vec<i64> = candidates.iter().map(|row| row.id).collect();
-                let mut rows: Vec<ClaimRow> = diesel::sql_query(format!(
+                let mut rows: Vec<MessageRow> = diesel::sql_query(format!(
                     "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload, \
                          ordering_key, attempts \
                      FROM outbox_message \
