@@ -1,11 +1,17 @@
-//! Where the CPU went during a phase: the whole machine, this process, its worker processes and
-//! the database server, from /proc (clock ticks of 1/100 s).
+//! Where the CPU went during a phase: the whole machine (/proc/stat), this process, its worker
+//! processes and the database server (the nanoseconds each thread ran, from
+//! /proc/<pid>/task/<tid>/schedstat).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
 
 use serde_json::{json, Value};
 
-/// Ticks per second of /proc/stat and /proc/<pid>/stat (USER_HZ, 100 on Linux).
+use crate::stats::round;
+use crate::Backend;
+
+/// Ticks per second of /proc/stat (USER_HZ, 100 on Linux).
 const TICKS: f64 = 100.0;
 
 /// CPU counters at one moment.
@@ -14,9 +20,12 @@ pub struct Snapshot {
     at: Instant,
     machine_busy: u64,
     machine_total: u64,
-    own: u64,
-    children: u64,
-    database: u64,
+    /// Nanoseconds on CPU of this process's threads.
+    own: HashMap<u32, u64>,
+    /// ... of the worker processes' threads.
+    children: HashMap<u32, u64>,
+    /// ... of the database server's threads that work for the benchmark.
+    database: HashMap<u32, u64>,
 }
 
 fn machine() -> (u64, u64) {
@@ -36,71 +45,146 @@ fn machine() -> (u64, u64) {
     (total.saturating_sub(idle), total)
 }
 
-/// utime + stime of a process, and its command name.
-fn process(pid: &str) -> Option<(String, u64)> {
+/// A process's command name.
+fn name(pid: &str) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
-    let name = stat[open + 1..close].to_owned();
-    let rest: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    // After the name: state is field 3 (index 0 here); utime and stime are fields 14 and 15.
-    let utime: u64 = rest.get(11)?.parse().ok()?;
-    let stime: u64 = rest.get(12)?.parse().ok()?;
-    Some((name, utime + stime))
+    Some(stat[open + 1..close].to_owned())
 }
 
-fn database_ticks() -> u64 {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
+/// Nanoseconds on CPU of each thread of a process, by thread id.
+fn threads(pid: &str, into: &mut HashMap<u32, u64>) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
     };
-    entries
+    for task in tasks.filter_map(|t| t.ok()) {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let ns = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()));
+        if let Some(ns) = ns {
+            into.insert(tid, ns);
+        }
+    }
+}
+
+/// Which database server the benchmark uses (0: none yet, 1: PostgreSQL, 2: MariaDB, 3: SQLite,
+/// which runs inside this process).
+static SERVER: AtomicU8 = AtomicU8::new(0);
+
+/// Counts the CPU of `backend`'s server as the database's.
+pub fn watch(backend: Backend) {
+    let code = match backend {
+        Backend::Postgres => 1,
+        Backend::Mysql => 2,
+        Backend::Sqlite => 3,
+    };
+    SERVER.store(code, Ordering::Relaxed);
+}
+
+/// The database server's threads that work for the benchmark: PostgreSQL backends of the
+/// `outbox_bench` database and the server's own processes (WAL writer, checkpointer, ...), not
+/// other databases' backends; every thread of `mariadbd` (one process for all databases, so
+/// other users of MariaDB count too). Nothing for SQLite: it runs in the benchmark's process.
+fn database() -> HashMap<u32, u64> {
+    let mut ns = HashMap::new();
+    let server = SERVER.load(Ordering::Relaxed);
+    if server == 0 || server == 3 {
+        return ns;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return ns;
+    };
+    for pid in entries
         .filter_map(|entry| entry.ok())
         .filter_map(|entry| entry.file_name().into_string().ok())
         .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
-        .filter_map(|pid| process(&pid))
-        .filter(|(name, _)| name.starts_with("postgres") || name.starts_with("mariadbd"))
-        .map(|(_, ticks)| ticks)
-        .sum()
+    {
+        let Some(name) = name(&pid) else { continue };
+        let ours = if server == 1 && name.starts_with("postgres") {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let backend = cmdline.contains("127.0.0.1(") || cmdline.contains("[local]");
+            !backend || cmdline.contains(&format!(" {} ", crate::db::DB_NAME))
+        } else {
+            server == 2 && (name.starts_with("mariadbd") || name.starts_with("mysqld"))
+        };
+        if ours {
+            threads(&pid, &mut ns);
+        }
+    }
+    ns
 }
 
 /// Takes a snapshot; `children` are worker processes to count separately.
 pub fn snapshot(children: &[u32]) -> Snapshot {
     let (machine_busy, machine_total) = machine();
+    let mut own = HashMap::new();
+    threads("self", &mut own);
+    let mut child_threads = HashMap::new();
+    for pid in children {
+        threads(&pid.to_string(), &mut child_threads);
+    }
     Snapshot {
         at: Instant::now(),
         machine_busy,
         machine_total,
-        own: process("self").map(|(_, t)| t).unwrap_or(0),
-        children: children
-            .iter()
-            .filter_map(|pid| process(&pid.to_string()))
-            .map(|(_, t)| t)
-            .sum(),
-        database: database_ticks(),
+        own,
+        children: child_threads,
+        database: database(),
     }
+}
+
+/// CPU seconds between two readings of a set of threads: threads that started in between
+/// count whole, those that ended in between are lost (take readings while they live).
+fn seconds(from: &HashMap<u32, u64>, to: &HashMap<u32, u64>) -> f64 {
+    to.iter()
+        .map(|(tid, ns)| ns.saturating_sub(from.get(tid).copied().unwrap_or(0)))
+        .sum::<u64>() as f64
+        / 1e9
+}
+
+/// CPU seconds of (this process, the database server) between two snapshots.
+pub fn seconds_used(from: &Snapshot, to: &Snapshot) -> (f64, f64) {
+    (
+        seconds(&from.own, &to.own),
+        seconds(&from.database, &to.database),
+    )
 }
 
 /// Cores used between two snapshots: the machine, this process, the worker processes, the
 /// database server and everything else (other users of the machine).
 pub fn used(from: &Snapshot, to: &Snapshot) -> Value {
     let secs = to.at.duration_since(from.at).as_secs_f64().max(1e-3);
-    let cores = |ticks: u64| crate::stats::round(ticks as f64 / TICKS / secs, 2);
-    let busy_total = to.machine_busy.saturating_sub(from.machine_busy);
+    let busy = to.machine_busy.saturating_sub(from.machine_busy);
     let total = to.machine_total.saturating_sub(from.machine_total).max(1);
     let ncpu = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1) as f64;
-    let machine = busy_total as f64 / total as f64 * ncpu;
-    let own = to.own.saturating_sub(from.own);
-    let children = to.children.saturating_sub(from.children);
-    let database = to.database.saturating_sub(from.database);
-    let other = (machine - cores(own) - cores(children) - cores(database)).max(0.0);
+    let machine = if total > 1 {
+        busy as f64 / total as f64 * ncpu
+    } else {
+        busy as f64 / TICKS / secs
+    };
+    let own = seconds(&from.own, &to.own) / secs;
+    let children = seconds(&from.children, &to.children) / secs;
+    let database = seconds(&from.database, &to.database) / secs;
+    let other = (machine - own - children - database).max(0.0);
     json!({
-        "machine_cores_busy": crate::stats::round(machine, 2),
+        "machine_cores_busy": round(machine, 2),
         "of_cores": ncpu,
-        "bench_process": cores(own),
-        "worker_processes": cores(children),
-        "database_server": cores(database),
-        "other": crate::stats::round(other, 2),
+        "bench_process": round(own, 2),
+        "worker_processes": round(children, 2),
+        "database_server": round(database, 2),
+        "other": round(other, 2),
     })
 }

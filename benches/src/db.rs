@@ -7,8 +7,8 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use diesel::mysql::MysqlConnection;
 use diesel::pg::PgConnection;
-use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
-use diesel::sql_types::{BigInt, Text};
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, R2D2Connection};
+use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 use outbox_diesel::{OutboxConnection, PoolCustomizer};
@@ -160,21 +160,54 @@ impl BenchDb {
         Ok(conn)
     }
 
-    /// A pool for a worker: it holds up to three connections (claimer, acker, listener).
-    pub fn pool<C: BenchConnection>(&self, size: u32) -> Res<Pool<ConnectionManager<C>>> {
+    /// A pool for a worker (it holds three connections: claimer, acker, listener); with `async_commit` (an experiment, PostgreSQL only) its
+    /// connections commit without waiting for the WAL flush (`synchronous_commit = off`).
+    pub fn worker_pool<C: BenchConnection>(
+        &self,
+        size: u32,
+        async_commit: bool,
+    ) -> Res<Pool<ConnectionManager<C>>> {
         Pool::builder()
             .max_size(size)
             .min_idle(Some(size))
             .connection_timeout(Duration::from_secs(30))
-            .connection_customizer(Box::new(PoolCustomizer))
+            .connection_customizer(Box::new(BenchCustomizer { async_commit }))
             .build(ConnectionManager::<C>::new(self.url.clone()))
             .ctx(format!("building a pool for {}", self.url))
+    }
+
+    /// The database at `url` (made by [`BenchDb::recreate`] in the parent process).
+    pub fn existing(backend: Backend, url: &str) -> BenchDb {
+        BenchDb {
+            backend,
+            url: url.to_owned(),
+            admin_url: String::new(),
+            sqlite_file: None,
+        }
     }
 
     /// Empties the outbox and business tables (fresh storage on PostgreSQL and MariaDB).
     pub fn empty<C: BenchConnection>(&self) -> Res<()> {
         let mut conn = self.connect::<C>()?;
-        conn.batch_execute(C::SQL.empty).ctx("emptying the tables")?;
+        conn.batch_execute(C::SQL.empty)
+            .ctx("emptying the tables")?;
+        Ok(())
+    }
+}
+
+/// The library's `PoolCustomizer`, plus the async-commit experiment.
+#[derive(Debug, Clone, Copy)]
+struct BenchCustomizer {
+    async_commit: bool,
+}
+
+impl<C: BenchConnection> CustomizeConnection<C, diesel::r2d2::Error> for BenchCustomizer {
+    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
+        PoolCustomizer.on_acquire(conn)?;
+        if self.async_commit && conn.backend() == outbox_diesel::Backend::Postgres {
+            conn.batch_execute("SET synchronous_commit = off")
+                .map_err(diesel::r2d2::Error::QueryError)?;
+        }
         Ok(())
     }
 }
@@ -186,6 +219,8 @@ pub struct Sql {
     pub business_insert: &'static str,
     /// The same outbox row the library's `enqueue` writes (id, type, payload), by hand.
     pub outbox_insert: &'static str,
+    /// The statement the library's `enqueue` sends (connection.rs), with its five binds.
+    pub library_insert: &'static str,
     pub empty: &'static str,
     pub count_outbox: &'static str,
     /// The one-at-a-time loop's pick: the oldest due message, locked.
@@ -199,9 +234,13 @@ const PG_SQL: Sql = Sql {
     business_insert: "INSERT INTO bench_business (member_id, body) VALUES ($1, $2)",
     outbox_insert: "INSERT INTO outbox_message (message_id, message_type, payload) \
                     VALUES ($1::uuid, $2, $3::jsonb)",
+    library_insert: "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key, \
+                     next_attempt_at) VALUES ($1::uuid, $2, $3::jsonb, $4, \
+                     COALESCE(TIMESTAMPTZ 'epoch' + $5 * INTERVAL '1 microsecond', now()))",
     empty: "TRUNCATE outbox_message, outbox_failure, bench_business",
     count_outbox: "SELECT COUNT(*) AS n FROM outbox_message",
-    select_one: "SELECT id, message_id::text AS message_id, message_type, payload::text AS payload \
+    select_one:
+        "SELECT id, message_id::text AS message_id, message_type, payload::text AS payload \
                  FROM outbox_message WHERE next_attempt_at <= now() \
                  ORDER BY next_attempt_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
     delete_one: "DELETE FROM outbox_message WHERE id = $1",
@@ -213,6 +252,9 @@ const MYSQL_SQL: Sql = Sql {
     business_insert: "INSERT INTO bench_business (member_id, body) VALUES (?, ?)",
     outbox_insert: "INSERT INTO outbox_message (message_id, message_type, payload, created_at, \
                     next_attempt_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    library_insert: "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key, \
+                     created_at, next_attempt_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), \
+                     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)))",
     empty: "TRUNCATE TABLE outbox_message; TRUNCATE TABLE outbox_failure; \
             TRUNCATE TABLE bench_business",
     count_outbox: "SELECT COUNT(*) AS n FROM outbox_message",
@@ -228,6 +270,10 @@ const SQLITE_SQL: Sql = Sql {
     business_insert: "INSERT INTO bench_business (member_id, body) VALUES (?, ?)",
     outbox_insert: "INSERT INTO outbox_message (message_id, message_type, payload) \
                     VALUES (?, ?, ?)",
+    library_insert: "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key, \
+                     next_attempt_at) VALUES (?, ?, ?, ?, \
+                     COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), \
+                              strftime('%Y-%m-%d %H:%M:%f', 'now')))",
     empty: "DELETE FROM outbox_message; DELETE FROM outbox_failure; DELETE FROM bench_business",
     count_outbox: "SELECT COUNT(*) AS n FROM outbox_message",
     select_one: "SELECT id, message_id, message_type, payload FROM outbox_message \
@@ -256,9 +302,9 @@ pub struct OneRow {
 }
 
 /// A connection type the benchmark runs on: the library's bounds plus the baselines' SQL.
-pub trait BenchConnection: OutboxConnection + R2D2Connection + Send + 'static {
-    /// Which backend.
-    const BACKEND: Backend;
+pub trait BenchConnection:
+    OutboxConnection + R2D2Connection + crate::library_sql::LibrarySql + Send + 'static
+{
     /// Its hand-written SQL.
     const SQL: Sql;
     /// Runs a statement without binds.
@@ -268,8 +314,19 @@ pub trait BenchConnection: OutboxConnection + R2D2Connection + Send + 'static {
     /// One business row.
     fn insert_business(&mut self, member_id: i64, body: &str) -> QueryResult<usize>;
     /// One outbox row, written by hand.
-    fn insert_outbox(&mut self, message_id: &str, message_type: &str, payload: &str)
-        -> QueryResult<usize>;
+    fn insert_outbox(
+        &mut self,
+        message_id: &str,
+        message_type: &str,
+        payload: &str,
+    ) -> QueryResult<usize>;
+    /// One outbox row, by hand, with the library's own statement text and binds.
+    fn insert_outbox_library_sql(
+        &mut self,
+        message_id: &str,
+        message_type: &str,
+        payload: &str,
+    ) -> QueryResult<usize>;
     /// The oldest due message, locked until the transaction ends.
     fn select_one(&mut self) -> QueryResult<Option<OneRow>>;
     /// Deletes one message.
@@ -282,9 +339,8 @@ pub trait BenchConnection: OutboxConnection + R2D2Connection + Send + 'static {
 }
 
 macro_rules! bench_connection {
-    ($connection:ty, $backend:expr, $sql:expr, $transaction:ident) => {
+    ($connection:ty, $sql:expr, $transaction:ident) => {
         impl BenchConnection for $connection {
-            const BACKEND: Backend = $backend;
             const SQL: Sql = $sql;
 
             fn exec(&mut self, sql: &str) -> QueryResult<usize> {
@@ -316,6 +372,21 @@ macro_rules! bench_connection {
                     .execute(self)
             }
 
+            fn insert_outbox_library_sql(
+                &mut self,
+                message_id: &str,
+                message_type: &str,
+                payload: &str,
+            ) -> QueryResult<usize> {
+                diesel::sql_query(Self::SQL.library_insert)
+                    .bind::<Text, _>(message_id)
+                    .bind::<Text, _>(message_type)
+                    .bind::<Text, _>(payload)
+                    .bind::<Nullable<Text>, _>(None::<&str>)
+                    .bind::<Nullable<BigInt>, _>(None::<i64>)
+                    .execute(self)
+            }
+
             fn select_one(&mut self) -> QueryResult<Option<OneRow>> {
                 let mut rows: Vec<OneRow> = diesel::sql_query(Self::SQL.select_one).load(self)?;
                 Ok(rows.pop())
@@ -337,14 +408,9 @@ macro_rules! bench_connection {
     };
 }
 
-bench_connection!(PgConnection, Backend::Postgres, PG_SQL, transaction);
-bench_connection!(MysqlConnection, Backend::Mysql, MYSQL_SQL, transaction);
-bench_connection!(
-    SqliteConnection,
-    Backend::Sqlite,
-    SQLITE_SQL,
-    immediate_transaction
-);
+bench_connection!(PgConnection, PG_SQL, transaction);
+bench_connection!(MysqlConnection, MYSQL_SQL, transaction);
+bench_connection!(SqliteConnection, SQLITE_SQL, immediate_transaction);
 
 /// Calls `$body` with `$c` naming the connection type of `$backend`.
 macro_rules! with_connection {

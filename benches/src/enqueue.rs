@@ -2,8 +2,9 @@
 //!
 //! (a) a transaction of one business-row INSERT; (b) the same plus a hand-written raw SQL INSERT
 //! of the same outbox row; (c) the same plus the library's `enqueue`. And 100 messages per
-//! transaction, as one `Batch` and as 100 single enqueues. Variants run in slices, in a rotated
-//! order per run, each on a freshly emptied table.
+//! transaction, as one `Batch` and as 100 single enqueues. Variants take turns in short slices
+//! (a, b, c, batch, single, a, b, ...), each on freshly emptied tables, so that the machine's
+//! noise falls on all of them alike; a run's rate of a variant is over all its slices.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -23,6 +24,8 @@ enum Variant {
     A,
     /// Plus a hand-written outbox INSERT.
     B,
+    /// Plus the library's own INSERT statement, bound by hand.
+    B2,
     /// Plus `enqueue`.
     C,
     /// 100 messages as one Batch.
@@ -32,9 +35,10 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Variant; 5] = [
+    const ALL: [Variant; 6] = [
         Variant::A,
         Variant::B,
+        Variant::B2,
         Variant::C,
         Variant::Batch100,
         Variant::Single100,
@@ -44,6 +48,7 @@ impl Variant {
         match self {
             Variant::A => "a_business_only_tx_per_s",
             Variant::B => "b_plus_raw_insert_tx_per_s",
+            Variant::B2 => "b2_plus_library_sql_by_hand_tx_per_s",
             Variant::C => "c_plus_enqueue_tx_per_s",
             Variant::Batch100 => "batch_of_100_msgs_per_s",
             Variant::Single100 => "single_x100_msgs_per_s",
@@ -85,6 +90,13 @@ fn transaction<C: BenchConnection>(conn: &mut C, variant: Variant, n: u64) -> Re
             let payload = serde_json::to_string(&Hook::new(n)).map_err(serialize_error)?;
             c.insert_outbox(&id, "bench.hook", &payload).map(drop)
         })?,
+        Variant::B2 => conn.write_tx(|c| {
+            c.insert_business(member, body)?;
+            let id = MessageId::new().to_string();
+            let payload = serde_json::to_string(&Hook::new(n)).map_err(serialize_error)?;
+            c.insert_outbox_library_sql(&id, "bench.hook", &payload)
+                .map(drop)
+        })?,
         Variant::C => conn.write_tx(|c| {
             c.insert_business(member, body)?;
             Hook::new(n).enqueue(c)?;
@@ -108,81 +120,133 @@ fn transaction<C: BenchConnection>(conn: &mut C, variant: Variant, n: u64) -> Re
     Ok(())
 }
 
+/// One slice of one variant.
+struct Measured {
+    /// Transactions (or messages) per second.
+    rate: f64,
+    cpu: Value,
+    /// Transactions (or messages) done.
+    units: u64,
+    /// CPU seconds of this process and of the database server.
+    client: f64,
+    server: f64,
+}
+
 /// Transactions per second of `variant` from `clients` connections for `slice`.
 fn measure<C: BenchConnection>(
     db: &BenchDb,
     variant: Variant,
     clients: usize,
     slice: Duration,
-) -> Res<(f64, Value)> {
+) -> Res<Measured> {
     db.empty::<C>()?;
-    let barrier = Arc::new(Barrier::new(clients + 1));
+    // Start together; stop together, keeping the connections (and their server processes,
+    // whose CPU is counted) until the snapshot is taken.
+    let start = Arc::new(Barrier::new(clients + 1));
+    let stop = Arc::new(Barrier::new(clients + 1));
+    let release = Arc::new(Barrier::new(clients + 1));
     let threads: Vec<_> = (0..clients)
         .map(|client| {
             let db = db.clone();
-            let barrier = Arc::clone(&barrier);
+            let (start, stop, release) =
+                (Arc::clone(&start), Arc::clone(&stop), Arc::clone(&release));
             std::thread::spawn(move || -> Res<u64> {
                 let conn = db.connect::<C>();
-                barrier.wait();
-                let mut conn = conn?;
-                let until = Instant::now() + slice;
-                let mut done = 0u64;
-                let base = (client as u64) << 40;
-                while Instant::now() < until {
-                    transaction(&mut conn, variant, base + done)?;
-                    done += 1;
-                }
-                Ok(done)
+                start.wait();
+                let result = conn.and_then(|mut conn| {
+                    let until = Instant::now() + slice;
+                    let mut done = 0u64;
+                    let base = (client as u64) << 40;
+                    while Instant::now() < until {
+                        transaction(&mut conn, variant, base + done)?;
+                        done += 1;
+                    }
+                    Ok((done, conn))
+                });
+                stop.wait();
+                release.wait();
+                result.map(|(done, _conn)| done)
             })
         })
         .collect();
-    barrier.wait();
+    start.wait();
     let started = Instant::now();
     let before = cpu::snapshot(&[]);
+    stop.wait();
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = cpu::snapshot(&[]);
+    release.wait();
     let mut total = 0;
     for thread in threads {
         total += thread
             .join()
             .map_err(|_| failed("an enqueue client panicked"))??;
     }
-    let after = cpu::snapshot(&[]);
-    let rate = (total * variant.per_tx()) as f64 / started.elapsed().as_secs_f64();
-    Ok((rate, cpu::used(&before, &after)))
+    let rate = (total * variant.per_tx()) as f64 / elapsed;
+    let (client, server) = cpu::seconds_used(&before, &after);
+    Ok(Measured {
+        rate,
+        cpu: cpu::used(&before, &after),
+        units: total * variant.per_tx(),
+        client,
+        server,
+    })
 }
 
 fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
-    let slice = Duration::from_secs_f64(opts.seconds.unwrap_or(if opts.quick { 0.3 } else { 3.0 }));
+    let per_variant = opts.seconds.unwrap_or(if opts.quick { 0.3 } else { 3.0 });
+    let rounds = if opts.quick { 1 } else { 6 };
+    let slice = Duration::from_secs_f64(per_variant / rounds as f64);
     let clients = opts.clients.max(1);
     let mut report = Report::new(
         "enqueue",
         opts,
         json!({
-            "slice_seconds": slice.as_secs_f64(),
+            "seconds_per_variant_per_run": per_variant,
+            "slices_per_variant_per_run": rounds,
             "clients": clients,
             "business_row": "INSERT INTO bench_business (member_id, body)",
             "message": "bench.hook, ~110-byte JSON payload",
-            "order": "variants rotated per run, each on emptied tables",
+            "order": "variants take turns in slices, each on emptied tables",
         }),
     );
     for run in 0..opts.runs() {
         let mut figures = Map::new();
-        let mut rates = [0.0f64; 5];
-        for k in 0..Variant::ALL.len() {
-            let index = (k + run) % Variant::ALL.len();
-            let variant = Variant::ALL[index];
-            let (rate, cpu_used) = measure::<C>(db, variant, clients, slice)?;
-            rates[index] = rate;
-            if variant == Variant::C {
-                figures.insert("c_cpu_cores".into(), cpu_used);
+        let mut sums = [0.0f64; 6];
+        let mut cpu_sums = [(0u64, 0.0f64, 0.0f64); 6];
+        for round in 0..rounds {
+            for k in 0..Variant::ALL.len() {
+                let index = (k + run + round) % Variant::ALL.len();
+                let variant = Variant::ALL[index];
+                let measured = measure::<C>(db, variant, clients, slice)?;
+                sums[index] += measured.rate;
+                let (units, client, server) = &mut cpu_sums[index];
+                *units += measured.units;
+                *client += measured.client;
+                *server += measured.server;
+                if variant == Variant::C {
+                    figures.insert("c_cpu_cores".into(), measured.cpu);
+                }
             }
         }
+        for (variant, (units, client, server)) in Variant::ALL.iter().zip(cpu_sums) {
+            let per = |seconds: f64| json!(stats::round(seconds * 1e6 / units.max(1) as f64, 1));
+            let unit = if variant.per_tx() == 1 { "tx" } else { "msg" };
+            let key = variant.key().trim_end_matches("_per_s");
+            let key = key.rsplit_once('_').map(|(k, _)| k).unwrap_or(key);
+            figures.insert(format!("{key}_client_cpu_us_per_{unit}"), per(client));
+            figures.insert(format!("{key}_db_cpu_us_per_{unit}"), per(server));
+        }
+        let rates = sums.map(|sum| sum / rounds as f64);
         for (variant, rate) in Variant::ALL.iter().zip(rates) {
             figures.insert(variant.key().into(), json!(stats::round(rate, 1)));
         }
-        let [a, b, c, batch, single] = rates;
+        let [a, b, b2, c, batch, single] = rates;
         figures.insert("ratio_c_over_b".into(), json!(stats::round(c / b, 4)));
         figures.insert("ratio_c_over_a".into(), json!(stats::round(c / a, 4)));
         figures.insert("ratio_b_over_a".into(), json!(stats::round(b / a, 4)));
+        figures.insert("ratio_c_over_b2".into(), json!(stats::round(c / b2, 4)));
+        figures.insert("ratio_b2_over_b".into(), json!(stats::round(b2 / b, 4)));
         figures.insert(
             "ratio_batch_over_single".into(),
             json!(stats::round(batch / single, 3)),

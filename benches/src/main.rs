@@ -17,10 +17,12 @@ mod enqueue;
 mod explain;
 mod handlers;
 mod latency;
+mod library_sql;
 mod memory;
 mod receiver;
 mod report;
 mod stats;
+mod traced_store;
 mod worker_process;
 
 use std::error::Error;
@@ -49,9 +51,7 @@ impl fmt::Display for Failed {
 
 impl Error for Failed {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn Error + 'static))
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
     }
 }
 
@@ -171,6 +171,10 @@ pub struct Opts {
     /// Concurrent enqueuing connections in the enqueue scenario.
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
+    /// Experiment (PostgreSQL): the worker's connections commit claims and settlements without
+    /// waiting for the WAL flush (`SET synchronous_commit = off`), as the library could do.
+    #[arg(long)]
+    pub worker_async_commit: bool,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,
@@ -192,7 +196,47 @@ impl Opts {
     }
 }
 
+/// Prints the library's log records on stderr when `OUTBOX_BENCH_LOG` names a level
+/// (`debug`, `info`, ...), with the time since start: for diagnosing, not for measuring.
+struct StderrLog {
+    started: std::time::Instant,
+}
+
+impl log::Log for StderrLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        eprintln!(
+            "[{:>10.3} ms {:<5} {}] {}",
+            self.started.elapsed().as_secs_f64() * 1000.0,
+            record.level(),
+            std::thread::current().name().unwrap_or("?"),
+            record.args()
+        );
+    }
+
+    fn flush(&self) {}
+}
+
+fn init_log() {
+    let Some(level) = std::env::var("OUTBOX_BENCH_LOG")
+        .ok()
+        .and_then(|level| level.parse::<log::LevelFilter>().ok())
+    else {
+        return;
+    };
+    let logger = Box::leak(Box::new(StderrLog {
+        started: std::time::Instant::now(),
+    }));
+    if log::set_logger(logger).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
 fn main() {
+    init_log();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Enqueue(opts) => enqueue::run(&opts),

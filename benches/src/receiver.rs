@@ -48,7 +48,9 @@ impl Receiver {
     /// Listens on a free port of 127.0.0.1.
     pub fn start() -> Res<Receiver> {
         let listener = TcpListener::bind("127.0.0.1:0").ctx("binding the receiver's port")?;
-        let addr = listener.local_addr().ctx("reading the receiver's address")?;
+        let addr = listener
+            .local_addr()
+            .ctx("reading the receiver's address")?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             delay_us: AtomicU64::new(0),

@@ -21,6 +21,7 @@ pub struct Report {
 impl Report {
     /// Starts the report of `scenario` with these parameters.
     pub fn new(scenario: &'static str, opts: &Opts, parameters: Value) -> Report {
+        crate::cpu::watch(opts.backend);
         let report = Report {
             scenario,
             backend: opts.backend.name(),
@@ -150,7 +151,14 @@ impl Report {
                     "     {key:<40} {m:>12}   (spread {}%)",
                     value.get("spread_pct").cloned().unwrap_or(Value::Null)
                 ),
-                None => eprintln!("     {key:<40} {value}"),
+                None => {
+                    let text = value.to_string();
+                    if text.len() <= 300 {
+                        eprintln!("     {key:<40} {text}");
+                    } else {
+                        eprintln!("     {key:<40} (long; see the JSON line)");
+                    }
+                }
             }
         }
         for target in &self.targets {

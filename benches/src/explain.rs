@@ -1,0 +1,188 @@
+//! `explain`: the plan of the worker's claim query on a large outbox table (1,000,000 rows by
+//! default), fresh, after half the rows were claimed and deleted without a vacuum (autovacuum
+//! may be off or behind), and after `VACUUM`. The claim must not scan the table.
+
+use diesel::mysql::MysqlConnection;
+use diesel::pg::PgConnection;
+use diesel::sql_types::Text;
+use diesel::sqlite::SqliteConnection;
+use diesel::{Connection, QueryableByName, RunQueryDsl};
+use serde_json::{json, Map, Value};
+
+use crate::db::{with_connection, BenchConnection, BenchDb};
+use crate::drain::{prefill, Kind};
+use crate::library_sql::{mysql_candidates_sql, pg_claim_sql, sqlite_candidates_sql};
+use crate::report::Report;
+use crate::{Backend, Opts, Res, WithContext};
+
+#[derive(QueryableByName)]
+struct PlanLine {
+    #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+    line: String,
+}
+
+#[derive(QueryableByName)]
+struct MysqlPlan {
+    #[diesel(sql_type = Text, column_name = "ANALYZE")]
+    json: String,
+}
+
+#[derive(QueryableByName)]
+struct SqlitePlan {
+    #[diesel(sql_type = Text)]
+    detail: String,
+}
+
+/// Runs the scenario; returns whether it completed.
+pub fn run(opts: &Opts) -> Res<bool> {
+    let db = BenchDb::recreate(opts.backend)?;
+    let result = with_connection!(opts.backend, C => run_on::<C>(opts, &db));
+    if !opts.keep {
+        db.drop_database()?;
+    }
+    result
+}
+
+/// The claim's plan, executed and rolled back (PostgreSQL: the whole CTE + UPDATE).
+fn plan(db: &BenchDb, limit: usize) -> Res<Vec<String>> {
+    match db.backend {
+        Backend::Postgres => {
+            let mut conn = db.connect::<PgConnection>()?;
+            let sql = format!(
+                "EXPLAIN (ANALYZE, BUFFERS) {}",
+                pg_claim_sql(limit)
+                    .replace("$1::uuid", "'00000000-0000-4000-8000-000000000000'::uuid")
+                    .replace("$2 *", "60000000 *")
+            );
+            let mut lines = Vec::new();
+            let _ = conn.transaction::<(), diesel::result::Error, _>(|c| {
+                let rows: Vec<PlanLine> = diesel::sql_query(&sql).load(c)?;
+                lines = rows.into_iter().map(|r| r.line).collect();
+                Err(diesel::result::Error::RollbackTransaction)
+            });
+            if lines.is_empty() {
+                return Err(crate::failed("EXPLAIN of the claim returned nothing"));
+            }
+            Ok(lines)
+        }
+        Backend::Mysql => {
+            let mut conn = db.connect::<MysqlConnection>()?;
+            let rows: Vec<MysqlPlan> = diesel::sql_query(format!(
+                "ANALYZE FORMAT=JSON {}",
+                mysql_candidates_sql(limit)
+            ))
+            .load(&mut conn)
+            .ctx("ANALYZE of the claim's candidate query")?;
+            Ok(rows
+                .into_iter()
+                .flat_map(|r| r.json.lines().map(str::to_owned).collect::<Vec<_>>())
+                .collect())
+        }
+        Backend::Sqlite => {
+            let mut conn = db.connect::<SqliteConnection>()?;
+            let rows: Vec<SqlitePlan> = diesel::sql_query(format!(
+                "EXPLAIN QUERY PLAN {}",
+                sqlite_candidates_sql(limit)
+            ))
+            .load(&mut conn)
+            .ctx("EXPLAIN QUERY PLAN of the claim")?;
+            Ok(rows.into_iter().map(|r| r.detail).collect())
+        }
+    }
+}
+
+/// Whether a plan reads the whole outbox table.
+fn scans(backend: Backend, lines: &[String]) -> bool {
+    let text = lines.join("\n");
+    match backend {
+        Backend::Postgres => text.contains("Seq Scan on outbox_message"),
+        Backend::Mysql => text.contains("\"access_type\": \"ALL\""),
+        Backend::Sqlite => lines
+            .iter()
+            .any(|l| l.starts_with("SCAN m") || l.starts_with("SCAN outbox_message")),
+    }
+}
+
+fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
+    let count = opts
+        .count
+        .unwrap_or(if opts.quick { 20_000 } else { 1_000_000 });
+    let limit = opts.batch_size;
+    let mut report = Report::new(
+        "explain",
+        opts,
+        json!({ "rows": count, "claim_limit": limit, "query": "the worker's claim (store.rs)" }),
+    );
+    let started = std::time::Instant::now();
+    prefill::<C>(db, count, Kind::Hook)?;
+    eprintln!(
+        "   prefilled {count} rows in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut figures = Map::new();
+    let mut any_scan = false;
+    let mut stage = |name: &str, figures: &mut Map<String, Value>| -> Res<()> {
+        let lines = plan(db, limit)?;
+        let scan = scans(db.backend, &lines);
+        any_scan |= scan;
+        eprintln!(
+            "   -- {name}{}",
+            if scan { " (SCANS THE TABLE)" } else { "" }
+        );
+        for line in &lines {
+            eprintln!("      {line}");
+        }
+        figures.insert(format!("{name}_scans_table"), json!(scan));
+        figures.insert(format!("{name}_plan"), json!(lines));
+        Ok(())
+    };
+    stage("fresh", &mut figures)?;
+    // Half the backlog claimed (its due time moved past now, as a lease does) and deleted, as
+    // the worker leaves it, without a vacuum.
+    let half = count / 2;
+    let mut conn = db.connect::<C>()?;
+    let (claim_half, delete_half) = match db.backend {
+        Backend::Postgres => (
+            format!(
+                "UPDATE outbox_message SET locked_by = gen_random_uuid(), \
+                 attempts = attempts + 1, next_attempt_at = now() + INTERVAL '60 seconds' \
+                 WHERE id <= {half}"
+            ),
+            format!("DELETE FROM outbox_message WHERE id <= {half}"),
+        ),
+        Backend::Mysql => (
+            format!(
+                "UPDATE outbox_message SET locked_by = UUID(), attempts = attempts + 1, \
+                 next_attempt_at = TIMESTAMPADD(SECOND, 60, UTC_TIMESTAMP(6)) WHERE id <= {half}"
+            ),
+            format!("DELETE FROM outbox_message WHERE id <= {half}"),
+        ),
+        Backend::Sqlite => (
+            format!(
+                "UPDATE outbox_message SET locked_by = 'x', attempts = attempts + 1, \
+                 next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+60 seconds') \
+                 WHERE id <= {half}"
+            ),
+            format!("DELETE FROM outbox_message WHERE id <= {half}"),
+        ),
+    };
+    conn.exec(&claim_half).ctx("leasing half the rows")?;
+    conn.exec(&delete_half).ctx("deleting half the rows")?;
+    stage("half_deleted_first_claim", &mut figures)?;
+    stage("half_deleted_second_claim", &mut figures)?;
+    let vacuum = match db.backend {
+        Backend::Postgres => "VACUUM ANALYZE outbox_message",
+        Backend::Mysql => "ANALYZE TABLE outbox_message",
+        Backend::Sqlite => "ANALYZE",
+    };
+    conn.batch_execute(vacuum).ctx("vacuuming")?;
+    stage("after_vacuum", &mut figures)?;
+    report.run(figures);
+    report.target(
+        "claim plans that scan the table",
+        if any_scan { 1.0 } else { 0.0 },
+        0.0,
+        false,
+    );
+    Ok(report.finish())
+}

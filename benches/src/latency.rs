@@ -1,0 +1,188 @@
+//! `latency`: enqueue at a steady rate while the worker runs; commit → received percentiles.
+//!
+//! The enqueuer records the instant each transaction's commit returned, the receiver the
+//! instant each delivery arrived (same process, same clock). Baselines in the same run: the
+//! HTTP round trip alone (the library's client, one request at a time) and the commit itself.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use outbox_diesel::prelude::*;
+use outbox_diesel::{DieselStore, Worker};
+use serde_json::{json, Map, Value};
+
+use crate::db::{with_connection, BenchConnection, BenchDb};
+use crate::drain::{endpoint, wait_for};
+use crate::handlers::{envelope, Hook};
+use crate::receiver::Receiver;
+use crate::report::Report;
+use crate::stats::{percentile, round};
+use crate::traced_store::{TraceHandle, TracedStore};
+use crate::{cpu, Backend, Opts, Res, WithContext};
+
+/// Runs the scenario; returns whether it completed.
+pub fn run(opts: &Opts) -> Res<bool> {
+    let db = BenchDb::recreate(opts.backend)?;
+    let result = with_connection!(opts.backend, C => run_on::<C>(opts, &db));
+    if !opts.keep {
+        db.drop_database()?;
+    }
+    result
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// p50, p95, p99 and max of durations in milliseconds.
+fn percentiles(mut values: Vec<f64>) -> Value {
+    values.sort_by(f64::total_cmp);
+    json!({
+        "p50": round(percentile(&values, 50.0), 3),
+        "p95": round(percentile(&values, 95.0), 3),
+        "p99": round(percentile(&values, 99.0), 3),
+        "max": round(values.last().copied().unwrap_or(0.0), 3),
+    })
+}
+
+fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
+    let rate = opts
+        .rate
+        .unwrap_or(if opts.quick { 200.0 } else { 1_000.0 });
+    let seconds = opts.seconds.unwrap_or(if opts.quick { 2.0 } else { 20.0 });
+    let total = (rate * seconds).round().max(1.0) as usize;
+    let receiver = Receiver::start()?;
+    let endpoint = endpoint(&receiver.url())?;
+    let mut report = Report::new(
+        "latency",
+        opts,
+        json!({
+            "rate_per_s": rate,
+            "seconds": seconds,
+            "messages": total,
+            "transaction": "business INSERT + enqueue, one client",
+            "handler_threads": opts.handler_threads,
+            "batch_size": opts.batch_size,
+            "worker": "in the enqueuing process (default wake-ups)",
+            "worker_async_commit": opts.worker_async_commit,
+        }),
+    );
+    for _ in 0..opts.runs() {
+        db.empty::<C>()?;
+        receiver.reset();
+        // Baseline: the HTTP round trip alone, one request at a time.
+        let mut http = Vec::new();
+        for n in 0..500u64.min(total as u64 * 2) {
+            let id = outbox_diesel::MessageId::new().to_string();
+            let body = envelope(&id, "bench.hook", &Hook::new(n));
+            let started = Instant::now();
+            endpoint
+                .post(&id, &body)
+                .and_then(|r| r.error_for_status())
+                .ctx("posting the HTTP baseline")?;
+            http.push(ms(started.elapsed()));
+        }
+        receiver.reset();
+        receiver.record_times(true);
+
+        let pool = db.worker_pool::<C>(4, opts.worker_async_commit)?;
+        let trace = TraceHandle::default();
+        let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
+            .handler_threads(opts.handler_threads)
+            .batch_size(opts.batch_size)
+            .webhook(endpoint.clone())
+            .spawn()
+            .ctx("starting the worker")?;
+        std::thread::sleep(Duration::from_millis(500));
+
+        let mut conn = db.connect::<C>()?;
+        let mut commits: HashMap<u128, Instant> = HashMap::with_capacity(total);
+        let mut commit_ms = Vec::with_capacity(total);
+        let interval = Duration::from_secs_f64(1.0 / rate);
+        let cpu_before = cpu::snapshot(&[]);
+        let started = Instant::now();
+        for n in 0..total {
+            let due = started + interval * n as u32;
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            let began = Instant::now();
+            let id = conn
+                .write_tx(|c| {
+                    c.insert_business(n as i64, "Nice post!")?;
+                    let id = Hook::new(n as u64).enqueue(c)?;
+                    Ok::<_, outbox_diesel::Error>(id)
+                })
+                .ctx("enqueuing")?;
+            let committed = Instant::now();
+            commit_ms.push(ms(committed - began));
+            commits.insert(id.as_uuid().as_u128(), committed);
+        }
+        let achieved = total as f64 / started.elapsed().as_secs_f64();
+        let all = receiver.wait_unique(total as u64, Duration::from_secs(30));
+        let cpu_after = cpu::snapshot(&[]);
+        let settled = wait_for(Duration::from_secs(10), || {
+            worker.stats().succeeded >= total as u64
+        });
+        let store = trace.summary(total as u64);
+        let stats = worker
+            .shutdown(Duration::from_secs(30))
+            .ctx("stopping the worker")?;
+        receiver.record_times(false);
+        if !all || !settled || receiver.duplicates() > 0 {
+            report.problem(format!(
+                "latency: {} of {total} delivered, {} duplicates ({stats:?})",
+                receiver.unique(),
+                receiver.duplicates()
+            ));
+        }
+
+        let mut latencies = Vec::with_capacity(total);
+        let mut before_commit_returned = 0u64;
+        for (id, at) in receiver.take_times() {
+            if let Some(committed) = commits.get(&id) {
+                match at.checked_duration_since(*committed) {
+                    Some(d) => latencies.push(ms(d)),
+                    None => {
+                        // Delivered before our client saw the commit's answer.
+                        before_commit_returned += 1;
+                        latencies.push(0.0);
+                    }
+                }
+            }
+        }
+        let lat = percentiles(latencies);
+        let mut figures = Map::new();
+        for key in ["p50", "p95", "p99", "max"] {
+            figures.insert(format!("latency_{key}_ms"), lat[key].clone());
+        }
+        let http_p = percentiles(http);
+        let commit_p = percentiles(commit_ms);
+        figures.insert("http_round_trip_p50_ms".into(), http_p["p50"].clone());
+        figures.insert("http_round_trip_p99_ms".into(), http_p["p99"].clone());
+        figures.insert("commit_p50_ms".into(), commit_p["p50"].clone());
+        figures.insert("commit_p99_ms".into(), commit_p["p99"].clone());
+        let p50 = lat["p50"].as_f64().unwrap_or(0.0);
+        let http50 = http_p["p50"].as_f64().unwrap_or(0.0);
+        figures.insert(
+            "ratio_p50_over_http_p50".into(),
+            json!(round(p50 / http50.max(1e-6), 2)),
+        );
+        figures.insert("achieved_rate_per_s".into(), json!(round(achieved, 1)));
+        figures.insert(
+            "delivered_before_commit_returned".into(),
+            json!(before_commit_returned),
+        );
+        figures.insert("cpu".into(), cpu::used(&cpu_before, &cpu_after));
+        figures.insert("store".into(), store);
+        report.run(figures);
+    }
+    if db.backend == Backend::Postgres {
+        let p50 = report.median("latency_p50_ms");
+        let p99 = report.median("latency_p99_ms");
+        report.target("p50 ms", p50, 3.0, false);
+        report.target("p99 ms", p99, 30.0, false);
+    }
+    Ok(report.finish())
+}

@@ -1,0 +1,150 @@
+//! A `Store` around the library's `DieselStore` that counts what the worker asks of the
+//! database: claims (with their limits and sizes, empty and short ones), settlements, the time
+//! each takes, and the idle gaps between claims. Costs a clock read and a lock per claim or
+//! settlement, not per message.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use outbox_diesel::{ClaimToken, ClaimedMessage, Listener, Outcome, Store, StoreError};
+use serde_json::{json, Value};
+
+use crate::stats::round;
+
+/// Counters shared between the store and the benchmark.
+#[derive(Debug, Default, Clone)]
+pub struct Trace {
+    claims: u64,
+    empty_claims: u64,
+    /// Claims that returned some messages but fewer than asked for.
+    short_claims: u64,
+    claimed: u64,
+    asked: u64,
+    claim_time: Duration,
+    max_claim: Duration,
+    settles: u64,
+    settled: u64,
+    settle_time: Duration,
+    max_settle: Duration,
+    last_claim_end: Option<Instant>,
+    /// Pauses over 200 ms between one claim's end and the next one's start.
+    gaps_ms: Vec<f64>,
+}
+
+/// The handle the benchmark keeps.
+#[derive(Debug, Clone, Default)]
+pub struct TraceHandle(Arc<Mutex<Trace>>);
+
+impl TraceHandle {
+    fn with<T>(&self, f: impl FnOnce(&mut Trace) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Forgets everything so far.
+    pub fn reset(&self) {
+        self.with(|t| *t = Trace::default());
+    }
+
+    /// Per-message figures for `messages` processed.
+    pub fn summary(&self, messages: u64) -> Value {
+        let t = self.with(|t| t.clone());
+        let per = |n: u64| round(n as f64 / messages.max(1) as f64, 4);
+        let ms = |d: Duration| round(d.as_secs_f64() * 1000.0, 2);
+        json!({
+            "claims": t.claims,
+            "empty_claims": t.empty_claims,
+            "short_claims": t.short_claims,
+            "msgs_per_nonempty_claim":
+                round(t.claimed as f64 / (t.claims - t.empty_claims).max(1) as f64, 2),
+            "mean_claim_limit": round(t.asked as f64 / t.claims.max(1) as f64, 2),
+            "claims_per_msg": per(t.claims),
+            "settles": t.settles,
+            "msgs_per_settle": round(t.settled as f64 / t.settles.max(1) as f64, 2),
+            "settles_per_msg": per(t.settles),
+            "claim_ms_total": ms(t.claim_time),
+            "claim_ms_mean": round(t.claim_time.as_secs_f64() * 1000.0 / t.claims.max(1) as f64, 3),
+            "claim_ms_max": ms(t.max_claim),
+            "settle_ms_total": ms(t.settle_time),
+            "settle_ms_mean":
+                round(t.settle_time.as_secs_f64() * 1000.0 / t.settles.max(1) as f64, 3),
+            "settle_ms_max": ms(t.max_settle),
+            "idle_gaps_over_200ms": t.gaps_ms.len(),
+            "idle_gap_ms": t.gaps_ms,
+        })
+    }
+}
+
+/// The wrapped store.
+pub struct TracedStore<S> {
+    inner: S,
+    trace: TraceHandle,
+}
+
+impl<S> TracedStore<S> {
+    /// Wraps `inner`, counting into `trace`.
+    pub fn new(inner: S, trace: TraceHandle) -> Self {
+        TracedStore { inner, trace }
+    }
+}
+
+impl<S: Store> Store for TracedStore<S> {
+    fn claim(
+        &self,
+        token: ClaimToken,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.claim(token, limit, lease);
+        let ended = Instant::now();
+        let took = ended - started;
+        self.trace.with(|t| {
+            if let Some(last) = t.last_claim_end {
+                let gap = started.saturating_duration_since(last);
+                if gap > Duration::from_millis(200) {
+                    t.gaps_ms.push(round(gap.as_secs_f64() * 1000.0, 0));
+                }
+            }
+            t.last_claim_end = Some(ended);
+            t.claims += 1;
+            t.asked += limit as u64;
+            t.claim_time += took;
+            t.max_claim = t.max_claim.max(took);
+            if let Ok(claimed) = &result {
+                let n = claimed.len() as u64;
+                t.claimed += n;
+                if n == 0 {
+                    t.empty_claims += 1;
+                } else if n < limit as u64 {
+                    t.short_claims += 1;
+                }
+            }
+        });
+        result
+    }
+
+    fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.settle(outcomes);
+        let took = started.elapsed();
+        self.trace.with(|t| {
+            t.settles += 1;
+            t.settled += outcomes.len() as u64;
+            t.settle_time += took;
+            t.max_settle = t.max_settle.max(took);
+        });
+        result
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        self.inner.check()
+    }
+
+    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
+        self.inner.listen()
+    }
+
+    fn wants_local_wakeups(&self) -> bool {
+        self.inner.wants_local_wakeups()
+    }
+}

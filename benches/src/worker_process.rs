@@ -1,0 +1,211 @@
+//! Worker processes for `memory` and `scale`: the benchmark re-invokes itself with the hidden
+//! `worker` subcommand. The child runs the library's worker until its stdin closes (or its own
+//! time limit passes), then shuts it down and prints its stats as one JSON line.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use outbox_diesel::{DieselStore, Worker};
+use serde_json::{json, Value};
+
+use crate::db::{with_connection, BenchConnection, BenchDb};
+use crate::drain::endpoint;
+use crate::traced_store::{TraceHandle, TracedStore};
+use crate::{failed, Backend, Res, WithContext};
+
+/// The hidden `worker` subcommand's arguments.
+#[derive(Args, Debug, Clone)]
+pub struct WorkerArgs {
+    /// The database.
+    #[arg(long, value_enum)]
+    pub backend: Backend,
+    /// Its URL (a file path for SQLite).
+    #[arg(long)]
+    pub url: String,
+    /// The receiver's URL.
+    #[arg(long)]
+    pub receiver: String,
+    /// Handler threads.
+    #[arg(long, default_value_t = 16)]
+    pub handler_threads: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// `SET synchronous_commit = off` on the worker's connections (an experiment).
+    #[arg(long)]
+    pub async_commit: bool,
+    /// Stop by itself after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub max_seconds: u64,
+}
+
+/// Runs the worker process.
+pub fn run(args: &WorkerArgs) -> Res<()> {
+    with_connection!(args.backend, C => run_on::<C>(args))
+}
+
+fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
+    let db = BenchDb::existing(args.backend, &args.url);
+    let pool = db.worker_pool::<C>(4, args.async_commit)?;
+    let trace = TraceHandle::default();
+    let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
+        .handler_threads(args.handler_threads)
+        .batch_size(args.batch_size)
+        .webhook(endpoint(&args.receiver)?)
+        .spawn()
+        .ctx("starting the worker")?;
+    let (closed_tx, closed_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        let _ = closed_tx.send(());
+    });
+    let _ = closed_rx.recv_timeout(Duration::from_secs(args.max_seconds));
+    let stats = worker
+        .shutdown(Duration::from_secs(30))
+        .ctx("stopping the worker")?;
+    let line = json!({
+        "claimed": stats.claimed,
+        "succeeded": stats.succeeded,
+        "retried": stats.retried,
+        "dead_lettered": stats.dead_lettered,
+        "released": stats.released,
+        "fenced": stats.fenced,
+        "vm_hwm_kb": memory_kb("self", "VmHWM:").unwrap_or(0),
+        "store": trace.summary(stats.succeeded),
+    });
+    println!("{line}");
+    Ok(())
+}
+
+/// A `/proc/<pid>/status` field in kB (`VmRSS:`, `VmHWM:`).
+pub fn memory_kb(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kb| kb.parse().ok())
+}
+
+/// A running worker process.
+#[derive(Debug)]
+pub struct ChildWorker {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+/// What a worker process reported when it stopped.
+#[derive(Debug, Clone)]
+pub struct ChildResult {
+    pub store: Value,
+    pub succeeded: u64,
+    pub released: u64,
+    pub vm_hwm_kb: u64,
+}
+
+/// Starts a worker process on `db` delivering to `receiver`.
+pub fn spawn(
+    db: &BenchDb,
+    receiver: &str,
+    handler_threads: usize,
+    batch_size: usize,
+    async_commit: bool,
+    max_time: Duration,
+) -> Res<ChildWorker> {
+    let exe = std::env::current_exe().ctx("finding the benchmark's own executable")?;
+    let mut child = Command::new(exe)
+        .arg("worker")
+        .arg("--backend")
+        .arg(db.backend.name())
+        .arg("--url")
+        .arg(&db.url)
+        .arg("--receiver")
+        .arg(receiver)
+        .arg("--handler-threads")
+        .arg(handler_threads.to_string())
+        .arg("--batch-size")
+        .arg(batch_size.to_string())
+        .args(async_commit.then_some("--async-commit"))
+        .arg("--max-seconds")
+        .arg(max_time.as_secs().max(1).to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .ctx("starting a worker process")?;
+    let stdin = child.stdin.take();
+    Ok(ChildWorker { child, stdin })
+}
+
+impl ChildWorker {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its resident memory now, in kB.
+    pub fn rss_kb(&self) -> Option<u64> {
+        memory_kb(&self.pid().to_string(), "VmRSS:")
+    }
+
+    /// Its peak resident memory so far, in kB.
+    pub fn hwm_kb(&self) -> Option<u64> {
+        memory_kb(&self.pid().to_string(), "VmHWM:")
+    }
+
+    /// Closes its stdin (it shuts its worker down) and waits for its report, at most
+    /// `deadline`; a process that does not stop by then is killed and reported as an error.
+    pub fn stop(mut self, deadline: Duration) -> Res<ChildResult> {
+        drop(self.stdin.take());
+        let until = Instant::now() + deadline;
+        loop {
+            if let Some(status) = self.child.try_wait().ctx("waiting for a worker process")? {
+                if !status.success() {
+                    return Err(failed(format!("a worker process failed: {status}")));
+                }
+                break;
+            }
+            if Instant::now() >= until {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err(failed("a worker process did not stop in time"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let stdout = self
+            .child
+            .stdout
+            .take()
+            .ok_or_else(|| failed("a worker process has no stdout"))?;
+        let line = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .last()
+            .ok_or_else(|| failed("a worker process printed no report"))?;
+        let value: Value = serde_json::from_str(&line).ctx("reading a worker's report")?;
+        let field = |name: &str| value.get(name).and_then(Value::as_u64).unwrap_or(0);
+        Ok(ChildResult {
+            store: value.get("store").cloned().unwrap_or(Value::Null),
+            succeeded: field("succeeded"),
+            released: field("released"),
+            vm_hwm_kb: field("vm_hwm_kb"),
+        })
+    }
+}
+
+impl Drop for ChildWorker {
+    fn drop(&mut self) {
+        // Closing stdin asks it to stop; make sure it is not left behind.
+        drop(self.stdin.take());
+        if matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(500));
+            if matches!(self.child.try_wait(), Ok(None)) {
+                let _ = self.child.kill();
+            }
+        }
+        let _ = self.child.wait();
+    }
+}
