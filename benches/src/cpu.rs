@@ -1,6 +1,6 @@
 //! Where the CPU went during a phase: the whole machine (/proc/stat), this process, its worker
 //! processes and the database server (the nanoseconds each thread ran, from
-//! /proc/<pid>/task/<tid>/schedstat).
+//! `/proc/<pid>/task/<tid>/schedstat`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -51,6 +51,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         .unwrap_or(if opts.quick { 200.0 } else { 1_000.0 });
     let seconds = opts.seconds.unwrap_or(if opts.quick { 2.0 } else { 20.0 });
     let total = (rate * seconds).round().max(1.0) as usize;
+    let enqueuers = if opts.clients > 1 { opts.clients } else { 4 };
     let receiver = Receiver::start()?;
     let endpoint = endpoint(&receiver.url())?;
     let mut report = Report::new(
@@ -60,7 +61,8 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "rate_per_s": rate,
             "seconds": seconds,
             "messages": total,
-            "transaction": "business INSERT + enqueue, one client",
+            "transaction": "business INSERT + enqueue",
+            "enqueuing_connections": enqueuers,
             "handler_threads": opts.handler_threads,
             "batch_size": opts.batch_size,
             "worker": "in the enqueuing process (default wake-ups)",
@@ -95,29 +97,51 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             .ctx("starting the worker")?;
         std::thread::sleep(Duration::from_millis(500));
 
-        let mut conn = db.connect::<C>()?;
-        let mut commits: HashMap<u128, Instant> = HashMap::with_capacity(total);
-        let mut commit_ms = Vec::with_capacity(total);
+        // Enqueuers share the schedule (message n is due at n / rate), so that one slow commit
+        // does not delay the next ones.
         let interval = Duration::from_secs_f64(1.0 / rate);
+        let conns = (0..enqueuers)
+            .map(|_| db.connect::<C>())
+            .collect::<Res<Vec<C>>>()?;
         let cpu_before = cpu::snapshot(&[]);
         let started = Instant::now();
-        for n in 0..total {
-            let due = started + interval * n as u32;
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            let began = Instant::now();
-            let id = conn
-                .write_tx(|c| {
-                    c.insert_business(n as i64, "Nice post!")?;
-                    let id = Hook::new(n as u64).enqueue(c)?;
-                    Ok::<_, outbox_diesel::Error>(id)
+        let threads: Vec<_> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut conn)| {
+                std::thread::spawn(move || -> Res<Vec<(u128, Instant, f64)>> {
+                    let mut done = Vec::with_capacity(total / enqueuers + 1);
+                    for n in (k..total).step_by(enqueuers) {
+                        let due = started + interval.mul_f64(n as f64);
+                        let now = Instant::now();
+                        if due > now {
+                            std::thread::sleep(due - now);
+                        }
+                        let began = Instant::now();
+                        let id = conn
+                            .write_tx(|c| {
+                                c.insert_business(n as i64, "Nice post!")?;
+                                let id = Hook::new(n as u64).enqueue(c)?;
+                                Ok::<_, outbox_diesel::Error>(id)
+                            })
+                            .ctx("enqueuing")?;
+                        let committed = Instant::now();
+                        done.push((id.as_uuid().as_u128(), committed, ms(committed - began)));
+                    }
+                    Ok(done)
                 })
-                .ctx("enqueuing")?;
-            let committed = Instant::now();
-            commit_ms.push(ms(committed - began));
-            commits.insert(id.as_uuid().as_u128(), committed);
+            })
+            .collect();
+        let mut commits: HashMap<u128, Instant> = HashMap::with_capacity(total);
+        let mut commit_ms = Vec::with_capacity(total);
+        for thread in threads {
+            let done = thread
+                .join()
+                .map_err(|_| crate::failed("an enqueuer panicked"))??;
+            for (id, committed, took) in done {
+                commits.insert(id, committed);
+                commit_ms.push(took);
+            }
         }
         let achieved = total as f64 / started.elapsed().as_secs_f64();
         let all = receiver.wait_unique(total as u64, Duration::from_secs(30));

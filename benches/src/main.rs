@@ -168,7 +168,8 @@ pub struct Opts {
     /// How long the memory scenario's slow receiver takes to answer, in milliseconds.
     #[arg(long)]
     pub delay_ms: Option<u64>,
-    /// Concurrent enqueuing connections in the enqueue scenario.
+    /// Concurrent enqueuing connections: in `enqueue` (default 1) and `latency` (where the
+    /// default is 4, so that the schedule holds even when one commit is slow).
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
     /// Experiment (PostgreSQL): the worker's connections commit claims and settlements without
