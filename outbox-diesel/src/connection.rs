@@ -167,7 +167,26 @@ pub(crate) struct Dialect {
     pub json_text: fn(&str) -> String,
     /// A time column as microseconds since the Unix epoch (BIGINT).
     pub epoch_micros: fn(&str) -> String,
+    /// Where the worker's own transactions (claims, settlements) may commit without waiting
+    /// for the log flush: the statement that says so inside a transaction, and a `USING` item
+    /// that says so from within a single `DELETE`. Losing such a commit in a database crash
+    /// only undoes a lease or a settlement, so the message runs again: at-least-once holds,
+    /// and the worker stops waiting for a flush per batch.
+    pub async_commit_statement: Option<&'static str>,
+    pub async_commit_using: &'static str,
 }
+
+/// A one-row relation whose reading turns off `synchronous_commit` for the current transaction
+/// (`set_config(.., true)`), which for a single statement is the statement's own: joined into
+/// it, the statement's commit does not wait for the WAL flush.
+#[cfg(feature = "postgres")]
+macro_rules! pg_async_commit {
+    () => {
+        "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+    };
+}
+#[cfg(feature = "postgres")]
+pub(crate) use pg_async_commit;
 
 #[cfg(feature = "postgres")]
 pub(crate) const POSTGRES: Dialect = Dialect {
@@ -188,6 +207,8 @@ pub(crate) const POSTGRES: Dialect = Dialect {
     uuid_text: |column| format!("{column}::text"),
     json_text: |column| format!("{column}::text"),
     epoch_micros: |column| format!("(EXTRACT(EPOCH FROM {column}) * 1000000)::BIGINT"),
+    async_commit_statement: Some("SET LOCAL synchronous_commit = off"),
+    async_commit_using: concat!(" USING ", pg_async_commit!()),
 };
 
 #[cfg(feature = "mysql")]
@@ -211,6 +232,9 @@ pub(crate) const MYSQL: Dialect = Dialect {
     uuid_text: |column| column.to_owned(),
     json_text: |column| format!("CAST({column} AS CHAR)"),
     epoch_micros: |column| format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {column})"),
+    // innodb_flush_log_at_trx_commit is global: the server's choice, not the worker's.
+    async_commit_statement: None,
+    async_commit_using: "",
 };
 
 #[cfg(feature = "sqlite")]
@@ -240,6 +264,9 @@ pub(crate) const SQLITE: Dialect = Dialect {
     epoch_micros: |column| {
         format!("CAST(ROUND((julianday({column}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000")
     },
+    // WAL with synchronous = NORMAL (PoolCustomizer) already commits without a sync.
+    async_commit_statement: None,
+    async_commit_using: "",
 };
 
 impl BackendConnection<'_> {
@@ -259,7 +286,75 @@ impl BackendConnection<'_> {
 pub(crate) enum Bind<'a> {
     Text(&'a str),
     BigInt(i64),
+    NullableText(Option<&'a str>),
+    NullableBigInt(Option<i64>),
 }
+
+/// A statement Diesel may prepare once per connection and reuse, which it never does for
+/// `sql_query`: PostgreSQL then skips parsing and planning, MySQL the prepare and close round
+/// trips, SQLite `sqlite3_prepare`. Only for texts that do not vary with the data (each text
+/// is kept prepared for the connection's lifetime). Binds are written `?` in the text on every
+/// backend; the text must hold no other `?`.
+pub(crate) struct CachedStatement<'a> {
+    sql: &'a str,
+    binds: &'a [Bind<'a>],
+}
+
+impl<'a> CachedStatement<'a> {
+    pub(crate) fn new(sql: &'a str, binds: &'a [Bind<'a>]) -> Self {
+        CachedStatement { sql, binds }
+    }
+}
+
+impl<DB> diesel::query_builder::QueryFragment<DB> for CachedStatement<'_>
+where
+    DB: diesel::backend::Backend
+        + diesel::sql_types::HasSqlType<Text>
+        + diesel::sql_types::HasSqlType<BigInt>,
+    str: ToSql<Text, DB>,
+    i64: ToSql<BigInt, DB>,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        let mut pieces = self.sql.split('?');
+        if let Some(first) = pieces.next() {
+            out.push_sql(first);
+        }
+        let mut binds = self.binds.iter();
+        for piece in pieces {
+            let bind = binds.next().ok_or_else(|| {
+                diesel::result::Error::QueryBuilderError("more `?` than binds".into())
+            })?;
+            match bind {
+                Bind::Text(text) => out.push_bind_param::<Text, str>(*text)?,
+                Bind::BigInt(n) => out.push_bind_param::<BigInt, i64>(n)?,
+                Bind::NullableText(text) => {
+                    out.push_bind_param::<diesel::sql_types::Nullable<Text>, _>(text)?
+                }
+                Bind::NullableBigInt(n) => {
+                    out.push_bind_param::<diesel::sql_types::Nullable<BigInt>, _>(n)?
+                }
+            }
+            out.push_sql(piece);
+        }
+        if binds.next().is_some() {
+            return Err(diesel::result::Error::QueryBuilderError(
+                "more binds than `?`".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl diesel::query_builder::QueryId for CachedStatement<'_> {
+    type QueryId = ();
+    // Cached by its text, not its type: every statement shares this type.
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Conn> RunQueryDsl<Conn> for CachedStatement<'_> {}
 
 /// Raw SQL with [`Bind`] parameters on a concrete connection, so statements that differ only in
 /// their dialect fragments are written once.
@@ -323,6 +418,8 @@ where
         query = match *bind {
             Bind::Text(text) => query.bind::<Text, _>(text),
             Bind::BigInt(n) => query.bind::<BigInt, _>(n),
+            Bind::NullableText(text) => query.bind::<diesel::sql_types::Nullable<Text>, _>(text),
+            Bind::NullableBigInt(n) => query.bind::<diesel::sql_types::Nullable<BigInt>, _>(n),
         };
     }
     query

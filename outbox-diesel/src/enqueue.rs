@@ -4,7 +4,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::RunQueryDsl;
 use outbox_core::{Message, MessageId};
 
-use crate::connection::{with_backend, OutboxConnection};
+use crate::connection::{with_backend, Bind, CachedStatement, OutboxConnection};
 use crate::error::{Error, Result};
 
 /// The longest message type and ordering key the tables store, in bytes.
@@ -272,6 +272,24 @@ fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<()> 
         }
         let (chunk, tail) = rest.split_at(take);
         rest = tail;
+
+        if let [row] = chunk {
+            // The common case has one text per backend: prepared once per connection.
+            let sql = format!(
+                "INSERT INTO outbox_message ({}) VALUES {}",
+                dialect.insert_columns,
+                (dialect.insert_values)(&std::array::from_fn(|_| "?".to_owned()))
+            );
+            let binds = [
+                Bind::Text(row.message_id.as_str()),
+                Bind::Text(row.message_type),
+                Bind::Text(row.payload.as_str()),
+                Bind::NullableText(row.ordering_key.as_deref()),
+                Bind::NullableBigInt(row.not_before_micros),
+            ];
+            with_backend!(&mut conn, c => CachedStatement::new(&sql, &binds).execute(*c)?);
+            continue;
+        }
 
         let mut sql = format!(
             "INSERT INTO outbox_message ({}) VALUES ",

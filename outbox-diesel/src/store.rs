@@ -222,6 +222,7 @@ fn claim(
     match conn {
         #[cfg(feature = "postgres")]
         BackendConnection::Pg(c) => diesel::sql_query(format!(
+            // The lease commits without waiting for the flush: see Dialect::async_commit_using.
             "WITH due AS (\
                 SELECT id FROM outbox_message m \
                 WHERE m.next_attempt_at <= now() AND {HEAD_OF_ITS_KEY} \
@@ -230,9 +231,10 @@ fn claim(
              UPDATE outbox_message o \
              SET locked_by = $1::uuid, attempts = o.attempts + 1, \
                  next_attempt_at = now() + $2 * INTERVAL '1 microsecond' \
-             FROM due WHERE o.id = due.id \
+             FROM due, {} WHERE o.id = due.id \
              RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
-                 o.payload::text AS payload, o.ordering_key, o.attempts"
+                 o.payload::text AS payload, o.ordering_key, o.attempts",
+            crate::connection::pg_async_commit!()
         ))
         .bind::<Text, _>(&token)
         .bind::<BigInt, _>(lease)
@@ -304,15 +306,60 @@ fn claim(
     }
 }
 
-/// Applies every outcome in one transaction and returns the positions whose lease had passed to
+/// Applies every outcome atomically and returns the positions whose lease had passed to
 /// another claim (fenced), which are left untouched.
 fn settle(conn: BackendConnection<'_>, outcomes: &[Outcome]) -> QueryResult<Vec<i64>> {
     let d = conn.dialect();
+    if outcomes
+        .iter()
+        .all(|outcome| outcome.settlement == Settlement::Done)
+    {
+        // The common case, in one statement and one round trip: no transaction to open and
+        // commit around it.
+        return with_backend!(conn, c => delete_done(c, d, outcomes));
+    }
     with_backend!(conn, c => c.write_transaction(|c| {
+        if let Some(async_commit) = d.async_commit_statement {
+            c.run(async_commit, &[])?;
+        }
         let mut fenced = Vec::new();
         apply_outcomes(c, d, outcomes, &mut fenced)?;
         Ok(fenced)
     }))
+}
+
+/// Deletes finished messages still leased under their claims, in one statement.
+fn delete_done<C: RawSql>(c: &mut C, d: &Dialect, outcomes: &[Outcome]) -> QueryResult<Vec<i64>> {
+    let mut by_claim: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for outcome in outcomes {
+        by_claim
+            .entry(outcome.token.to_string())
+            .or_default()
+            .push(outcome.position);
+    }
+    // Tokens are UUIDs this process made and ids are integers: written into the text, they
+    // cannot inject anything, and the statement needs no bind per message.
+    let owned: Vec<String> = by_claim
+        .iter()
+        .map(|(token, positions)| {
+            format!(
+                "(locked_by = {} AND id IN ({}))",
+                (d.uuid_param)(&format!("'{token}'")),
+                id_list(positions)
+            )
+        })
+        .collect();
+    let sql = format!(
+        "DELETE FROM outbox_message{} WHERE {}",
+        d.async_commit_using,
+        owned.join(" OR ")
+    );
+    let deleted = c.run(&sql, &[])?;
+    if deleted == outcomes.len() {
+        return Ok(Vec::new());
+    }
+    let positions: Vec<i64> = outcomes.iter().map(|outcome| outcome.position).collect();
+    still_present(c, &positions)
 }
 
 /// The outcomes grouped: done and released messages in one statement per claim, retries and

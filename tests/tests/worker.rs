@@ -510,6 +510,46 @@ fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb
     assert!(pending(&pool).is_empty());
 }
 
+/// Finished messages of several claims are deleted in one statement; the one whose lease passed
+/// to another claim is fenced and kept, and the others go.
+fn done_outcomes_of_several_claims_settle_together_and_are_fenced_apart<C: TestConnection>(
+    db: &TestDb,
+) {
+    let pool = pool::<C>(db, 4);
+    let store = DieselStore::new(pool.clone());
+    let hooks: Vec<Hook> = (0..5).map(Hook::new).collect();
+    enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
+
+    let expired = ClaimToken::new();
+    let lost = store.claim(expired, 1, Duration::from_millis(200)).unwrap();
+    let (current, kept) = (ClaimToken::new(), ClaimToken::new());
+    let first = store.claim(current, 2, Duration::from_secs(60)).unwrap();
+    let second = store.claim(kept, 2, Duration::from_secs(60)).unwrap();
+    assert_eq!((lost.len(), first.len(), second.len()), (1, 2, 2));
+    std::thread::sleep(Duration::from_millis(400));
+    let thief = ClaimToken::new();
+    let stolen = store.claim(thief, 10, Duration::from_secs(60)).unwrap();
+    assert_eq!(stolen.len(), 1, "only the expired lease is claimable again");
+    assert_eq!(stolen[0].position, lost[0].position);
+
+    let done = |token, message: &ClaimedMessage| Outcome {
+        token,
+        position: message.position,
+        message_id: message.message_id,
+        settlement: Settlement::Done,
+    };
+    let mut outcomes = vec![done(expired, &lost[0])];
+    outcomes.extend(first.iter().map(|m| done(current, m)));
+    outcomes.push(done(kept, &second[0]));
+    let fenced = store.settle(&outcomes).unwrap();
+    assert_eq!(fenced, [lost[0].position], "only the stolen message is fenced");
+
+    let left: Vec<i64> = pending(&pool).iter().map(|m| m.position).collect();
+    let mut expected = vec![lost[0].position, second[1].position];
+    expected.sort_unstable();
+    assert_eq!(left, expected, "the stolen one and the unsettled one stay");
+}
+
 fn messages_of_one_key_arrive_in_order_without_holding_back_others<C: TestConnection>(db: &TestDb) {
     let failures_left = std::sync::atomic::AtomicU32::new(5);
     let receiver = Receiver::start(move |request, _| {
@@ -880,6 +920,7 @@ backend_tests!(
     dead_letters_can_be_requeued_and_purged,
     three_workers_deliver_ten_thousand_messages_exactly_once,
     a_late_outcome_from_an_expired_lease_is_fenced,
+    done_outcomes_of_several_claims_settle_together_and_are_fenced_apart,
     messages_of_one_key_arrive_in_order_without_holding_back_others,
     a_commit_wakes_the_worker_long_before_the_poll,
     shutdown_during_a_backlog_loses_nothing_and_holds_no_lease,

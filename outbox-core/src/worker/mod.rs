@@ -6,7 +6,7 @@
 //!    ▲  wake: LISTEN/NOTIFY, in-process enqueue, poll timer   │ capacity freed
 //!    └────────────────────────────────────────────────────────┘
 //! ```
-//! The claimer never holds more than `batch_size + handler_threads` messages, so a slow
+//! The claimer never holds more than `2 × batch_size + handler_threads` messages, so a slow
 //! receiver applies back-pressure instead of filling memory or outliving leases.
 
 mod store;
@@ -216,7 +216,8 @@ impl<S: Store> WorkerBuilder<S> {
             handler_timeout: self.handler_timeout,
             poll_interval: self.poll_interval,
             batch_size: self.batch_size,
-            max_in_flight: self.batch_size + self.handler_threads,
+            // Room for a full batch to be claimed while the previous one is still running.
+            max_in_flight: 2 * self.batch_size + self.handler_threads,
             in_flight: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             give_up_at: Mutex::new(None),
@@ -512,11 +513,13 @@ fn claimer(
         let free = shared
             .max_in_flight
             .saturating_sub(shared.in_flight.load(Ordering::SeqCst));
-        if free == 0 {
+        // Full batches only: a claim costs a round trip and a commit whatever its size, and
+        // claiming the few slots each settlement frees made claims of a third of a batch.
+        if free < shared.batch_size {
             let _ = capacity.recv_timeout(shared.poll_interval);
             continue;
         }
-        let limit = free.min(shared.batch_size);
+        let limit = shared.batch_size;
         let token = ClaimToken::new();
         let started = Instant::now();
         let claimed = match shared.store.claim(token, limit, shared.lease) {
@@ -541,7 +544,9 @@ fn claimer(
                 .stats
                 .claimed
                 .fetch_add(count as u64, Ordering::Relaxed);
-            follow_ups = &[];
+            // More may be due right behind these, or be locked for a moment by another
+            // worker's claim: look again soon, not a whole poll interval later.
+            follow_ups = &FOLLOW_UPS_MS;
         }
         let lease_ends = started + shared.lease;
         for message in claimed {
