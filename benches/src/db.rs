@@ -303,7 +303,7 @@ pub struct OneRow {
 
 /// A connection type the benchmark runs on: the library's bounds plus the baselines' SQL.
 pub trait BenchConnection:
-    OutboxConnection + R2D2Connection + crate::library_sql::LibrarySql + Send + 'static
+    OutboxConnection + R2D2Connection + Send + 'static
 {
     /// Its hand-written SQL.
     const SQL: Sql;

@@ -16,7 +16,9 @@ use diesel::pg::PgConnection;
 use diesel::sql_types::BigInt;
 use diesel::{QueryableByName, RunQueryDsl};
 use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
-use outbox_diesel::{Batch, ClaimToken, DieselStore, MessageId, Worker, WorkerHandle};
+use outbox_diesel::{
+    Batch, ClaimToken, DieselStore, MessageId, Outcome, Settlement, Store, Worker, WorkerHandle,
+};
 use serde_json::{json, Map, Value};
 
 use crate::db::{with_connection, BenchConnection, BenchDb};
@@ -244,26 +246,36 @@ fn noop_drain<C: BenchConnection>(
     })
 }
 
-/// (ii, SQL) The library's claim and settle statements in one thread, batches of
-/// `batch_size`, without a worker around them.
+/// (ii, SQL) The library's store (`DieselStore::claim`, then `settle` of `Done` outcomes) in one
+/// thread, batches of `batch_size`, without the worker's threads and channels around it.
 fn sql_drain<C: BenchConnection>(db: &BenchDb, opts: &Opts, count: usize) -> Res<f64> {
     db.empty::<C>()?;
     prefill::<C>(db, count, Kind::Noop)?;
-    let mut conn = db.connect::<C>()?;
+    let store = DieselStore::new(db.worker_pool::<C>(2, opts.worker_async_commit)?);
     let started = Instant::now();
     let mut drained = 0;
     let until = started + drain_timeout(count);
     while drained < count && Instant::now() < until {
-        let token = ClaimToken::new().to_string();
-        let ids = conn
-            .claim(&token, opts.batch_size, 60_000_000)
-            .ctx("claiming with the library's SQL")?;
-        if ids.is_empty() {
+        let token = ClaimToken::new();
+        let claimed = store
+            .claim(token, opts.batch_size, Duration::from_secs(60))
+            .ctx("claiming with the library's store")?;
+        if claimed.is_empty() {
             break;
         }
-        drained += conn
-            .settle_done(&token, &ids)
-            .ctx("deleting with the library's SQL")?;
+        let outcomes: Vec<Outcome> = claimed
+            .into_iter()
+            .map(|message| Outcome {
+                token,
+                position: message.position,
+                message_id: message.message_id,
+                settlement: Settlement::Done,
+            })
+            .collect();
+        let fenced = store
+            .settle(&outcomes)
+            .ctx("settling with the library's store")?;
+        drained += outcomes.len() - fenced.len();
     }
     Ok(drained as f64 / started.elapsed().as_secs_f64())
 }

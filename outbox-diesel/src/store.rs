@@ -29,6 +29,10 @@ type Pooled<C> = PooledConnection<ConnectionManager<C>>;
 /// The worker holds three connections of the pool for its lifetime (the claimer's, the
 /// acker's and, on PostgreSQL, the `LISTEN` connection) and briefly a fourth at start-up, so
 /// give the worker a pool of its own (4 connections) or size the application's pool for it.
+///
+/// On PostgreSQL, claims and settlements commit without waiting for the WAL flush
+/// (`synchronous_commit = off` for those transactions only, never the session): a database
+/// crash can undo the last of them, which makes those messages run again but loses none.
 pub struct DieselStore<C: R2D2Connection + 'static> {
     pool: Pool<ConnectionManager<C>>,
     backend: OnceLock<Backend>,
@@ -247,10 +251,13 @@ fn claim(
         BackendConnection::Mysql(c) => {
             c.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
             c.write_transaction(|c| {
+                // Twice the limit: another worker reading at the same moment finds the same
+                // oldest heads, and locks them first; the rest are left for this claim.
                 let candidates: Vec<IdRow> = diesel::sql_query(format!(
                     "SELECT id FROM outbox_message m \
                      WHERE m.next_attempt_at <= UTC_TIMESTAMP(6) AND {HEAD_OF_ITS_KEY} \
-                     ORDER BY m.next_attempt_at, m.id LIMIT {limit}"
+                     ORDER BY m.next_attempt_at, m.id LIMIT {}",
+                    limit.saturating_mul(2)
                 ))
                 .load(c)?;
                 if candidates.is_empty() {
@@ -262,6 +269,7 @@ fn claim(
                          ordering_key, attempts \
                      FROM outbox_message \
                      WHERE id IN ({}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                     ORDER BY next_attempt_at, id LIMIT {limit} \
                      FOR UPDATE SKIP LOCKED",
                     id_list(&ids)
                 ))

@@ -44,7 +44,11 @@ fn a_killed_worker_loses_nothing<C: TestConnection>(db: &TestDb) {
     let before_kill = receiver.requests().len();
     assert!(!in_flight.is_empty(), "the kill found nothing in flight");
     // The child's batch of 16 and 8 handler threads: at most 2 × 16 + 8 held at once.
-    assert!(in_flight.len() <= 2 * 16 + 8, "{} in flight", in_flight.len());
+    assert!(
+        in_flight.len() <= 2 * 16 + 8,
+        "{} in flight",
+        in_flight.len()
+    );
 
     let worker = outbox_diesel::Worker::builder(outbox_diesel::DieselStore::new(pool.clone()))
         .handler_threads(8)

@@ -9,9 +9,9 @@ use outbox_diesel::admin::{purge_dead_letters, requeue_dead_letters, DeadLetterS
 use outbox_diesel::prelude::*;
 use outbox_diesel::webhook::verify;
 use outbox_diesel::{
-    enqueue_all, outbox_handler, Batch, ClaimToken, Context, DieselStore, EnqueueOptions, Error,
-    Message, MessageId, Outcome, ProcessError, RetryPolicy, Settlement, Store, Worker,
-    WorkerBuilder, WorkerHandle, WorkerStats,
+    enqueue_all, outbox_handler, Batch, ClaimToken, ClaimedMessage, Context, DieselStore,
+    EnqueueOptions, Error, Message, MessageId, Outcome, ProcessError, RetryPolicy, Settlement,
+    Store, Worker, WorkerBuilder, WorkerHandle, WorkerStats,
 };
 use outbox_tests::handlers::Hook;
 use outbox_tests::receiver::{Receiver, Reply, Request};
@@ -542,7 +542,11 @@ fn done_outcomes_of_several_claims_settle_together_and_are_fenced_apart<C: TestC
     outcomes.extend(first.iter().map(|m| done(current, m)));
     outcomes.push(done(kept, &second[0]));
     let fenced = store.settle(&outcomes).unwrap();
-    assert_eq!(fenced, [lost[0].position], "only the stolen message is fenced");
+    assert_eq!(
+        fenced,
+        [lost[0].position],
+        "only the stolen message is fenced"
+    );
 
     let left: Vec<i64> = pending(&pool).iter().map(|m| m.position).collect();
     let mut expected = vec![lost[0].position, second[1].position];

@@ -731,8 +731,21 @@ fn acker(shared: &Shared<dyn Store>, outcomes: Receiver<Outcome>, capacity: Send
     let mut batch = Vec::with_capacity(max_batch);
     while let Ok(first) = outcomes.recv() {
         batch.push(first);
-        while batch.len() < max_batch {
-            match outcomes.try_recv() {
+        let linger_until = Instant::now() + SETTLE_LINGER;
+        loop {
+            while batch.len() < max_batch {
+                match outcomes.try_recv() {
+                    Ok(outcome) => batch.push(outcome),
+                    Err(_) => break,
+                }
+            }
+            // Each settlement costs the database a statement and a commit whatever its size:
+            // while more outcomes are on their way, wait a moment for them.
+            let more_coming = shared.in_flight.load(Ordering::SeqCst) > batch.len();
+            if batch.len() >= shared.batch_size || !more_coming || shared.stopping() {
+                break;
+            }
+            match outcomes.recv_deadline(linger_until) {
                 Ok(outcome) => batch.push(outcome),
                 Err(_) => break,
             }
@@ -743,6 +756,11 @@ fn acker(shared: &Shared<dyn Store>, outcomes: Receiver<Outcome>, capacity: Send
         let _ = capacity.try_send(());
     }
 }
+
+/// How long the acker waits for more outcomes to settle together, when more are on their way.
+/// It delays only the settlement (and the claim of what waits behind it in its ordering key),
+/// never a delivery.
+const SETTLE_LINGER: Duration = Duration::from_millis(2);
 
 /// Whole-batch attempts before settling outcome by outcome.
 const BATCH_SETTLE_TRIES: u32 = 3;
