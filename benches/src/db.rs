@@ -7,7 +7,7 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use diesel::mysql::MysqlConnection;
 use diesel::pg::PgConnection;
-use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, R2D2Connection};
+use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
@@ -160,18 +160,13 @@ impl BenchDb {
         Ok(conn)
     }
 
-    /// A pool for a worker (it holds three connections: claimer, acker, listener); with `async_commit` (an experiment, PostgreSQL only) its
-    /// connections commit without waiting for the WAL flush (`synchronous_commit = off`).
-    pub fn worker_pool<C: BenchConnection>(
-        &self,
-        size: u32,
-        async_commit: bool,
-    ) -> Res<Pool<ConnectionManager<C>>> {
+    /// A pool for a worker (it holds three connections: claimer, acker, listener).
+    pub fn worker_pool<C: BenchConnection>(&self, size: u32) -> Res<Pool<ConnectionManager<C>>> {
         Pool::builder()
             .max_size(size)
             .min_idle(Some(size))
             .connection_timeout(Duration::from_secs(30))
-            .connection_customizer(Box::new(BenchCustomizer { async_commit }))
+            .connection_customizer(Box::new(PoolCustomizer))
             .build(ConnectionManager::<C>::new(self.url.clone()))
             .ctx(format!("building a pool for {}", self.url))
     }
@@ -191,23 +186,6 @@ impl BenchDb {
         let mut conn = self.connect::<C>()?;
         conn.batch_execute(C::SQL.empty)
             .ctx("emptying the tables")?;
-        Ok(())
-    }
-}
-
-/// The library's `PoolCustomizer`, plus the async-commit experiment.
-#[derive(Debug, Clone, Copy)]
-struct BenchCustomizer {
-    async_commit: bool,
-}
-
-impl<C: BenchConnection> CustomizeConnection<C, diesel::r2d2::Error> for BenchCustomizer {
-    fn on_acquire(&self, conn: &mut C) -> Result<(), diesel::r2d2::Error> {
-        PoolCustomizer.on_acquire(conn)?;
-        if self.async_commit && conn.backend() == outbox_diesel::Backend::Postgres {
-            conn.batch_execute("SET synchronous_commit = off")
-                .map_err(diesel::r2d2::Error::QueryError)?;
-        }
         Ok(())
     }
 }

@@ -185,7 +185,7 @@ pub fn spawn_worker<C: BenchConnection>(
     endpoint: Option<&WebhookEndpoint>,
     trace: &TraceHandle,
 ) -> Res<WorkerHandle> {
-    let pool = db.worker_pool::<C>(4, opts.worker_async_commit)?;
+    let pool = db.worker_pool::<C>(4)?;
     let store = TracedStore::new(DieselStore::new(pool), trace.clone());
     let mut builder = Worker::builder(store)
         .handler_threads(opts.handler_threads)
@@ -251,7 +251,7 @@ fn noop_drain<C: BenchConnection>(
 fn sql_drain<C: BenchConnection>(db: &BenchDb, opts: &Opts, count: usize) -> Res<f64> {
     db.empty::<C>()?;
     prefill::<C>(db, count, Kind::Noop)?;
-    let store = DieselStore::new(db.worker_pool::<C>(2, opts.worker_async_commit)?);
+    let store = DieselStore::new(db.worker_pool::<C>(2)?);
     let started = Instant::now();
     let mut drained = 0;
     let until = started + drain_timeout(count);
@@ -426,7 +426,6 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "batch_size": opts.batch_size,
             "http_baseline_requests": http_count,
             "one_at_a_time_max": { "messages": loop_count, "seconds": loop_limit.as_secs() },
-            "worker_async_commit": opts.worker_async_commit,
             "pool": "r2d2, 4 connections",
         }),
     );
@@ -547,7 +546,6 @@ fn scaled_drain<C: BenchConnection>(
                 &receiver.url(),
                 opts.handler_threads,
                 opts.batch_size,
-                opts.worker_async_commit,
                 drain_timeout(count),
             )
         })
@@ -613,7 +611,6 @@ fn scale_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "handler_threads_per_process": opts.handler_threads,
             "batch_size": opts.batch_size,
             "processes": [1, 2],
-            "worker_async_commit": opts.worker_async_commit,
         }),
     );
     for _ in 0..opts.runs() {

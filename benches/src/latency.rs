@@ -66,7 +66,6 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "handler_threads": opts.handler_threads,
             "batch_size": opts.batch_size,
             "worker": "in the enqueuing process (default wake-ups)",
-            "worker_async_commit": opts.worker_async_commit,
         }),
     );
     for _ in 0..opts.runs() {
@@ -87,7 +86,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         receiver.reset();
         receiver.record_times(true);
 
-        let pool = db.worker_pool::<C>(4, opts.worker_async_commit)?;
+        let pool = db.worker_pool::<C>(4)?;
         let trace = TraceHandle::default();
         let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
             .handler_threads(opts.handler_threads)

@@ -172,10 +172,6 @@ pub struct Opts {
     /// default is 4, so that the schedule holds even when one commit is slow).
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
-    /// Experiment (PostgreSQL): the worker's connections commit claims and settlements without
-    /// waiting for the WAL flush (`SET synchronous_commit = off`), as the library could do.
-    #[arg(long)]
-    pub worker_async_commit: bool,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,

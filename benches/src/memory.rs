@@ -55,7 +55,6 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             &receiver.url(),
             opts.handler_threads,
             opts.batch_size,
-            opts.worker_async_commit,
             Duration::from_secs_f64(seconds + 120.0),
         )?;
         let begun = Instant::now();

@@ -27,6 +27,10 @@ pub struct Trace {
     settle_time: Duration,
     max_settle: Duration,
     last_claim_end: Option<Instant>,
+    first_claim: Option<Instant>,
+    last_claim_size: usize,
+    /// Where each idle gap began (ms after the first claim) and what the claim before it got.
+    gap_context: Vec<(f64, usize)>,
     /// Pauses over 200 ms between one claim's end and the next one's start.
     gaps_ms: Vec<f64>,
 }
@@ -70,6 +74,7 @@ impl TraceHandle {
             "settle_ms_max": ms(t.max_settle),
             "idle_gaps_over_200ms": t.gaps_ms.len(),
             "idle_gap_ms": t.gaps_ms,
+            "idle_gap_at_ms_after_claim_of": t.gap_context,
         })
     }
 }
@@ -103,9 +108,14 @@ impl<S: Store> Store for TracedStore<S> {
                 let gap = started.saturating_duration_since(last);
                 if gap > Duration::from_millis(200) {
                     t.gaps_ms.push(round(gap.as_secs_f64() * 1000.0, 0));
+                    let at = last.saturating_duration_since(*t.first_claim.get_or_insert(started));
+                    let before = t.last_claim_size;
+                    t.gap_context.push((round(at.as_secs_f64() * 1000.0, 0), before));
                 }
             }
+            t.first_claim.get_or_insert(started);
             t.last_claim_end = Some(ended);
+            t.last_claim_size = result.as_ref().map_or(0, Vec::len);
             t.claims += 1;
             t.asked += limit as u64;
             t.claim_time += took;

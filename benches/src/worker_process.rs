@@ -33,9 +33,6 @@ pub struct WorkerArgs {
     /// Batch size.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    /// `SET synchronous_commit = off` on the worker's connections (an experiment).
-    #[arg(long)]
-    pub async_commit: bool,
     /// Stop by itself after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub max_seconds: u64,
@@ -48,7 +45,7 @@ pub fn run(args: &WorkerArgs) -> Res<()> {
 
 fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
     let db = BenchDb::existing(args.backend, &args.url);
-    let pool = db.worker_pool::<C>(4, args.async_commit)?;
+    let pool = db.worker_pool::<C>(4)?;
     let trace = TraceHandle::default();
     let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
         .handler_threads(args.handler_threads)
@@ -112,7 +109,6 @@ pub fn spawn(
     receiver: &str,
     handler_threads: usize,
     batch_size: usize,
-    async_commit: bool,
     max_time: Duration,
 ) -> Res<ChildWorker> {
     let exe = std::env::current_exe().ctx("finding the benchmark's own executable")?;
@@ -128,7 +124,6 @@ pub fn spawn(
         .arg(handler_threads.to_string())
         .arg("--batch-size")
         .arg(batch_size.to_string())
-        .args(async_commit.then_some("--async-commit"))
         .arg("--max-seconds")
         .arg(max_time.as_secs().max(1).to_string())
         .stdin(Stdio::piped())

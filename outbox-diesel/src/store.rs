@@ -251,8 +251,10 @@ fn claim(
         BackendConnection::Mysql(c) => {
             c.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")?;
             c.write_transaction(|c| {
-                // Twice the limit: another worker reading at the same moment finds the same
-                // oldest heads, and locks them first; the rest are left for this claim.
+                // Twice the limit, locked a limit at a time: a worker claiming at the same
+                // moment reads the same oldest heads and locks the first of them (a locking
+                // read locks every row of its IN list); this claim then takes the next ones
+                // instead of coming back empty.
                 let candidates: Vec<IdRow> = diesel::sql_query(format!(
                     "SELECT id FROM outbox_message m \
                      WHERE m.next_attempt_at <= UTC_TIMESTAMP(6) AND {HEAD_OF_ITS_KEY} \
@@ -260,20 +262,26 @@ fn claim(
                     limit.saturating_mul(2)
                 ))
                 .load(c)?;
-                if candidates.is_empty() {
-                    return Ok(Vec::new());
-                }
                 let ids: Vec<i64> = candidates.iter().map(|row| row.id).collect();
-                let mut rows: Vec<MessageRow> = diesel::sql_query(format!(
-                    "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload, \
-                         ordering_key, attempts \
-                     FROM outbox_message \
-                     WHERE id IN ({}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
-                     ORDER BY next_attempt_at, id LIMIT {limit} \
-                     FOR UPDATE SKIP LOCKED",
-                    id_list(&ids)
-                ))
-                .load(c)?;
+                let mut rows: Vec<MessageRow> = Vec::new();
+                for chunk in ids.chunks(limit.max(1)) {
+                    let wanted = limit - rows.len();
+                    rows.extend(
+                        diesel::sql_query(format!(
+                            "SELECT id, message_id, message_type, \
+                                 CAST(payload AS CHAR) AS payload, ordering_key, attempts \
+                             FROM outbox_message \
+                             WHERE id IN ({}) AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                             ORDER BY next_attempt_at, id LIMIT {wanted} \
+                             FOR UPDATE SKIP LOCKED",
+                            id_list(chunk)
+                        ))
+                        .load::<MessageRow>(c)?,
+                    );
+                    if rows.len() >= limit {
+                        break;
+                    }
+                }
                 if rows.is_empty() {
                     return Ok(rows);
                 }

@@ -230,6 +230,47 @@ fn ordering_key_and_delay_are_stored<C: TestConnection>(db: &TestDb) {
     );
 }
 
+/// A single message's INSERT has one text per backend, so Diesel prepares it once per connection
+/// and reuses it; a batch's text varies with its size, and is not kept.
+fn a_single_enqueue_is_prepared_once_per_connection<C: TestConnection>(db: &TestDb) {
+    use diesel::connection::InstrumentationEvent;
+    let mut conn = migrated::<C>(db);
+    let prepared = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = std::sync::Arc::clone(&prepared);
+    conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+        if let InstrumentationEvent::CacheQuery { sql } = event {
+            seen.lock().unwrap().push(sql.to_owned());
+        }
+    });
+    for member_id in 0..3 {
+        ThankYou { member_id }.enqueue(&mut conn).unwrap();
+    }
+    let options = EnqueueOptions::new()
+        .ordering_key("member-9")
+        .delay(Duration::from_secs(60));
+    ThankYou { member_id: 9 }
+        .enqueue_with(&mut conn, &options)
+        .unwrap();
+    let batch: Vec<ThankYou> = (10..13).map(|member_id| ThankYou { member_id }).collect();
+    enqueue_all(&mut conn, &batch).unwrap();
+
+    let inserts: Vec<String> = prepared
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|sql| sql.contains("outbox_message"))
+        .cloned()
+        .collect();
+    assert_eq!(inserts.len(), 1, "prepared once: {inserts:?}");
+    assert!(inserts[0].starts_with("INSERT INTO outbox_message"), "{inserts:?}");
+    let stored: Vec<Option<String>> = all_pending(&mut conn)
+        .into_iter()
+        .map(|row| row.ordering_key)
+        .collect();
+    assert_eq!(stored.len(), 7);
+    assert_eq!(stored.iter().flatten().collect::<Vec<_>>(), ["member-9"]);
+}
+
 fn values_too_long_for_their_column_are_refused<C: TestConnection>(db: &TestDb) {
     let mut conn = migrated::<C>(db);
     let options = EnqueueOptions::new().ordering_key("k".repeat(256));
@@ -423,6 +464,7 @@ backend_tests!(
     a_batch_that_rolls_back_leaves_nothing,
     large_and_non_ascii_payloads_round_trip,
     ordering_key_and_delay_are_stored,
+    a_single_enqueue_is_prepared_once_per_connection,
     values_too_long_for_their_column_are_refused,
     serialization_failure_is_returned_and_the_transaction_goes_on,
     migrations_twice_are_a_no_op,

@@ -731,29 +731,28 @@ fn acker(shared: &Shared<dyn Store>, outcomes: Receiver<Outcome>, capacity: Send
     let mut batch = Vec::with_capacity(max_batch);
     while let Ok(first) = outcomes.recv() {
         batch.push(first);
-        let linger_until = Instant::now() + SETTLE_LINGER;
-        loop {
-            while batch.len() < max_batch {
-                match outcomes.try_recv() {
-                    Ok(outcome) => batch.push(outcome),
-                    Err(_) => break,
-                }
-            }
-            // Each settlement costs the database a statement and a commit whatever its size:
-            // while more outcomes are on their way, wait a moment for them.
-            let more_coming = shared.in_flight.load(Ordering::SeqCst) > batch.len();
-            if batch.len() >= shared.batch_size || !more_coming || shared.stopping() {
-                break;
-            }
-            match outcomes.recv_deadline(linger_until) {
-                Ok(outcome) => batch.push(outcome),
-                Err(_) => break,
-            }
+        take_ready(&outcomes, &mut batch, max_batch);
+        // Each settlement costs the database a statement and a commit whatever its size: while
+        // more outcomes are on their way, let them gather. A sleep, not a receive with a
+        // deadline, so that handler threads do not wake the acker once per outcome.
+        let more_coming = shared.in_flight.load(Ordering::SeqCst) > batch.len();
+        if batch.len() < shared.batch_size && more_coming && !shared.stopping() {
+            std::thread::sleep(SETTLE_LINGER);
+            take_ready(&outcomes, &mut batch, max_batch);
         }
         settle(shared, &batch);
         shared.in_flight.fetch_sub(batch.len(), Ordering::SeqCst);
         batch.clear();
         let _ = capacity.try_send(());
+    }
+}
+
+fn take_ready(outcomes: &Receiver<Outcome>, batch: &mut Vec<Outcome>, max_batch: usize) {
+    while batch.len() < max_batch {
+        match outcomes.try_recv() {
+            Ok(outcome) => batch.push(outcome),
+            Err(_) => break,
+        }
     }
 }
 
