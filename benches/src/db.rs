@@ -280,9 +280,7 @@ pub struct OneRow {
 }
 
 /// A connection type the benchmark runs on: the library's bounds plus the baselines' SQL.
-pub trait BenchConnection:
-    OutboxConnection + R2D2Connection + Send + 'static
-{
+pub trait BenchConnection: OutboxConnection + R2D2Connection + Send + 'static {
     /// Its hand-written SQL.
     const SQL: Sql;
     /// Runs a statement without binds.

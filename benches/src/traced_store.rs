@@ -110,7 +110,8 @@ impl<S: Store> Store for TracedStore<S> {
                     t.gaps_ms.push(round(gap.as_secs_f64() * 1000.0, 0));
                     let at = last.saturating_duration_since(*t.first_claim.get_or_insert(started));
                     let before = t.last_claim_size;
-                    t.gap_context.push((round(at.as_secs_f64() * 1000.0, 0), before));
+                    t.gap_context
+                        .push((round(at.as_secs_f64() * 1000.0, 0), before));
                 }
             }
             t.first_claim.get_or_insert(started);

@@ -238,7 +238,7 @@ fn a_single_enqueue_is_prepared_once_per_connection<C: TestConnection>(db: &Test
     let prepared = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let seen = std::sync::Arc::clone(&prepared);
     conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
-        if let InstrumentationEvent::CacheQuery { sql } = event {
+        if let InstrumentationEvent::CacheQuery { sql, .. } = event {
             seen.lock().unwrap().push(sql.to_owned());
         }
     });
@@ -262,7 +262,10 @@ fn a_single_enqueue_is_prepared_once_per_connection<C: TestConnection>(db: &Test
         .cloned()
         .collect();
     assert_eq!(inserts.len(), 1, "prepared once: {inserts:?}");
-    assert!(inserts[0].starts_with("INSERT INTO outbox_message"), "{inserts:?}");
+    assert!(
+        inserts[0].starts_with("INSERT INTO outbox_message"),
+        "{inserts:?}"
+    );
     let stored: Vec<Option<String>> = all_pending(&mut conn)
         .into_iter()
         .map(|row| row.ordering_key)
@@ -349,7 +352,10 @@ fn migrations_live_beside_the_applications_own<C: TestConnection>(db: &TestDb) {
     };
     let mut conn = db.connect::<C>();
     conn.run_pending_migrations(user()).unwrap();
-    assert_eq!(run_migrations(&mut conn).unwrap().len(), outbox_migrations(db));
+    assert_eq!(
+        run_migrations(&mut conn).unwrap().len(),
+        outbox_migrations(db)
+    );
     assert!(!conn.has_pending_migration(user()).unwrap());
     assert!(run_migrations(&mut conn).unwrap().is_empty());
 
