@@ -353,8 +353,8 @@ fn delete_done<C: RawSql>(c: &mut C, d: &Dialect, outcomes: &[Outcome]) -> Query
             .or_default()
             .push(outcome.position);
     }
-    // Tokens are UUIDs this process made and ids are integers: written into the text, they
-    // cannot inject anything, and the statement needs no bind per message.
+    // Tokens are UUIDs and ids integers: written into the text they cannot inject anything,
+    // and the statement needs no bind per message.
     let owned: Vec<String> = by_claim
         .iter()
         .map(|(token, positions)| {
