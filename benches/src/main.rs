@@ -232,9 +232,43 @@ fn init_log() {
     }
 }
 
+/// Holds an exclusive lock for the life of a scenario: every scenario drops and recreates the
+/// `outbox_bench` databases, which would cut a second invocation's connections mid-run.
+fn one_benchmark_at_a_time() -> Res<std::fs::File> {
+    let path = std::env::temp_dir().join("outbox-bench.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .ctx(format!("opening the lock file {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(failed(format!(
+            "another outbox-bench is running (it holds {}): run one at a time, as each \
+             recreates the outbox_bench databases",
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(error)) => {
+            Err(error).ctx(format!("locking {}", path.display()))
+        }
+    }
+}
+
 fn main() {
     init_log();
     let cli = Cli::parse();
+    // Worker processes are the scenario's own children: only the scenario takes the lock.
+    let _lock = match &cli.command {
+        Command::Worker(_) => None,
+        _ => match one_benchmark_at_a_time() {
+            Ok(lock) => Some(lock),
+            Err(error) => {
+                eprintln!("outbox-bench: {error}");
+                std::process::exit(2);
+            }
+        },
+    };
     let result = match cli.command {
         Command::Enqueue(opts) => enqueue::run(&opts),
         Command::Drain(opts) => drain::run(&opts),
