@@ -148,7 +148,7 @@ pub(crate) struct Dialect {
     pub insert_columns: &'static str,
     /// The VALUES tuple of one inserted message, given its five placeholders
     /// (message id, type, payload, ordering key, not-before in µs since the epoch or NULL).
-    pub insert_values: fn(&[String; 5]) -> String,
+    pub insert_values: fn(&[&str; 5]) -> String,
     /// The current time, in the type of the time columns.
     pub now: &'static str,
     /// What makes a SELECT lock its rows (nothing on SQLite, whose write transactions lock the

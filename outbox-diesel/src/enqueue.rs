@@ -278,7 +278,7 @@ fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<()> 
             let sql = format!(
                 "INSERT INTO outbox_message ({}) VALUES {}",
                 dialect.insert_columns,
-                (dialect.insert_values)(&std::array::from_fn(|_| "?".to_owned()))
+                (dialect.insert_values)(&["?"; BINDS_PER_ROW])
             );
             let binds = [
                 Bind::Text(row.message_id.as_str()),
@@ -302,7 +302,9 @@ fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<()> 
             let first = row * BINDS_PER_ROW + 1;
             let placeholders: [String; BINDS_PER_ROW] =
                 std::array::from_fn(|i| (dialect.placeholder)(first + i));
-            sql.push_str(&(dialect.insert_values)(&placeholders));
+            sql.push_str(&(dialect.insert_values)(
+                &placeholders.each_ref().map(String::as_str),
+            ));
         }
         with_backend!(&mut conn, c => {
             let mut query = diesel::sql_query(&sql).into_boxed();

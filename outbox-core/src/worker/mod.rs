@@ -748,12 +748,8 @@ fn acker(shared: &Shared<dyn Store>, outcomes: Receiver<Outcome>, capacity: Send
 }
 
 fn take_ready(outcomes: &Receiver<Outcome>, batch: &mut Vec<Outcome>, max_batch: usize) {
-    while batch.len() < max_batch {
-        match outcomes.try_recv() {
-            Ok(outcome) => batch.push(outcome),
-            Err(_) => break,
-        }
-    }
+    let room = max_batch.saturating_sub(batch.len());
+    batch.extend(outcomes.try_iter().take(room));
 }
 
 /// How long the acker waits for more outcomes to settle together, when more are on their way.
