@@ -1,17 +1,16 @@
-//! The benchmark's databases (`outbox_bench`, dropped and created at start) and the hand-written
-//! SQL of the baselines, per backend.
+//! The benchmark's databases (`outbox_bench`, dropped and created at start, through the test
+//! kit) and the hand-written SQL of the baselines, per backend.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use diesel::connection::SimpleConnection;
 use diesel::mysql::MysqlConnection;
 use diesel::pg::PgConnection;
-use diesel::r2d2::{ConnectionManager, Pool, R2D2Connection};
+use diesel::r2d2::{Pool, R2D2Connection};
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
-use outbox_diesel::{OutboxConnection, PoolCustomizer};
+use outbox_diesel::{Establish, OutboxManager};
+use outbox_testkit::TestDb;
 
 use crate::{Backend, Res, WithContext};
 
@@ -24,86 +23,18 @@ pub struct BenchDb {
     pub backend: Backend,
     /// The URL (a file path for SQLite) of `outbox_bench`.
     pub url: String,
-    admin_url: String,
-    sqlite_file: Option<PathBuf>,
-}
-
-/// Splits `scheme://authority/db?query` into (everything up to the db name, the query).
-fn server_prefix(url: &str) -> (String, String) {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, format!("?{query}")),
-        None => (url, String::new()),
-    };
-    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
-    match base[scheme_end..].find('/') {
-        Some(slash) => (base[..=scheme_end + slash].to_owned(), query),
-        None => (format!("{base}/"), query),
-    }
 }
 
 impl BenchDb {
-    /// Where `outbox_bench` is on `backend`'s server, without touching it.
-    pub fn locate(backend: Backend) -> BenchDb {
-        let (var, default) = match backend {
-            Backend::Postgres => (
-                "OUTBOX_TEST_POSTGRES_URL",
-                "postgres://postgres@127.0.0.1:5432/outbox_test",
-            ),
-            Backend::Mysql => (
-                "OUTBOX_TEST_MYSQL_URL",
-                "mysql://root@127.0.0.1:3306/outbox_test",
-            ),
-            Backend::Sqlite => {
-                let file = std::env::temp_dir().join(format!("{DB_NAME}.db"));
-                return BenchDb {
-                    backend,
-                    url: file.display().to_string(),
-                    admin_url: String::new(),
-                    sqlite_file: Some(file),
-                };
-            }
-        };
-        let configured = std::env::var(var).unwrap_or_else(|_| default.to_owned());
-        let (prefix, query) = server_prefix(&configured);
-        let admin_url = match backend {
-            Backend::Postgres => format!("{prefix}postgres{query}"),
-            _ => format!("{prefix}{query}"),
-        };
-        BenchDb {
-            backend,
-            url: format!("{prefix}{DB_NAME}{query}"),
-            admin_url,
-            sqlite_file: None,
-        }
-    }
-
     /// Drops and creates `outbox_bench`, runs the outbox migrations and creates the business
     /// table.
     pub fn recreate(backend: Backend) -> Res<BenchDb> {
-        let db = BenchDb::locate(backend);
-        db.drop_database()?;
-        match backend {
-            Backend::Postgres => {
-                let mut admin = PgConnection::establish(&db.admin_url)
-                    .ctx(format!("connecting to PostgreSQL at {}", db.admin_url))?;
-                admin
-                    .batch_execute(&format!("CREATE DATABASE {DB_NAME}"))
-                    .ctx("creating the PostgreSQL database")?;
-            }
-            Backend::Mysql => {
-                let mut admin = MysqlConnection::establish(&db.admin_url)
-                    .ctx(format!("connecting to MariaDB at {}", db.admin_url))?;
-                admin
-                    .batch_execute(&format!("CREATE DATABASE {DB_NAME}"))
-                    .ctx("creating the MariaDB database")?;
-            }
-            Backend::Sqlite => {}
-        }
-        match backend {
-            Backend::Postgres => db.migrate::<PgConnection>()?,
-            Backend::Mysql => db.migrate::<MysqlConnection>()?,
-            Backend::Sqlite => db.migrate::<SqliteConnection>()?,
-        }
+        let created = TestDb::recreate(backend, DB_NAME).map_err(crate::failed)?;
+        let db = BenchDb {
+            backend,
+            url: created.url().to_owned(),
+        };
+        crate::db::with_connection!(backend, C => db.migrate::<C>())?;
         Ok(db)
     }
 
@@ -117,57 +48,30 @@ impl BenchDb {
 
     /// Drops `outbox_bench` (or deletes the SQLite file).
     pub fn drop_database(&self) -> Res<()> {
-        match self.backend {
-            Backend::Postgres => {
-                let mut admin = PgConnection::establish(&self.admin_url)
-                    .ctx(format!("connecting to PostgreSQL at {}", self.admin_url))?;
-                admin
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)"))
-                    .ctx("dropping the PostgreSQL database")?;
-            }
-            Backend::Mysql => {
-                let mut admin = MysqlConnection::establish(&self.admin_url)
-                    .ctx(format!("connecting to MariaDB at {}", self.admin_url))?;
-                admin
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS {DB_NAME}"))
-                    .ctx("dropping the MariaDB database")?;
-            }
-            Backend::Sqlite => {
-                if let Some(file) = &self.sqlite_file {
-                    for suffix in ["", "-wal", "-shm"] {
-                        let path = format!("{}{suffix}", file.display());
-                        match std::fs::remove_file(&path) {
-                            Ok(()) => {}
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                            Err(e) => return Err(e).ctx(format!("removing {path}")),
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
+        TestDb::locate(self.backend, self.name())
+            .drop_database()
+            .map_err(crate::failed)
     }
 
-    /// A new connection (with the SQLite settings the pool would apply).
-    pub fn connect<C: BenchConnection>(&self) -> Res<C> {
-        let mut conn = C::establish(&self.url).ctx(format!("connecting to {}", self.url))?;
-        if self.backend == Backend::Sqlite {
-            conn.batch_execute(
-                "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;",
-            )
-            .ctx("configuring SQLite")?;
+    fn name(&self) -> &str {
+        match self.backend {
+            Backend::Sqlite => &self.url,
+            _ => DB_NAME,
         }
-        Ok(conn)
+    }
+
+    /// A new connection, set up as the library sets up its own.
+    pub fn connect<C: Establish>(&self) -> Res<C> {
+        outbox_diesel::establish(&self.url).ctx(format!("connecting to {}", self.url))
     }
 
     /// A pool for a worker (it holds three connections: claimer, acker, listener).
-    pub fn worker_pool<C: BenchConnection>(&self, size: u32) -> Res<Pool<ConnectionManager<C>>> {
+    pub fn worker_pool<C: BenchConnection>(&self, size: u32) -> Res<Pool<OutboxManager<C>>> {
         Pool::builder()
             .max_size(size)
             .min_idle(Some(size))
             .connection_timeout(Duration::from_secs(30))
-            .connection_customizer(Box::new(PoolCustomizer))
-            .build(ConnectionManager::<C>::new(self.url.clone()))
+            .build(OutboxManager::<C>::new(&self.url).ctx("a manager for the benchmark's URL")?)
             .ctx(format!("building a pool for {}", self.url))
     }
 
@@ -176,8 +80,6 @@ impl BenchDb {
         BenchDb {
             backend,
             url: url.to_owned(),
-            admin_url: String::new(),
-            sqlite_file: None,
         }
     }
 
@@ -212,9 +114,10 @@ const PG_SQL: Sql = Sql {
     business_insert: "INSERT INTO bench_business (member_id, body) VALUES ($1, $2)",
     outbox_insert: "INSERT INTO outbox_message (message_id, message_type, payload) \
                     VALUES ($1::uuid, $2, $3::jsonb)",
-    library_insert: "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key, \
-                     next_attempt_at) VALUES ($1::uuid, $2, $3::jsonb, $4, \
-                     COALESCE(TIMESTAMPTZ 'epoch' + $5 * INTERVAL '1 microsecond', now()))",
+    library_insert:
+        "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
+                     ordering_key, next_attempt_at) VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
+                     COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', now()))",
     empty: "TRUNCATE outbox_message, outbox_failure, bench_business",
     count_outbox: "SELECT COUNT(*) AS n FROM outbox_message",
     select_one:
@@ -230,8 +133,10 @@ const MYSQL_SQL: Sql = Sql {
     business_insert: "INSERT INTO bench_business (member_id, body) VALUES (?, ?)",
     outbox_insert: "INSERT INTO outbox_message (message_id, message_type, payload, created_at, \
                     next_attempt_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-    library_insert: "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key, \
-                     created_at, next_attempt_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), \
+    library_insert:
+        "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
+                     ordering_key, created_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, \
+                     UTC_TIMESTAMP(6), \
                      COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)))",
     empty: "TRUNCATE TABLE outbox_message; TRUNCATE TABLE outbox_failure; \
             TRUNCATE TABLE bench_business",
@@ -248,8 +153,9 @@ const SQLITE_SQL: Sql = Sql {
     business_insert: "INSERT INTO bench_business (member_id, body) VALUES (?, ?)",
     outbox_insert: "INSERT INTO outbox_message (message_id, message_type, payload) \
                     VALUES (?, ?, ?)",
-    library_insert: "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key, \
-                     next_attempt_at) VALUES (?, ?, ?, ?, \
+    library_insert:
+        "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
+                     ordering_key, next_attempt_at) VALUES (?, ?, ?, ?, ?, \
                      COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), \
                               strftime('%Y-%m-%d %H:%M:%f', 'now')))",
     empty: "DELETE FROM outbox_message; DELETE FROM outbox_failure; DELETE FROM bench_business",
@@ -280,7 +186,7 @@ pub struct OneRow {
 }
 
 /// A connection type the benchmark runs on: the library's bounds plus the baselines' SQL.
-pub trait BenchConnection: OutboxConnection + R2D2Connection + Send + 'static {
+pub trait BenchConnection: Establish + R2D2Connection + Send + 'static {
     /// Its hand-written SQL.
     const SQL: Sql;
     /// Runs a statement without binds.
@@ -358,6 +264,7 @@ macro_rules! bench_connection {
                     .bind::<Text, _>(message_id)
                     .bind::<Text, _>(message_type)
                     .bind::<Text, _>(payload)
+                    .bind::<BigInt, _>(i64::try_from(payload.len()).unwrap_or(i64::MAX))
                     .bind::<Nullable<Text>, _>(None::<&str>)
                     .bind::<Nullable<BigInt>, _>(None::<i64>)
                     .execute(self)
@@ -388,23 +295,19 @@ bench_connection!(PgConnection, PG_SQL, transaction);
 bench_connection!(MysqlConnection, MYSQL_SQL, transaction);
 bench_connection!(SqliteConnection, SQLITE_SQL, immediate_transaction);
 
-/// Calls `$body` with `$c` naming the connection type of `$backend`.
-macro_rules! with_connection {
-    ($backend:expr, $c:ident => $body:expr) => {
-        match $backend {
-            $crate::Backend::Postgres => {
-                type $c = diesel::pg::PgConnection;
-                $body
-            }
-            $crate::Backend::Mysql => {
-                type $c = diesel::mysql::MysqlConnection;
-                $body
-            }
-            $crate::Backend::Sqlite => {
-                type $c = diesel::sqlite::SqliteConnection;
-                $body
-            }
+pub(crate) use outbox_testkit::with_connection;
+
+/// Runs a scenario, `$run_on::<C>(opts, &db)` with `C` the connection type of the backend
+/// `opts` names, on a freshly created `outbox_bench`, and drops it afterwards unless `--keep`.
+macro_rules! on_fresh_database {
+    ($opts:expr, $run_on:ident) => {{
+        let opts: &$crate::Opts = $opts;
+        let db = $crate::db::BenchDb::recreate(opts.backend)?;
+        let result = $crate::db::with_connection!(opts.backend, C => $run_on::<C>(opts, &db));
+        if !opts.keep {
+            db.drop_database()?;
         }
-    };
+        result
+    }};
 }
-pub(crate) use with_connection;
+pub(crate) use on_fresh_database;

@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 use diesel::pg::PgConnection;
 use diesel::sql_types::BigInt;
 use diesel::{QueryableByName, RunQueryDsl};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
 use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
-use outbox_diesel::{
-    Batch, ClaimToken, DieselStore, MessageId, Outcome, Settlement, Store, Worker, WorkerHandle,
-};
+use outbox_diesel::{Batch, DieselStore, MessageId, Worker, WorkerHandle};
+use outbox_testkit::http::Receiver;
 use serde_json::{json, Map, Value};
 
-use crate::db::{with_connection, BenchConnection, BenchDb};
+use crate::db::{on_fresh_database, BenchConnection, BenchDb};
 use crate::handlers::{envelope, envelope_raw, Hook, Noop};
-use crate::receiver::{raw_capacity, Receiver};
+use crate::raw_client::raw_capacity;
 use crate::report::Report;
 use crate::traced_store::{TraceHandle, TracedStore};
 use crate::worker_process::{self, ChildWorker};
@@ -50,8 +50,12 @@ pub fn endpoint(url: &str) -> Res<WebhookEndpoint> {
 pub enum Kind {
     /// Delivered to the receiver.
     Hook,
+    /// Delivered to the receiver, with a payload of about this many bytes.
+    SizedHook(usize),
     /// Processed by doing nothing.
     Noop,
+    /// Processed by doing nothing, message `n` under ordering key `n % keys`.
+    KeyedNoop(usize),
 }
 
 /// Enqueues `count` messages in transactions of `Batch`es; returns messages per second.
@@ -60,13 +64,27 @@ pub fn prefill<C: BenchConnection>(db: &BenchDb, count: usize, kind: Kind) -> Re
     let started = Instant::now();
     let mut n = 0u64;
     while (n as usize) < count {
-        let chunk = PREFILL_CHUNK.min(count - n as usize);
+        let per_chunk = match kind {
+            // Large payloads in transactions of about 64 MiB.
+            Kind::SizedHook(bytes) => (64 << 20) / bytes.max(1),
+            _ => PREFILL_CHUNK,
+        };
+        let chunk = per_chunk.clamp(1, PREFILL_CHUNK).min(count - n as usize);
         conn.write_tx(|c| {
             let mut batch = Batch::new();
             for i in 0..chunk as u64 {
                 match kind {
                     Kind::Hook => batch.push(&Hook::new(n + i))?,
+                    Kind::SizedHook(bytes) => batch.push_with(
+                        &Hook::sized(n + i, bytes),
+                        &outbox_diesel::EnqueueOptions::new().max_payload_bytes(bytes + 1024),
+                    )?,
                     Kind::Noop => batch.push(&Noop::new(n + i))?,
+                    Kind::KeyedNoop(keys) => batch.push_with(
+                        &Noop::new(n + i),
+                        &outbox_diesel::EnqueueOptions::new()
+                            .ordering_key(format!("key-{}", (n + i) % keys.max(1) as u64)),
+                    )?,
                 };
             }
             batch.enqueue(c)?;
@@ -159,18 +177,10 @@ fn pg_work(before: &PgCounters, after: &PgCounters, messages: u64) -> Value {
     })
 }
 
-/// Waits for `done()` or until `timeout`, checking every 2 ms; returns whether it held.
-pub fn wait_for(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + timeout;
-    loop {
-        if done() {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+/// Waits for `done()` or until `timeout`, checking every 2 ms (the drain's end is measured by
+/// it); returns whether it held.
+pub fn wait_for(timeout: Duration, done: impl FnMut() -> bool) -> bool {
+    outbox_testkit::eventually_every(Duration::from_millis(2), timeout, done)
 }
 
 /// How long a backlog of `count` may take at the very slowest.
@@ -205,15 +215,16 @@ struct Drained {
     store: Value,
 }
 
-/// (ii) The worker with a no-op handler drains `count` messages: no HTTP.
+/// (ii) The worker with a no-op handler drains `count` messages of `kind`: no HTTP.
 fn noop_drain<C: BenchConnection>(
     db: &BenchDb,
     opts: &Opts,
     count: usize,
+    kind: Kind,
     report: &mut Report,
 ) -> Res<Drained> {
     db.empty::<C>()?;
-    prefill::<C>(db, count, Kind::Noop)?;
+    prefill::<C>(db, count, kind)?;
     let trace = TraceHandle::default();
     let pg_before = pg_counters(db)?;
     let started = Instant::now();
@@ -258,7 +269,11 @@ fn sql_drain<C: BenchConnection>(db: &BenchDb, opts: &Opts, count: usize) -> Res
     while drained < count && Instant::now() < until {
         let token = ClaimToken::new();
         let claimed = store
-            .claim(token, opts.batch_size, Duration::from_secs(60))
+            .claim(
+                token,
+                ClaimLimit::messages(opts.batch_size),
+                Duration::from_secs(60),
+            )
             .ctx("claiming with the library's store")?;
         if claimed.is_empty() {
             break;
@@ -269,6 +284,7 @@ fn sql_drain<C: BenchConnection>(db: &BenchDb, opts: &Opts, count: usize) -> Res
                 token,
                 position: message.position,
                 message_id: message.message_id,
+                ordering_key: message.ordering_key.clone(),
                 settlement: Settlement::Done,
             })
             .collect();
@@ -401,22 +417,20 @@ fn backlog(opts: &Opts) -> usize {
 
 /// Runs `drain`; returns whether it completed.
 pub fn run(opts: &Opts) -> Res<bool> {
-    let db = BenchDb::recreate(opts.backend)?;
-    let result = with_connection!(opts.backend, C => drain_on::<C>(opts, &db));
-    if !opts.keep {
-        db.drop_database()?;
-    }
-    result
+    on_fresh_database!(opts, drain_on)
 }
 
 fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
+    if !opts.keys.is_empty() {
+        return keyed_drain_on::<C>(opts, db);
+    }
     let count = backlog(opts);
     // Rates of the baselines need seconds, not the whole backlog.
     let http_count = count.min(50_000) as u64;
     let loop_count = count.min(20_000);
     let loop_limit = Duration::from_secs(if opts.quick { 2 } else { 10 });
-    let receiver = Receiver::start()?;
-    let endpoint = endpoint(&receiver.url())?;
+    let receiver = Receiver::counting();
+    let endpoint = endpoint(&receiver.url("/hook"))?;
     let mut report = Report::new(
         "drain",
         opts,
@@ -440,12 +454,12 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         let http = http_capacity(&endpoint, opts.handler_threads, http_count)?;
         let http_cpu = cpu::used(&cpu_before, &cpu::snapshot(&[]));
         let threads = opts.handler_threads.max(1) as u64;
-        if receiver.requests() != http_count / threads * threads {
+        if receiver.count() as u64 != http_count / threads * threads {
             report.problem("the HTTP baseline lost requests");
         }
         // (ii) the database without HTTP.
         let sql = sql_drain::<C>(db, opts, count)?;
-        let noop = noop_drain::<C>(db, opts, count, &mut report)?;
+        let noop = noop_drain::<C>(db, opts, count, Kind::Noop, &mut report)?;
         // The worker itself.
         let (worker, prefill_rate) =
             worker_drain::<C>(db, opts, &receiver, &endpoint, count, &mut report)?;
@@ -516,14 +530,83 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     Ok(report.finish())
 }
 
+/// `drain --keys K,..`: the no-op worker drains the backlog without ordering keys, then spread
+/// over K keys, then K keys at a tenth of the backlog: per-key order must cost a small factor
+/// of the unkeyed rate, and no more per message as the backlog grows.
+fn keyed_drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
+    let count = backlog(opts);
+    let small = (count / 10).max(1);
+    let mut report = Report::new(
+        "drain_keyed",
+        opts,
+        json!({
+            "messages": count,
+            "small_backlog": small,
+            "keys": opts.keys,
+            "handler": "no-op",
+            "handler_threads": opts.handler_threads,
+            "batch_size": opts.batch_size,
+            "pool": "r2d2, 4 connections",
+        }),
+    );
+    for _ in 0..opts.runs() {
+        let mut figures = Map::new();
+        let unkeyed = noop_drain::<C>(db, opts, count, Kind::Noop, &mut report)?;
+        figures.insert(
+            "unkeyed_per_s".into(),
+            json!(stats::round(unkeyed.per_s, 0)),
+        );
+        for &keys in &opts.keys {
+            let keyed = noop_drain::<C>(db, opts, count, Kind::KeyedNoop(keys), &mut report)?;
+            let keyed_small = noop_drain::<C>(db, opts, small, Kind::KeyedNoop(keys), &mut report)?;
+            let per_message = keyed.seconds / count as f64;
+            let per_message_small = keyed_small.seconds / small as f64;
+            figures.insert(
+                format!("keys_{keys}_per_s"),
+                json!(stats::round(keyed.per_s, 0)),
+            );
+            figures.insert(
+                format!("keys_{keys}_small_backlog_per_s"),
+                json!(stats::round(keyed_small.per_s, 0)),
+            );
+            figures.insert(
+                format!("ratio_keys_{keys}_over_unkeyed"),
+                json!(stats::round(keyed.per_s / unkeyed.per_s, 3)),
+            );
+            figures.insert(
+                format!("keys_{keys}_time_per_message_large_over_small"),
+                json!(stats::round(per_message / per_message_small, 3)),
+            );
+            figures.insert(format!("store_keys_{keys}"), keyed.store);
+        }
+        report.run(figures);
+    }
+    if db.backend == Backend::Postgres {
+        for &keys in &opts.keys {
+            let floor = match keys {
+                0..=16 => Some(0.25),
+                1000.. => Some(0.8),
+                _ => None,
+            };
+            if let Some(floor) = floor {
+                let ratio = report.median(&format!("ratio_keys_{keys}_over_unkeyed"));
+                report.target(&format!("{keys} keys / unkeyed"), ratio, floor, true);
+            }
+            let growth = report.median(&format!("keys_{keys}_time_per_message_large_over_small"));
+            report.target(
+                &format!("{keys} keys: time per message, {count} over {small}"),
+                growth,
+                1.3,
+                false,
+            );
+        }
+    }
+    Ok(report.finish())
+}
+
 /// Runs `scale`: the drain with 1 and 2 worker processes; returns whether it completed.
 pub fn run_scale(opts: &Opts) -> Res<bool> {
-    let db = BenchDb::recreate(opts.backend)?;
-    let result = with_connection!(opts.backend, C => scale_on::<C>(opts, &db));
-    if !opts.keep {
-        db.drop_database()?;
-    }
-    result
+    on_fresh_database!(opts, scale_on)
 }
 
 /// One scaled drain: `processes` worker processes deliver `count` messages.
@@ -543,9 +626,10 @@ fn scaled_drain<C: BenchConnection>(
         .map(|_| {
             worker_process::spawn(
                 db,
-                &receiver.url(),
+                &receiver.url("/hook"),
                 opts.handler_threads,
                 opts.batch_size,
+                None,
                 drain_timeout(count),
             )
         })
@@ -601,8 +685,8 @@ fn scaled_drain<C: BenchConnection>(
 fn scale_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     let count = backlog(opts);
     let http_count = count.min(50_000) as u64;
-    let receiver = Arc::new(Receiver::start()?);
-    let endpoint = endpoint(&receiver.url())?;
+    let receiver = Arc::new(Receiver::counting());
+    let endpoint = endpoint(&receiver.url("/hook"))?;
     let mut report = Report::new(
         "scale",
         opts,

@@ -13,7 +13,7 @@ use outbox_diesel::prelude::*;
 use outbox_diesel::{Batch, MessageId};
 use serde_json::{json, Map, Value};
 
-use crate::db::{with_connection, BenchConnection, BenchDb};
+use crate::db::{on_fresh_database, BenchConnection, BenchDb};
 use crate::handlers::Hook;
 use crate::report::Report;
 use crate::{cpu, failed, stats, Opts, Res};
@@ -66,12 +66,7 @@ impl Variant {
 
 /// Runs the scenario; returns whether it completed.
 pub fn run(opts: &Opts) -> Res<bool> {
-    let db = BenchDb::recreate(opts.backend)?;
-    let result = with_connection!(opts.backend, C => run_on::<C>(opts, &db));
-    if !opts.keep {
-        db.drop_database()?;
-    }
-    result
+    on_fresh_database!(opts, run_on)
 }
 
 fn serialize_error(e: serde_json::Error) -> diesel::result::Error {

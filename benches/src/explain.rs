@@ -1,6 +1,8 @@
 //! `explain`: the plan of the worker's claim query on a large outbox table (1,000,000 rows by
 //! default), fresh, after half the rows were claimed and deleted without a vacuum (autovacuum
-//! may be off or behind), and after `VACUUM`. The claim must not scan the table.
+//! may be off or behind), and after `VACUUM`. With `--keys K` the rows are spread over K
+//! ordering keys and the half-deleted stages give way to the steady state, every message behind
+//! its key's head parked. The claim must not scan the table.
 
 use diesel::mysql::MysqlConnection;
 use diesel::pg::PgConnection;
@@ -9,7 +11,7 @@ use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, QueryableByName, RunQueryDsl};
 use serde_json::{json, Map, Value};
 
-use crate::db::{with_connection, BenchConnection, BenchDb};
+use crate::db::{on_fresh_database, BenchConnection, BenchDb};
 use crate::drain::{prefill, Kind};
 use crate::library_sql::{mysql_candidates_sql, pg_claim_sql, sqlite_candidates_sql};
 use crate::report::Report;
@@ -35,12 +37,7 @@ struct SqlitePlan {
 
 /// Runs the scenario; returns whether it completed.
 pub fn run(opts: &Opts) -> Res<bool> {
-    let db = BenchDb::recreate(opts.backend)?;
-    let result = with_connection!(opts.backend, C => run_on::<C>(opts, &db));
-    if !opts.keep {
-        db.drop_database()?;
-    }
-    result
+    on_fresh_database!(opts, run_on)
 }
 
 /// The claim's plan, executed and rolled back (PostgreSQL: the whole CTE + UPDATE).
@@ -48,12 +45,7 @@ fn plan(db: &BenchDb, limit: usize) -> Res<Vec<String>> {
     match db.backend {
         Backend::Postgres => {
             let mut conn = db.connect::<PgConnection>()?;
-            let sql = format!(
-                "EXPLAIN (ANALYZE, BUFFERS) {}",
-                pg_claim_sql(limit)
-                    .replace("$1::uuid", "'00000000-0000-4000-8000-000000000000'::uuid")
-                    .replace("$2 *", "60000000 *")
-            );
+            let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {}", pg_claim_sql(limit));
             let mut lines = Vec::new();
             let _ = conn.transaction::<(), diesel::result::Error, _>(|c| {
                 let rows: Vec<PlanLine> = diesel::sql_query(&sql).load(c)?;
@@ -108,13 +100,19 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         .count
         .unwrap_or(if opts.quick { 20_000 } else { 1_000_000 });
     let limit = opts.batch_size;
+    let keys = opts.keys.first().copied();
     let mut report = Report::new(
         "explain",
         opts,
-        json!({ "rows": count, "claim_limit": limit, "query": "the worker's claim (store.rs)" }),
+        json!({
+            "rows": count,
+            "ordering_keys": keys,
+            "claim_limit": limit,
+            "query": "the worker's claim (outbox-diesel/src/sql)",
+        }),
     );
     let started = std::time::Instant::now();
-    prefill::<C>(db, count, Kind::Hook)?;
+    prefill::<C>(db, count, keys.map_or(Kind::Hook, Kind::KeyedNoop))?;
     eprintln!(
         "   prefilled {count} rows in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -137,39 +135,58 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         Ok(())
     };
     stage("fresh", &mut figures)?;
-    // Half the backlog claimed (its due time moved past now, as a lease does) and deleted, as
-    // the worker leaves it, without a vacuum.
-    let half = count / 2;
     let mut conn = db.connect::<C>()?;
-    let (claim_half, delete_half) = match db.backend {
-        Backend::Postgres => (
-            format!(
-                "UPDATE outbox_message SET locked_by = gen_random_uuid(), \
-                 attempts = attempts + 1, next_attempt_at = now() + INTERVAL '60 seconds' \
-                 WHERE id <= {half}"
+    if keys.is_some() {
+        // Every message behind the head of its key parked, as the first claims leave them.
+        let park = match db.backend {
+            Backend::Postgres => {
+                "UPDATE outbox_message SET parked = TRUE WHERE id NOT IN \
+                 (SELECT min(id) FROM outbox_message GROUP BY ordering_key)"
+            }
+            Backend::Mysql | Backend::Sqlite => {
+                "UPDATE outbox_message SET parked = 1 WHERE id NOT IN \
+                 (SELECT head FROM (SELECT min(id) AS head FROM outbox_message \
+                  GROUP BY ordering_key) AS heads)"
+            }
+        };
+        conn.exec(park)
+            .ctx("parking the messages behind the heads")?;
+        stage("parked_first_claim", &mut figures)?;
+        stage("parked_second_claim", &mut figures)?;
+    } else {
+        // Half the backlog claimed (its due time moved past now, as a lease does) and deleted, as
+        // the worker leaves it, without a vacuum.
+        let half = count / 2;
+        let (claim_half, delete_half) = match db.backend {
+            Backend::Postgres => (
+                format!(
+                    "UPDATE outbox_message SET locked_by = gen_random_uuid(), \
+                     attempts = attempts + 1, next_attempt_at = now() + INTERVAL '60 seconds' \
+                     WHERE id <= {half}"
+                ),
+                format!("DELETE FROM outbox_message WHERE id <= {half}"),
             ),
-            format!("DELETE FROM outbox_message WHERE id <= {half}"),
-        ),
-        Backend::Mysql => (
-            format!(
-                "UPDATE outbox_message SET locked_by = UUID(), attempts = attempts + 1, \
-                 next_attempt_at = TIMESTAMPADD(SECOND, 60, UTC_TIMESTAMP(6)) WHERE id <= {half}"
+            Backend::Mysql => (
+                format!(
+                    "UPDATE outbox_message SET locked_by = UUID(), attempts = attempts + 1, \
+                     next_attempt_at = TIMESTAMPADD(SECOND, 60, UTC_TIMESTAMP(6)) WHERE id <= {half}"
+                ),
+                format!("DELETE FROM outbox_message WHERE id <= {half}"),
             ),
-            format!("DELETE FROM outbox_message WHERE id <= {half}"),
-        ),
-        Backend::Sqlite => (
-            format!(
-                "UPDATE outbox_message SET locked_by = 'x', attempts = attempts + 1, \
-                 next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+60 seconds') \
-                 WHERE id <= {half}"
+            Backend::Sqlite => (
+                format!(
+                    "UPDATE outbox_message SET locked_by = 'x', attempts = attempts + 1, \
+                     next_attempt_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+60 seconds') \
+                     WHERE id <= {half}"
+                ),
+                format!("DELETE FROM outbox_message WHERE id <= {half}"),
             ),
-            format!("DELETE FROM outbox_message WHERE id <= {half}"),
-        ),
-    };
-    conn.exec(&claim_half).ctx("leasing half the rows")?;
-    conn.exec(&delete_half).ctx("deleting half the rows")?;
-    stage("half_deleted_first_claim", &mut figures)?;
-    stage("half_deleted_second_claim", &mut figures)?;
+        };
+        conn.exec(&claim_half).ctx("leasing half the rows")?;
+        conn.exec(&delete_half).ctx("deleting half the rows")?;
+        stage("half_deleted_first_claim", &mut figures)?;
+        stage("half_deleted_second_claim", &mut figures)?;
+    }
     let vacuum = match db.backend {
         Backend::Postgres => "VACUUM ANALYZE outbox_message",
         Backend::Mysql => "ANALYZE TABLE outbox_message",

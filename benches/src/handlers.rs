@@ -30,6 +30,16 @@ impl Hook {
     }
 }
 
+impl Hook {
+    /// Message number `n` with a note of `bytes` bytes: a payload of about that size.
+    pub fn sized(n: u64, bytes: usize) -> Hook {
+        Hook {
+            note: "x".repeat(bytes),
+            ..Hook::new(n)
+        }
+    }
+}
+
 impl Handler for Hook {
     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
         ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)

@@ -11,23 +11,18 @@ use outbox_diesel::prelude::*;
 use outbox_diesel::{DieselStore, Worker};
 use serde_json::{json, Map, Value};
 
-use crate::db::{with_connection, BenchConnection, BenchDb};
+use crate::db::{on_fresh_database, BenchConnection, BenchDb};
 use crate::drain::{endpoint, wait_for};
 use crate::handlers::{envelope, Hook};
-use crate::receiver::Receiver;
 use crate::report::Report;
 use crate::stats::{percentile, round};
 use crate::traced_store::{TraceHandle, TracedStore};
 use crate::{cpu, Backend, Opts, Res, WithContext};
+use outbox_testkit::http::Receiver;
 
 /// Runs the scenario; returns whether it completed.
 pub fn run(opts: &Opts) -> Res<bool> {
-    let db = BenchDb::recreate(opts.backend)?;
-    let result = with_connection!(opts.backend, C => run_on::<C>(opts, &db));
-    if !opts.keep {
-        db.drop_database()?;
-    }
-    result
+    on_fresh_database!(opts, run_on)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -52,8 +47,8 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     let seconds = opts.seconds.unwrap_or(if opts.quick { 2.0 } else { 20.0 });
     let total = (rate * seconds).round().max(1.0) as usize;
     let enqueuers = if opts.clients > 1 { opts.clients } else { 4 };
-    let receiver = Receiver::start()?;
-    let endpoint = endpoint(&receiver.url())?;
+    let receiver = Receiver::counting();
+    let endpoint = endpoint(&receiver.url("/hook"))?;
     let mut report = Report::new(
         "latency",
         opts,

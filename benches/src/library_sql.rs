@@ -1,42 +1,36 @@
-//! The library's claim queries (copied from `outbox-diesel/src/store.rs`), for `EXPLAIN`: the
-//! library does not expose its SQL.
+//! The library's claim statements, as `outbox-diesel` runs them, with the binds written in
+//! for `EXPLAIN` (which takes no parameters on MySQL and SQLite).
 
-/// Only the first pending message of each ordering key is claimable (store.rs).
-pub const HEAD_OF_ITS_KEY: &str = "(m.ordering_key IS NULL OR NOT EXISTS (\
-     SELECT 1 FROM outbox_message e WHERE e.ordering_key = m.ordering_key AND e.id < m.id))";
+use outbox_diesel::__private::claim_sql::{
+    candidates, MYSQL_CANDIDATES, POSTGRES_CLAIM, SQLITE_CANDIDATES,
+};
 
-/// The PostgreSQL claim of store.rs, for `limit` messages; binds: token (text), lease (µs).
+/// The PostgreSQL claim of a batch of `limit`, leasing for 60 s under a fixed token.
 pub fn pg_claim_sql(limit: usize) -> String {
-    format!(
-        "WITH due AS (\
-            SELECT id FROM outbox_message m \
-            WHERE m.next_attempt_at <= now() AND {HEAD_OF_ITS_KEY} \
-            ORDER BY m.next_attempt_at, m.id LIMIT {limit} \
-            FOR UPDATE SKIP LOCKED) \
-         UPDATE outbox_message o \
-         SET locked_by = $1::uuid, attempts = o.attempts + 1, \
-             next_attempt_at = now() + $2 * INTERVAL '1 microsecond' \
-         FROM due, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
-         WHERE o.id = due.id \
-         RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
-             o.payload::text AS payload, o.ordering_key, o.attempts"
-    )
+    let binds = [
+        candidates(limit).to_string(),
+        limit.to_string(),
+        i64::MAX.to_string(),
+        "TRUE".to_owned(),
+        "'00000000-0000-4000-8000-000000000000'".to_owned(),
+        "60000000".to_owned(),
+    ];
+    // From the highest number down, so that `$1` never matches the start of `$10`.
+    binds
+        .iter()
+        .enumerate()
+        .rev()
+        .fold(POSTGRES_CLAIM.to_owned(), |sql, (i, value)| {
+            sql.replace(&format!("${}", i + 1), value)
+        })
 }
 
-/// The MySQL claim's first statement: the candidates, read without locks.
+/// The MySQL claim's first statement, its candidates, for a batch of `limit`.
 pub fn mysql_candidates_sql(limit: usize) -> String {
-    format!(
-        "SELECT id FROM outbox_message m \
-         WHERE m.next_attempt_at <= UTC_TIMESTAMP(6) AND {HEAD_OF_ITS_KEY} \
-         ORDER BY m.next_attempt_at, m.id LIMIT {limit}"
-    )
+    MYSQL_CANDIDATES.replace('?', &candidates(limit).to_string())
 }
 
-/// The SQLite claim's candidates (inside its UPDATE .. RETURNING).
+/// The SQLite claim's candidates, for a batch of `limit`.
 pub fn sqlite_candidates_sql(limit: usize) -> String {
-    format!(
-        "SELECT id FROM outbox_message m \
-         WHERE m.next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') AND {HEAD_OF_ITS_KEY} \
-         ORDER BY m.next_attempt_at, m.id LIMIT {limit}"
-    )
+    SQLITE_CANDIDATES.replace('?', &candidates(limit).to_string())
 }

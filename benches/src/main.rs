@@ -19,7 +19,7 @@ mod handlers;
 mod latency;
 mod library_sql;
 mod memory;
-mod receiver;
+mod raw_client;
 mod report;
 mod stats;
 mod traced_store;
@@ -28,7 +28,7 @@ mod worker_process;
 use std::error::Error;
 use std::fmt;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 /// Every fallible step of the benchmark returns this: an error with what was being done.
 pub type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
@@ -116,33 +116,13 @@ enum Command {
     Worker(worker_process::WorkerArgs),
 }
 
-/// The database a scenario runs on.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// PostgreSQL (`OUTBOX_TEST_POSTGRES_URL`).
-    Postgres,
-    /// MySQL or MariaDB (`OUTBOX_TEST_MYSQL_URL`).
-    Mysql,
-    /// SQLite, in a temporary file.
-    Sqlite,
-}
-
-impl Backend {
-    /// The name used in the JSON output.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        }
-    }
-}
+pub use outbox_diesel::Backend;
 
 /// Options shared by the scenarios; each uses those that apply to it.
 #[derive(Args, Debug, Clone)]
 pub struct Opts {
-    /// The database.
-    #[arg(long, value_enum, default_value = "postgres")]
+    /// The database: postgres, mysql or sqlite.
+    #[arg(long, default_value = "postgres")]
     pub backend: Backend,
     /// A few seconds, small counts and one run: proves the benchmark works, measures nothing.
     #[arg(long)]
@@ -172,6 +152,16 @@ pub struct Opts {
     /// default is 4, so that the schedule holds even when one commit is slow).
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
+    /// The size of each message's payload in bytes, for `memory` (default: about 100 bytes).
+    #[arg(long)]
+    pub payload_bytes: Option<usize>,
+    /// The worker's `max_in_flight_bytes`, for `memory` (the library's default is 32 MiB).
+    #[arg(long)]
+    pub max_in_flight_bytes: Option<usize>,
+    /// Ordering keys: `drain` compares no-op drains spread over each of these many keys with
+    /// the unkeyed drain (e.g. `--keys 16,1000`); `explain` prefills over the first.
+    #[arg(long, value_delimiter = ',')]
+    pub keys: Vec<usize>,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,
@@ -190,45 +180,6 @@ impl Opts {
         } else {
             "full"
         }
-    }
-}
-
-/// Prints the library's log records on stderr when `OUTBOX_BENCH_LOG` names a level
-/// (`debug`, `info`, ...), with the time since start: for diagnosing, not for measuring.
-struct StderrLog {
-    started: std::time::Instant,
-}
-
-impl log::Log for StderrLog {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        eprintln!(
-            "[{:>10.3} ms {:<5} {}] {}",
-            self.started.elapsed().as_secs_f64() * 1000.0,
-            record.level(),
-            std::thread::current().name().unwrap_or("?"),
-            record.args()
-        );
-    }
-
-    fn flush(&self) {}
-}
-
-fn init_log() {
-    let Some(level) = std::env::var("OUTBOX_BENCH_LOG")
-        .ok()
-        .and_then(|level| level.parse::<log::LevelFilter>().ok())
-    else {
-        return;
-    };
-    let logger = Box::leak(Box::new(StderrLog {
-        started: std::time::Instant::now(),
-    }));
-    if log::set_logger(logger).is_ok() {
-        log::set_max_level(level);
     }
 }
 
@@ -256,7 +207,7 @@ fn one_benchmark_at_a_time() -> Res<std::fs::File> {
 }
 
 fn main() {
-    init_log();
+    outbox_testkit::log_to_stderr_from_env("OUTBOX_BENCH_LOG");
     let cli = Cli::parse();
     // Worker processes are the scenario's own children: only the scenario takes the lock.
     let _lock = match &cli.command {

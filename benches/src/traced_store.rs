@@ -6,7 +6,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use outbox_diesel::{ClaimToken, ClaimedMessage, Listener, Outcome, Store, StoreError};
+use outbox_diesel::store::{
+    ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Store, StoreError,
+};
 use serde_json::{json, Value};
 
 use crate::stats::round;
@@ -96,7 +98,7 @@ impl<S: Store> Store for TracedStore<S> {
     fn claim(
         &self,
         token: ClaimToken,
-        limit: usize,
+        limit: ClaimLimit,
         lease: Duration,
     ) -> Result<Vec<ClaimedMessage>, StoreError> {
         let started = Instant::now();
@@ -118,7 +120,7 @@ impl<S: Store> Store for TracedStore<S> {
             t.last_claim_end = Some(ended);
             t.last_claim_size = result.as_ref().map_or(0, Vec::len);
             t.claims += 1;
-            t.asked += limit as u64;
+            t.asked += limit.messages as u64;
             t.claim_time += took;
             t.max_claim = t.max_claim.max(took);
             if let Ok(claimed) = &result {
@@ -126,7 +128,7 @@ impl<S: Store> Store for TracedStore<S> {
                 t.claimed += n;
                 if n == 0 {
                     t.empty_claims += 1;
-                } else if n < limit as u64 {
+                } else if n < limit.messages as u64 {
                     t.short_claims += 1;
                 }
             }
@@ -147,8 +149,28 @@ impl<S: Store> Store for TracedStore<S> {
         result
     }
 
-    fn check(&self) -> Result<(), StoreError> {
-        self.inner.check()
+    fn extend_leases(
+        &self,
+        leases: &[(ClaimToken, i64)],
+        lease: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.inner.extend_leases(leases, lease)
+    }
+
+    fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping()
+    }
+
+    fn promote_stranded(&self) -> Result<usize, StoreError> {
+        self.inner.promote_stranded()
+    }
+
+    fn check(&self, connections: usize) -> Result<(), StoreError> {
+        self.inner.check(connections)
+    }
+
+    fn listens(&self) -> bool {
+        self.inner.listens()
     }
 
     fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {

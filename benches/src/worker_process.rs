@@ -19,7 +19,7 @@ use crate::{failed, Backend, Res, WithContext};
 #[derive(Args, Debug, Clone)]
 pub struct WorkerArgs {
     /// The database.
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub backend: Backend,
     /// Its URL (a file path for SQLite).
     #[arg(long)]
@@ -33,6 +33,9 @@ pub struct WorkerArgs {
     /// Batch size.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
+    /// The most payload bytes held at once.
+    #[arg(long, default_value_t = 32 << 20)]
+    pub max_in_flight_bytes: usize,
     /// Stop by itself after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub max_seconds: u64,
@@ -50,6 +53,7 @@ fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
     let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
         .handler_threads(args.handler_threads)
         .batch_size(args.batch_size)
+        .max_in_flight_bytes(args.max_in_flight_bytes)
         .webhook(endpoint(&args.receiver)?)
         .spawn()
         .ctx("starting the worker")?;
@@ -109,11 +113,21 @@ pub fn spawn(
     receiver: &str,
     handler_threads: usize,
     batch_size: usize,
+    max_in_flight_bytes: Option<usize>,
     max_time: Duration,
 ) -> Res<ChildWorker> {
     let exe = std::env::current_exe().ctx("finding the benchmark's own executable")?;
-    let mut child = Command::new(exe)
-        .arg("worker")
+    let mut command = Command::new(exe);
+    command.arg("worker");
+    if let Some(bytes) = max_in_flight_bytes {
+        command.arg("--max-in-flight-bytes").arg(bytes.to_string());
+    }
+    if let Ok(threshold) = std::env::var("OUTBOX_BENCH_MMAP_THRESHOLD") {
+        // glibc keeps freed multi-MB buffers in its per-thread arenas unless large
+        // allocations always go to mmap: what the worker holds, not what the allocator keeps.
+        command.env("MALLOC_MMAP_THRESHOLD_", threshold);
+    }
+    let mut child = command
         .arg("--backend")
         .arg(db.backend.name())
         .arg("--url")

@@ -3,17 +3,6 @@
 /// An error that ends the command with exit code 1.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    /// The URL's scheme names no supported backend.
-    #[error(
-        "unsupported database URL `{0}`: use postgres://, postgresql://, mysql://, \
-         sqlite://PATH, file:PATH, or a path ending .db, .sqlite or .sqlite3"
-    )]
-    UnsupportedUrl(String),
-
-    /// The database could not be reached or refused the connection.
-    #[error("cannot connect to the database: {0}")]
-    Connect(String),
-
     /// An SQLite path that names no file, for a command that only reads or changes the outbox.
     #[error("no SQLite database at `{0}` (`outbox migrate` creates it)")]
     NoSqliteFile(String),
@@ -58,29 +47,9 @@ pub fn list(positions: &[i64]) -> String {
 
 impl From<outbox_diesel::Error> for CliError {
     fn from(error: outbox_diesel::Error) -> Self {
-        match missing_table(&error) {
-            Some(table) => CliError::MissingSchema(table),
-            None => CliError::Outbox(error),
+        match error {
+            outbox_diesel::Error::SchemaMissing { table, .. } => CliError::MissingSchema(table),
+            error => CliError::Outbox(error),
         }
     }
-}
-
-/// Which outbox table an error says is missing, on any of the three backends:
-/// PostgreSQL `relation "outbox_message" does not exist`, MySQL/MariaDB
-/// `Table 'db.outbox_message' doesn't exist`, SQLite `no such table: outbox_message`.
-fn missing_table(error: &outbox_diesel::Error) -> Option<&'static str> {
-    let outbox_diesel::Error::Database(diesel::result::Error::DatabaseError(_, info)) = error
-    else {
-        return None;
-    };
-    let message = info.message().to_ascii_lowercase();
-    let missing = message.contains("does not exist")
-        || message.contains("doesn't exist")
-        || message.contains("no such table");
-    if !missing {
-        return None;
-    }
-    ["outbox_message", "outbox_failure"]
-        .into_iter()
-        .find(|table| message.contains(table))
 }

@@ -18,9 +18,8 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 
-use crate::cli::{Cli, Command};
+use crate::cli::Cli;
 use crate::commands::Output;
-use crate::db::DatabaseUrl;
 use crate::error::CliError;
 
 fn main() -> ExitCode {
@@ -33,24 +32,11 @@ fn main() -> ExitCode {
             )
             .exit();
     };
-    match run(&cli, url).and_then(print) {
+    match db::run(url, &cli.command, cli.json).and_then(print) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {}", table::one_line(&error.to_string()));
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// Connects to the database the URL names and runs the command there.
-fn run(cli: &Cli, url: &str) -> Result<Output, CliError> {
-    let command = &cli.command;
-    match DatabaseUrl::parse(url)? {
-        DatabaseUrl::Postgres(url) => commands::run(&mut db::postgres(&url)?, command, cli.json),
-        DatabaseUrl::Mysql(url) => commands::run(&mut db::mysql(&url)?, command, cli.json),
-        DatabaseUrl::Sqlite(path) => {
-            let creates = matches!(command, Command::Migrate);
-            commands::run(&mut db::sqlite(&path, creates)?, command, cli.json)
         }
     }
 }

@@ -5,12 +5,11 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use diesel::r2d2::{ConnectionManager, Pool};
 use outbox_diesel::admin::{dead_letters, pending_messages, DeadLetter, ListOptions};
 use outbox_diesel::prelude::*;
-use outbox_diesel::{ClaimToken, DieselStore, EnqueueOptions, Message, Outcome, Settlement, Store};
-use outbox_tests::worker_support::{pool, TestConnection};
-use outbox_tests::{backend_tests, TestDb};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
+use outbox_diesel::{DieselStore, EnqueueOptions, Message};
+use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -100,8 +99,6 @@ fn outbox(url: &str, args: &[&str]) -> Run {
     outbox_with_input(url, args, None)
 }
 
-type TestPool<C> = Pool<ConnectionManager<C>>;
-
 fn dead<C: TestConnection>(pool: &TestPool<C>) -> Vec<DeadLetter> {
     dead_letters(&mut pool.get().unwrap(), &ListOptions::new().limit(1000)).unwrap()
 }
@@ -121,7 +118,9 @@ fn pending_count<C: TestConnection>(pool: &TestPool<C>) -> usize {
 fn dead_letter_everything_due<C: TestConnection>(pool: &TestPool<C>) -> usize {
     let store = DieselStore::new(pool.clone());
     let token = ClaimToken::new();
-    let claimed = store.claim(token, 100, Duration::from_secs(60)).unwrap();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(100), Duration::from_secs(60))
+        .unwrap();
     let outcomes: Vec<Outcome> = claimed
         .iter()
         .map(|m| {
@@ -134,6 +133,7 @@ fn dead_letter_everything_due<C: TestConnection>(pool: &TestPool<C>) -> usize {
                 token,
                 position: m.position,
                 message_id: m.message_id,
+                ordering_key: m.ordering_key.clone(),
                 settlement: Settlement::DeadLetter { error },
             }
         })
@@ -146,7 +146,7 @@ fn dead_letter_everything_due<C: TestConnection>(pool: &TestPool<C>) -> usize {
 /// dead letters: cli.beta {1}, cli.alpha {1}, cli.alpha {2} (in this order);
 /// pending: cli.alpha {3} (in flight), cli.alpha {4}, cli.beta {2} (ordering key `key-1`).
 fn seed<C: TestConnection>(db: &TestDb) -> TestPool<C> {
-    let pool = pool::<C>(db, 2);
+    let pool = db.pool::<C>(2);
     {
         let mut conn = pool.get().unwrap();
         Beta { n: 1 }.enqueue(&mut conn).unwrap();
@@ -164,7 +164,11 @@ fn seed<C: TestConnection>(db: &TestDb) -> TestPool<C> {
     }
     let store = DieselStore::new(pool.clone());
     let claimed = store
-        .claim(ClaimToken::new(), 1, Duration::from_secs(600))
+        .claim(
+            ClaimToken::new(),
+            ClaimLimit::messages(1),
+            Duration::from_secs(600),
+        )
         .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].payload.replace(' ', ""), r#"{"n":3}"#);
@@ -687,24 +691,26 @@ fn a_url_with_an_unknown_scheme_is_refused() {
     assert_eq!(run.stdout, "");
     assert_eq!(
         run.error(),
-        "error: unsupported database URL `redis://…`: use postgres://, postgresql://, mysql://, \
-         sqlite://PATH, file:PATH, or a path ending .db, .sqlite or .sqlite3"
+        "error: unsupported database URL `redis://user:***@localhost/0`: use postgres://, \
+         postgresql://, mysql://, sqlite://PATH, file:PATH or a plain SQLite path"
     );
 }
 
 #[test]
 fn an_unreachable_server_is_one_error_line() {
     for url in [
-        "postgres://postgres@127.0.0.1:1/x",
-        "mysql://root@127.0.0.1:1/x",
+        "postgres://postgres:hunter2@127.0.0.1:1/x",
+        "mysql://root:hunter2@127.0.0.1:1/x",
     ] {
         let run = outbox(url, &["stats"]);
         assert_eq!(run.stdout, "");
+        let error = run.error();
+        let shown = url.replace("hunter2", "***");
         assert!(
-            run.error()
-                .starts_with("error: cannot connect to the database: "),
+            error.starts_with(&format!("error: cannot connect to {shown}: ")),
             "{run:#?}"
         );
+        assert!(!error.contains("hunter2"), "{run:#?}");
     }
 }
 

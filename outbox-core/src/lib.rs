@@ -47,6 +47,9 @@ mod error;
 mod message;
 mod registry;
 mod retry;
+pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 mod worker;
@@ -56,11 +59,10 @@ pub use error::{FailureKind, ProcessError};
 pub use message::{Handler, Message, MessageId, ParseMessageIdError};
 pub use registry::{DispatchError, HandlerRegistration, Registry, RegistryError};
 pub use retry::RetryPolicy;
-pub use worker::{
-    ClaimToken, ClaimedMessage, Listener, Outcome, Settlement, Stopper, Store, StoreError, Worker,
-    WorkerBuilder, WorkerError, WorkerHandle, WorkerStats,
-};
+pub use worker::{Health, Stopper, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats};
 
+/// What the generated code and `outbox-diesel` need; not a stable API, may change in any
+/// release.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::worker::notify_enqueued;

@@ -11,7 +11,7 @@ use crate::retry::RetryPolicy;
 pub struct HandlerRegistration {
     message_type: &'static str,
     handler_name: &'static str,
-    dispatch: fn(&str, &mut Context<'_>) -> Result<(), DispatchError>,
+    dispatch: fn(String, &mut Context<'_>) -> Result<(), DispatchError>,
     retry_policy: fn() -> Option<RetryPolicy>,
 }
 
@@ -41,8 +41,10 @@ impl HandlerRegistration {
         (self.retry_policy)()
     }
 
-    /// Deserializes `payload` into the handler's struct and runs its `process`.
-    pub fn dispatch(&self, payload: &str, ctx: &mut Context<'_>) -> Result<(), DispatchError> {
+    /// Deserializes `payload` into the handler's struct and runs its `process`. The payload
+    /// is dropped once deserialized, so that a large message is not held twice while its
+    /// handler runs.
+    pub fn dispatch(&self, payload: String, ctx: &mut Context<'_>) -> Result<(), DispatchError> {
         (self.dispatch)(payload, ctx)
     }
 }
@@ -56,13 +58,14 @@ impl fmt::Debug for HandlerRegistration {
     }
 }
 
-fn dispatch<H: Handler>(payload: &str, ctx: &mut Context<'_>) -> Result<(), DispatchError> {
+fn dispatch<H: Handler>(payload: String, ctx: &mut Context<'_>) -> Result<(), DispatchError> {
     let message: H =
-        serde_json::from_str(payload).map_err(|source| DispatchError::Deserialize {
+        serde_json::from_str(&payload).map_err(|source| DispatchError::Deserialize {
             message_type: H::MESSAGE_TYPE,
             handler_name: std::any::type_name::<H>(),
             source,
         })?;
+    drop(payload);
     message.process(ctx).map_err(DispatchError::Process)
 }
 
@@ -123,6 +126,14 @@ impl Registry {
             }
         }
         Ok(Registry { by_type })
+    }
+
+    /// A registry without handlers.
+    #[cfg(test)]
+    pub(crate) fn empty() -> Self {
+        Registry {
+            by_type: HashMap::new(),
+        }
     }
 
     /// The handler for `message_type`, if one is linked in.

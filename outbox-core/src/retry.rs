@@ -92,7 +92,8 @@ impl RetryPolicy {
     /// receiver's requested delay (bounded) if that is longer.
     pub fn delay(&self, attempt: u32, requested: Option<Duration>) -> Duration {
         let base = self.backoff(attempt);
-        let jittered = base.mul_f64(0.75 + fastrand::f64() * 0.5);
+        let factor = 0.75 + fastrand::f64() * 0.5;
+        let jittered = Duration::try_from_secs_f64(base.as_secs_f64() * factor).unwrap_or(base);
         match requested {
             Some(requested) => jittered.max(requested.min(self.max_retry_after)),
             None => jittered,
@@ -130,6 +131,23 @@ mod tests {
             Duration::from_secs(60),
             "a receiver cannot push a retry past max_retry_after"
         );
+    }
+
+    #[test]
+    fn extreme_settings_give_long_delays_not_panics() {
+        let policy = RetryPolicy::new()
+            .initial_backoff(Duration::MAX)
+            .max_backoff(Duration::MAX)
+            .max_retry_after(Duration::MAX)
+            .multiplier(f64::MAX);
+        for attempt in [0, 1, 2, 64, u32::MAX] {
+            assert!(policy.delay(attempt, None) >= Duration::from_secs(3600));
+            assert!(policy.delay(attempt, Some(Duration::MAX)) >= Duration::from_secs(3600));
+        }
+        let tiny = RetryPolicy::new()
+            .initial_backoff(Duration::ZERO)
+            .multiplier(f64::NAN);
+        assert_eq!(tiny.delay(u32::MAX, None), Duration::ZERO);
     }
 
     #[test]

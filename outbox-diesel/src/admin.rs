@@ -2,13 +2,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
-use diesel::{QueryableByName, RunQueryDsl};
 use outbox_core::MessageId;
 
-use crate::connection::{with_backend, Bind, Dialect, OutboxConnection, RawSql};
+use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
-use crate::store::{id_list, MessageRow};
+use crate::sql::{DeadLetterRow, Filter, PendingRow, Selection, Statements};
 
 /// Which messages a listing returns.
 #[derive(Debug, Clone)]
@@ -67,22 +65,11 @@ pub struct PendingMessage {
     pub next_attempt_at: SystemTime,
     /// Whether a worker holds it right now.
     pub in_flight: bool,
+    /// Whether it waits behind an earlier message of its ordering key (parked: not claimable
+    /// until that one is settled).
+    pub parked: bool,
     /// The error of the last failed attempt.
     pub last_error: Option<String>,
-}
-
-#[derive(QueryableByName)]
-struct PendingRow {
-    #[diesel(embed)]
-    message: MessageRow,
-    #[diesel(sql_type = BigInt)]
-    created_at: i64,
-    #[diesel(sql_type = BigInt)]
-    next_attempt_at: i64,
-    #[diesel(sql_type = Integer)]
-    in_flight: i32,
-    #[diesel(sql_type = Nullable<Text>)]
-    last_error: Option<String>,
 }
 
 pub(crate) fn time_from_micros(micros: i64) -> SystemTime {
@@ -102,32 +89,12 @@ pub fn pending_messages<C: OutboxConnection>(
     conn: &mut C,
     options: &ListOptions,
 ) -> Result<Vec<PendingMessage>> {
-    let mut conn = conn.backend_connection();
-    let d = conn.dialect();
-    let sql = format!(
-        "SELECT id, {message_id} AS message_id, message_type, {payload} AS payload, ordering_key, \
-         attempts, {created} AS created_at, {next} AS next_attempt_at, \
-         CASE WHEN locked_by IS NOT NULL AND next_attempt_at > {now} THEN 1 ELSE 0 END AS in_flight, \
-         last_error FROM outbox_message {filter} ORDER BY id LIMIT {limit}",
-        message_id = (d.uuid_text)("message_id"),
-        payload = (d.json_text)("payload"),
-        created = (d.epoch_micros)("created_at"),
-        next = (d.epoch_micros)("next_attempt_at"),
-        now = d.now,
-        filter = if options.message_type.is_some() {
-            format!("WHERE message_type = {}", (d.placeholder)(1))
-        } else {
-            String::new()
-        },
-        limit = options.limit,
-    );
-    let rows: Vec<PendingRow> = with_backend!(&mut conn, c => {
-        let mut query = diesel::sql_query(&sql).into_boxed();
-        if let Some(message_type) = &options.message_type {
-            query = query.bind::<Text, _>(message_type.as_str());
-        }
-        query.load(*c)?
-    });
+    let filter = Filter {
+        message_type: options.message_type.as_deref(),
+        position: None,
+        limit: Some(options.limit),
+    };
+    let rows: Vec<PendingRow> = with_backend!(conn.backend_connection(), c => c.pending(&filter))?;
     rows.into_iter()
         .map(|row| {
             let m = row.message;
@@ -141,6 +108,7 @@ pub fn pending_messages<C: OutboxConnection>(
                 created_at: time_from_micros(row.created_at),
                 next_attempt_at: time_from_micros(row.next_attempt_at),
                 in_flight: row.in_flight != 0,
+                parked: row.parked != 0,
                 last_error: row.last_error,
             })
         })
@@ -171,18 +139,6 @@ pub struct DeadLetter {
     pub failed_at: SystemTime,
 }
 
-#[derive(QueryableByName)]
-struct DeadLetterRow {
-    #[diesel(embed)]
-    message: MessageRow,
-    #[diesel(sql_type = Text)]
-    last_error: String,
-    #[diesel(sql_type = BigInt)]
-    created_at: i64,
-    #[diesel(sql_type = BigInt)]
-    failed_at: i64,
-}
-
 /// Which dead letters an operation applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -196,53 +152,21 @@ pub enum DeadLetterSelection {
 }
 
 impl DeadLetterSelection {
-    /// The WHERE clause (with at most one placeholder, for the type) and its bind.
-    fn condition<'a>(&'a self, d: &Dialect) -> (String, Option<&'a str>) {
+    fn as_sql(&self) -> Selection<'_> {
         match self {
-            DeadLetterSelection::Positions(ids) if ids.is_empty() => ("1 = 0".into(), None),
-            DeadLetterSelection::Positions(ids) => (format!("id IN ({})", id_list(ids)), None),
-            DeadLetterSelection::MessageType(t) => (
-                format!("message_type = {}", (d.placeholder)(1)),
-                Some(t.as_str()),
-            ),
-            DeadLetterSelection::All => ("1 = 1".into(), None),
+            DeadLetterSelection::Positions(ids) => Selection::Positions(ids),
+            DeadLetterSelection::MessageType(t) => Selection::MessageType(t),
+            DeadLetterSelection::All => Selection::All,
         }
     }
 }
 
-fn binds(message_type: Option<&str>) -> Vec<Bind<'_>> {
-    message_type.map(Bind::Text).into_iter().collect()
-}
-
-fn dead_letter_sql(d: &Dialect, filter: &str, limit: Option<u32>) -> String {
-    format!(
-        "SELECT id, {message_id} AS message_id, message_type, {payload} AS payload, \
-         ordering_key, attempts, last_error, {created} AS created_at, {failed} AS failed_at \
-         FROM outbox_failure {filter} ORDER BY id{limit}",
-        message_id = (d.uuid_text)("message_id"),
-        payload = (d.json_text)("payload"),
-        created = (d.epoch_micros)("created_at"),
-        failed = (d.epoch_micros)("failed_at"),
-        limit = limit.map(|n| format!(" LIMIT {n}")).unwrap_or_default(),
-    )
-}
-
-fn dead_letters_where<C: OutboxConnection>(
+fn load_dead_letters<C: OutboxConnection>(
     conn: &mut C,
-    filter: impl FnOnce(&Dialect) -> (String, Option<String>),
-    limit: Option<u32>,
+    filter: &Filter<'_>,
 ) -> Result<Vec<DeadLetter>> {
-    let mut conn = conn.backend_connection();
-    let d = conn.dialect();
-    let (filter, bind) = filter(d);
-    let sql = dead_letter_sql(d, &filter, limit);
-    let rows: Vec<DeadLetterRow> = with_backend!(&mut conn, c => {
-        let mut query = diesel::sql_query(&sql).into_boxed();
-        if let Some(bind) = &bind {
-            query = query.bind::<Text, _>(bind.as_str());
-        }
-        query.load(*c)?
-    });
+    let rows: Vec<DeadLetterRow> =
+        with_backend!(conn.backend_connection(), c => c.dead_letters(filter))?;
     rows.into_iter()
         .map(|row| {
             let m = row.message;
@@ -266,67 +190,36 @@ pub fn dead_letters<C: OutboxConnection>(
     conn: &mut C,
     options: &ListOptions,
 ) -> Result<Vec<DeadLetter>> {
-    let message_type = options.message_type.clone();
-    dead_letters_where(
-        conn,
-        |d| match message_type {
-            Some(t) => (
-                format!("WHERE message_type = {}", (d.placeholder)(1)),
-                Some(t),
-            ),
-            None => (String::new(), None),
-        },
-        Some(options.limit),
-    )
+    let filter = Filter {
+        message_type: options.message_type.as_deref(),
+        position: None,
+        limit: Some(options.limit),
+    };
+    load_dead_letters(conn, &filter)
 }
 
 /// One dead letter by its position, if it exists.
 pub fn dead_letter<C: OutboxConnection>(conn: &mut C, position: i64) -> Result<Option<DeadLetter>> {
-    Ok(
-        dead_letters_where(conn, |_| (format!("WHERE id = {position}"), None), Some(1))?
-            .into_iter()
-            .next(),
-    )
+    let filter = Filter {
+        message_type: None,
+        position: Some(position),
+        limit: Some(1),
+    };
+    Ok(load_dead_letters(conn, &filter)?
+        .into_iter()
+        .find(|letter| letter.position == position))
 }
 
-/// Id lists in one statement stay well under every backend's limits.
-const ID_CHUNK: usize = 1000;
-
 /// Moves the selected dead letters back into the outbox, atomically, to be processed again
-/// from the first attempt with their original message ids. Returns the positions the dead
-/// letters had.
+/// from the first attempt with their original message ids and at their original positions:
+/// a re-queued message of an ordering key runs before the later messages of its key that are
+/// still pending (one already running finishes first). Returns the positions.
 pub fn requeue_dead_letters<C: OutboxConnection>(
     conn: &mut C,
     selection: &DeadLetterSelection,
 ) -> Result<Vec<i64>> {
-    let mut conn = conn.backend_connection();
-    let d = conn.dialect();
-    let (condition, message_type) = selection.condition(d);
-    // Locking the rows first means a dead letter is either moved whole or left alone, even
-    // while another operator re-queues the same ones.
-    let select = format!(
-        "SELECT id FROM outbox_failure WHERE {condition} ORDER BY id{}",
-        d.for_update
-    );
-    let moved = with_backend!(&mut conn, c => c.write_transaction(|c| {
-        let ids = c.ids(&select, &binds(message_type))?;
-        for chunk in ids.chunks(ID_CHUNK) {
-            let list = id_list(chunk);
-            c.run(
-                &format!(
-                    "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key, \
-                         attempts, created_at, next_attempt_at, last_error) \
-                     SELECT message_id, message_type, payload, ordering_key, 0, created_at, {}, \
-                         last_error \
-                     FROM outbox_failure WHERE id IN ({list}) ORDER BY id",
-                    d.now
-                ),
-                &[],
-            )?;
-            c.run(&format!("DELETE FROM outbox_failure WHERE id IN ({list})"), &[])?;
-        }
-        Ok(ids)
-    }))?;
+    let selection = selection.as_sql();
+    let moved = with_backend!(conn.backend_connection(), c => c.requeue(&selection))?;
     if !moved.is_empty() {
         log::info!("outbox: re-queued {} dead letters", moved.len());
         outbox_core::__private::notify_enqueued();
@@ -339,25 +232,8 @@ pub fn purge_dead_letters<C: OutboxConnection>(
     conn: &mut C,
     selection: &DeadLetterSelection,
 ) -> Result<usize> {
-    let mut conn = conn.backend_connection();
-    let d = conn.dialect();
-    let purged = match selection {
-        DeadLetterSelection::Positions(ids) => with_backend!(&mut conn, c => {
-            c.write_transaction(|c| {
-                let mut purged = 0;
-                for chunk in ids.chunks(ID_CHUNK) {
-                    let sql = format!("DELETE FROM outbox_failure WHERE id IN ({})", id_list(chunk));
-                    purged += c.run(&sql, &[])?;
-                }
-                Ok(purged)
-            })?
-        }),
-        _ => {
-            let (condition, message_type) = selection.condition(d);
-            let sql = format!("DELETE FROM outbox_failure WHERE {condition}");
-            with_backend!(&mut conn, c => c.run(&sql, &binds(message_type))?)
-        }
-    };
+    let selection = selection.as_sql();
+    let purged = with_backend!(conn.backend_connection(), c => c.purge(&selection))?;
     log::info!("outbox: purged {purged} dead letters");
     Ok(purged)
 }
@@ -378,39 +254,9 @@ pub struct TypeStats {
     pub oldest_pending: Option<SystemTime>,
 }
 
-#[derive(QueryableByName)]
-struct StatsRow {
-    #[diesel(sql_type = Text)]
-    message_type: String,
-    #[diesel(sql_type = BigInt)]
-    total: i64,
-    #[diesel(sql_type = BigInt)]
-    in_flight: i64,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    oldest: Option<i64>,
-}
-
 /// Pending, in-flight and dead counts by message type, sorted by type.
 pub fn stats<C: OutboxConnection>(conn: &mut C) -> Result<Vec<TypeStats>> {
-    let mut conn = conn.backend_connection();
-    let d = conn.dialect();
-    let pending_sql = format!(
-        "SELECT message_type, COUNT(*) AS total, \
-             COUNT(CASE WHEN locked_by IS NOT NULL AND next_attempt_at > {now} THEN 1 END) \
-                 AS in_flight, \
-             {oldest} AS oldest \
-         FROM outbox_message GROUP BY message_type",
-        now = d.now,
-        oldest = (d.epoch_micros)("MIN(created_at)"),
-    );
-    // COUNT of nothing is a BIGINT zero on every backend (a literal 0 is an INTEGER on
-    // PostgreSQL, and MySQL cannot CAST to BIGINT).
-    let dead_sql = "SELECT message_type, COUNT(*) AS total, COUNT(CASE WHEN 1 = 0 THEN 1 END) \
-                    AS in_flight, NULL AS oldest FROM outbox_failure GROUP BY message_type";
-    let (pending, dead): (Vec<StatsRow>, Vec<StatsRow>) = with_backend!(&mut conn, c => (
-        diesel::sql_query(&pending_sql).load(*c)?,
-        diesel::sql_query(dead_sql).load(*c)?,
-    ));
+    let (pending, dead) = with_backend!(conn.backend_connection(), c => c.stats())?;
     let mut by_type: std::collections::BTreeMap<String, TypeStats> = Default::default();
     for row in pending {
         let stats = by_type

@@ -1,11 +1,11 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::RunQueryDsl;
 use outbox_core::{Message, MessageId};
 
-use crate::connection::{with_backend, Bind, CachedStatement, OutboxConnection};
+use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
+use crate::sql::bind::Bind;
+use crate::sql::Statements;
 
 /// The longest message type and ordering key the tables store, in bytes.
 pub(crate) const MAX_KEY_LEN: usize = 255;
@@ -19,14 +19,24 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 4 << 20;
 /// `max_allowed_packet` (16 MiB) and cheap for any backend to parse.
 const MAX_BATCH_PAYLOAD_BYTES: usize = 8 << 20;
 
-/// Bind parameters per inserted message.
-const BINDS_PER_ROW: usize = 5;
+/// The latest `not_before` every backend stores and orders correctly: the end of year 9999
+/// (MySQL's `DATETIME` ends there; SQLite's text times stop sorting after it).
+const LATEST_NOT_BEFORE_SECS: u64 = 253_402_300_799;
+
+/// When a message may first be processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotBefore {
+    Now,
+    At(SystemTime),
+    /// A delay too long to add to the clock.
+    Overflow,
+}
 
 /// How a message is enqueued: when it may be processed, and which messages it is ordered with.
 #[derive(Debug, Clone)]
 pub struct EnqueueOptions {
     ordering_key: Option<String>,
-    not_before: Option<SystemTime>,
+    not_before: NotBefore,
     max_payload_bytes: usize,
 }
 
@@ -34,7 +44,7 @@ impl Default for EnqueueOptions {
     fn default() -> Self {
         EnqueueOptions {
             ordering_key: None,
-            not_before: None,
+            not_before: NotBefore::Now,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
@@ -53,15 +63,19 @@ impl EnqueueOptions {
         self
     }
 
-    /// Not processed before `time`.
+    /// Not processed before `time` (at most the end of year 9999: a later time is refused by
+    /// the enqueue with [`Error::NotBeforeOutOfRange`]).
     pub fn not_before(mut self, time: SystemTime) -> Self {
-        self.not_before = Some(time);
+        self.not_before = NotBefore::At(time);
         self
     }
 
     /// Not processed before `delay` has passed from now.
-    pub fn delay(self, delay: Duration) -> Self {
-        self.not_before(SystemTime::now() + delay)
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.not_before = SystemTime::now()
+            .checked_add(delay)
+            .map_or(NotBefore::Overflow, NotBefore::At);
+        self
     }
 
     /// Refuse payloads larger than this many bytes of JSON (default
@@ -74,7 +88,7 @@ impl EnqueueOptions {
 
 /// One row about to be inserted.
 #[derive(Debug)]
-struct NewMessage {
+pub(crate) struct NewMessage {
     id: MessageId,
     message_id: String,
     message_type: &'static str,
@@ -115,6 +129,13 @@ impl NewMessage {
                 max: options.max_payload_bytes,
             });
         }
+        let not_before_micros = match options.not_before {
+            NotBefore::Now => None,
+            NotBefore::At(time) => {
+                Some(micros_since_epoch(time).ok_or(Error::NotBeforeOutOfRange)?)
+            }
+            NotBefore::Overflow => return Err(Error::NotBeforeOutOfRange),
+        };
         let id = MessageId::new();
         let row = NewMessage {
             id,
@@ -122,7 +143,7 @@ impl NewMessage {
             message_type: M::MESSAGE_TYPE,
             payload,
             ordering_key: options.ordering_key.clone(),
-            not_before_micros: options.not_before.map(micros_since_epoch),
+            not_before_micros,
         };
         Ok((id, row))
     }
@@ -142,11 +163,13 @@ fn contains_nul_escape(json: &str) -> bool {
     })
 }
 
-fn micros_since_epoch(time: SystemTime) -> i64 {
+/// Microseconds since the epoch, or `None` past the latest time every backend stores.
+fn micros_since_epoch(time: SystemTime) -> Option<i64> {
     match time.duration_since(UNIX_EPOCH) {
-        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+        Ok(after) if after.as_secs() > LATEST_NOT_BEFORE_SECS => None,
+        Ok(after) => i64::try_from(after.as_micros()).ok(),
         // A time before 1970 only means "already due".
-        Err(_) => 0,
+        Err(_) => Some(0),
     }
 }
 
@@ -255,76 +278,67 @@ where
     batch.enqueue(conn)
 }
 
-fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<()> {
-    let mut conn = conn.backend_connection();
-    let dialect = conn.dialect();
-    let max_rows = dialect.max_binds / BINDS_PER_ROW;
-    let mut rest = rows;
-    while !rest.is_empty() {
-        let mut take = 0;
-        let mut bytes = 0;
-        while take < rest.len() && take < max_rows {
-            bytes += rest[take].payload.len();
-            if take > 0 && bytes > MAX_BATCH_PAYLOAD_BYTES {
-                break;
-            }
-            take += 1;
-        }
-        let (chunk, tail) = rest.split_at(take);
-        rest = tail;
-
-        if let [row] = chunk {
-            // The common case has one text per backend: prepared once per connection.
-            let sql = format!(
-                "INSERT INTO outbox_message ({}) VALUES {}",
-                dialect.insert_columns,
-                (dialect.insert_values)(&["?"; BINDS_PER_ROW])
-            );
-            let binds = [
-                Bind::Text(row.message_id.as_str()),
-                Bind::Text(row.message_type),
-                Bind::Text(row.payload.as_str()),
-                Bind::NullableText(row.ordering_key.as_deref()),
-                Bind::NullableBigInt(row.not_before_micros),
-            ];
-            with_backend!(&mut conn, c => CachedStatement::new(&sql, &binds).execute(*c)?);
-            continue;
-        }
-
-        let mut sql = format!(
-            "INSERT INTO outbox_message ({}) VALUES ",
-            dialect.insert_columns
-        );
-        for (row, _) in chunk.iter().enumerate() {
-            if row > 0 {
-                sql.push_str(", ");
-            }
-            let first = row * BINDS_PER_ROW + 1;
-            let placeholders: [String; BINDS_PER_ROW] =
-                std::array::from_fn(|i| (dialect.placeholder)(first + i));
-            sql.push_str(&(dialect.insert_values)(
-                &placeholders.each_ref().map(String::as_str),
-            ));
-        }
-        with_backend!(&mut conn, c => {
-            let mut query = diesel::sql_query(&sql).into_boxed();
-            for row in chunk {
-                query = query
-                    .bind::<Text, _>(row.message_id.as_str())
-                    .bind::<Text, _>(row.message_type)
-                    .bind::<Text, _>(row.payload.as_str())
-                    .bind::<Nullable<Text>, _>(row.ordering_key.as_deref())
-                    .bind::<Nullable<BigInt>, _>(row.not_before_micros);
-            }
-            query.execute(*c)?
-        });
+impl NewMessage {
+    /// The six binds of an insert: message id, type, payload, its size in bytes, ordering key,
+    /// not-before in µs since the epoch.
+    pub(crate) fn binds(&self) -> [Bind<'_>; 6] {
+        [
+            Bind::Text(self.message_id.as_str()),
+            Bind::Text(self.message_type),
+            Bind::Text(self.payload.as_str()),
+            Bind::BigInt(i64::try_from(self.payload.len()).unwrap_or(i64::MAX)),
+            Bind::NullableText(self.ordering_key.as_deref()),
+            Bind::NullableBigInt(self.not_before_micros),
+        ]
     }
+
+    /// `rows` in chunks of at most `max_rows` rows and about 8 MiB of payload: one `INSERT`
+    /// each.
+    pub(crate) fn chunks(rows: &[NewMessage], max_rows: usize) -> Vec<&[NewMessage]> {
+        let mut chunks = Vec::new();
+        let mut rest = rows;
+        while !rest.is_empty() {
+            let mut take = 0;
+            let mut bytes = 0;
+            while take < rest.len() && take < max_rows.max(1) {
+                bytes += rest[take].payload.len();
+                if take > 0 && bytes > MAX_BATCH_PAYLOAD_BYTES {
+                    break;
+                }
+                take += 1;
+            }
+            let (chunk, tail) = rest.split_at(take);
+            chunks.push(chunk);
+            rest = tail;
+        }
+        chunks
+    }
+}
+
+fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<()> {
+    with_backend!(conn.backend_connection(), c => c.insert_messages(rows))?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::contains_nul_escape;
+    use super::*;
+
+    #[test]
+    fn times_past_year_9999_and_overflowing_delays_are_refused() {
+        let far = UNIX_EPOCH + Duration::from_secs(LATEST_NOT_BEFORE_SECS + 1);
+        assert_eq!(micros_since_epoch(far), None);
+        let last = UNIX_EPOCH + Duration::from_secs(LATEST_NOT_BEFORE_SECS);
+        assert!(micros_since_epoch(last).is_some());
+        assert_eq!(
+            micros_since_epoch(UNIX_EPOCH - Duration::from_secs(1)),
+            Some(0)
+        );
+        assert_eq!(
+            EnqueueOptions::new().delay(Duration::MAX).not_before,
+            NotBefore::Overflow
+        );
+    }
 
     #[test]
     fn only_real_nul_escapes_are_found() {

@@ -54,10 +54,64 @@ pub enum Error {
         max: usize,
     },
 
+    /// The message's `not_before` (or `delay`) lies past the end of year 9999, which not every
+    /// backend can store.
+    #[error(
+        "the message's not_before time is past the end of year 9999 (or its delay overflows the \
+         clock); the outbox stores times up to 9999-12-31"
+    )]
+    NotBeforeOutOfRange,
+
     /// The database refused or failed a statement. Inside a transaction, roll back (return the
     /// error from the closure): PostgreSQL rejects every further statement of a failed one.
     #[error("database error: {0}")]
-    Database(#[from] diesel::result::Error),
+    Database(#[source] diesel::result::Error),
+
+    /// An outbox table does not exist in this database: the outbox migrations have not run.
+    #[error(
+        "the outbox table `{table}` does not exist; run outbox_diesel::run_migrations (or \
+         `outbox migrate`) on this database first"
+    )]
+    SchemaMissing {
+        /// The missing table.
+        table: &'static str,
+        /// What the database said.
+        #[source]
+        source: diesel::result::Error,
+    },
+
+    /// The database URL's scheme names no backend the outbox supports.
+    #[error(
+        "unsupported database URL `{0}`: use postgres://, postgresql://, mysql://, sqlite://PATH, \
+         file:PATH or a plain SQLite path"
+    )]
+    UnsupportedUrl(String),
+
+    /// A backend name that is not `postgres`, `mysql` or `sqlite`.
+    #[error("unknown backend `{0}`: use postgres, mysql or sqlite")]
+    UnknownBackend(String),
+
+    /// The URL names a backend the connection type (or this build) has no driver for.
+    #[error(
+        "the URL names {backend}, which `{connection}` cannot open; build outbox-diesel with \
+         the `{backend}` feature (and add a {backend} variant to a MultiConnection enum)"
+    )]
+    BackendNotCompiledIn {
+        /// The URL's backend.
+        backend: crate::Backend,
+        /// The connection type asked to open it.
+        connection: &'static str,
+    },
+
+    /// The database could not be reached or refused the connection. The message never holds
+    /// the URL's password.
+    #[error("cannot connect to {url}: {reason}")]
+    Connect {
+        /// The URL, without its password.
+        url: String,
+        /// What the driver said, without the URL's password.
+        reason: String,
+    },
 
     /// The outbox tables could not be created or upgraded.
     #[error("running the outbox migrations failed: {0}")]
@@ -73,8 +127,39 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+}
 
-    /// A bug in this library; please report it.
-    #[error("internal error in outbox-diesel: {0}")]
-    Internal(&'static str),
+/// The outbox's tables, as a missing-table error names them.
+const OUTBOX_TABLES: [&str; 3] = ["outbox_message", "outbox_failure", "outbox_inbox"];
+
+impl From<diesel::result::Error> for Error {
+    fn from(error: diesel::result::Error) -> Self {
+        match missing_outbox_table(&error) {
+            Some(table) => Error::SchemaMissing {
+                table,
+                source: error,
+            },
+            None => Error::Database(error),
+        }
+    }
+}
+
+/// Which outbox table a database error says does not exist. The backends report it only in
+/// words (Diesel has no kind for it): PostgreSQL `relation "outbox_message" does not exist`,
+/// MySQL and MariaDB `Table 'db.outbox_message' doesn't exist`, SQLite `no such table:
+/// outbox_message`.
+pub(crate) fn missing_outbox_table(error: &diesel::result::Error) -> Option<&'static str> {
+    let diesel::result::Error::DatabaseError(_, info) = error else {
+        return None;
+    };
+    let message = info.message().to_ascii_lowercase();
+    let missing = message.contains("does not exist")
+        || message.contains("doesn't exist")
+        || message.contains("no such table");
+    if !missing {
+        return None;
+    }
+    OUTBOX_TABLES
+        .into_iter()
+        .find(|table| message.contains(table))
 }

@@ -52,9 +52,10 @@ use std::time::Duration;
 use diesel::Connection;
 use outbox_core::webhook::{verify, VerifiedWebhook, VerifyError, WebhookHeaders, WebhookSecret};
 
-use crate::connection::{with_backend, Bind, OutboxConnection, RawSql};
+use crate::connection::{with_backend, OutboxConnection};
 use crate::enqueue::MAX_KEY_LEN;
 use crate::error::Result;
+use crate::sql::Statements;
 
 /// Verifies webhooks and records their ids; see the [module documentation](self).
 #[derive(Clone)]
@@ -156,22 +157,12 @@ impl Inbox {
 /// Inserts the id unless present; whether it was new. A concurrent duplicate waits on the
 /// primary key until the first commits, then finds it.
 fn record<C: OutboxConnection>(conn: &mut C, id: &str) -> diesel::QueryResult<bool> {
-    let mut conn = conn.backend_connection();
-    let sql = conn.dialect().inbox_insert;
-    let inserted = with_backend!(&mut conn, c => c.run(sql, &[Bind::Text(id)])?);
-    Ok(inserted == 1)
+    with_backend!(conn.backend_connection(), c => c.inbox_record(id))
 }
 
 /// Deletes inbox ids received more than `older_than` ago; returns how many. Run it now and then
 /// with a retention longer than any sender's retry horizon (see the module documentation).
 pub fn sweep_inbox<C: OutboxConnection>(conn: &mut C, older_than: Duration) -> Result<usize> {
-    let mut conn = conn.backend_connection();
-    let d = conn.dialect();
-    let sql = format!(
-        "DELETE FROM outbox_inbox WHERE received_at < {}",
-        (d.now_plus_micros)(&(d.placeholder)(1))
-    );
-    let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-    let swept = with_backend!(&mut conn, c => c.run(&sql, &[Bind::BigInt(-micros)])?);
-    Ok(swept)
+    let micros = crate::sql::micros(older_than);
+    Ok(with_backend!(conn.backend_connection(), c => c.inbox_sweep(micros))?)
 }

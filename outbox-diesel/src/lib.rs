@@ -11,9 +11,9 @@
 //! use std::time::Duration;
 //!
 //! use diesel::prelude::*;
-//! use diesel::r2d2::{ConnectionManager, Pool};
+//! use diesel::r2d2::Pool;
 //! use outbox_diesel::prelude::*;
-//! use outbox_diesel::{outbox_handler, Context, DieselStore, PoolCustomizer, ProcessError, Worker};
+//! use outbox_diesel::{outbox_handler, Context, DieselStore, OutboxManager, ProcessError, Worker};
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[outbox_handler("comment.thankYou")]
@@ -34,9 +34,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let file = std::env::temp_dir().join(format!("outbox-doc-{}.db", std::process::id()));
-//! let pool = Pool::builder()
-//!     .connection_customizer(Box::new(PoolCustomizer))
-//!     .build(ConnectionManager::<SqliteConnection>::new(file.to_string_lossy()))?;
+//! let pool = Pool::builder().build(OutboxManager::<SqliteConnection>::new(&file.to_string_lossy())?)?;
 //! let mut conn = pool.get()?;
 //! outbox_diesel::run_migrations(&mut conn)?;
 //! diesel::sql_query("CREATE TABLE IF NOT EXISTS comments (member_id BIGINT, body TEXT)")
@@ -97,24 +95,37 @@ compile_error!("outbox-diesel needs at least one backend feature: postgres, mysq
 
 pub mod admin;
 mod connection;
+mod database;
+mod diesel_store;
 mod enqueue;
 mod error;
 #[cfg(feature = "webhook")]
 pub mod inbox;
 mod migrations;
-mod store;
+mod sql;
+mod transaction;
 
-pub use connection::{Backend, OutboxConnection, PoolCustomizer};
+pub use connection::OutboxConnection;
+pub use database::{
+    configure_connection, establish, Backend, DatabaseUrl, Establish, OutboxManager, PoolCustomizer,
+};
+pub use diesel_store::DieselStore;
 pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use error::{Error, Result};
 pub use migrations::run_migrations;
 pub use outbox_core::{
-    ClaimToken, ClaimedMessage, Context, Delivery, DispatchError, FailureKind, Handler,
-    HandlerRegistration, Listener, Message, MessageId, Outcome, ParseMessageIdError, ProcessError,
-    Registry, RegistryError, Resources, RetryPolicy, Settlement, Stopper, Store, StoreError,
-    Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats,
+    Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, Message,
+    MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError, Resources, RetryPolicy,
+    Stopper, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats,
 };
-pub use store::DieselStore;
+pub use transaction::write_transaction;
+
+/// What a storage backend implements for the worker ([`DieselStore`] is this crate's): the
+/// [`Store`](store::Store) trait and the types it exchanges with the worker. Applications need
+/// these only to drive a store by hand or to write their own.
+pub mod store {
+    pub use outbox_core::store::*;
+}
 
 /// Makes a struct an outbox message and registers its handler with the worker.
 ///
@@ -150,10 +161,25 @@ pub mod prelude {
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
+/// What `#[outbox_handler]` and `impl_outbox_connection!` expand to, and the claim's SQL for
+/// the benchmarks; not a stable API, may change in any release.
 #[doc(hidden)]
 pub mod __private {
+    /// The claim's statements, for the benchmarks' `EXPLAIN`: read, never copied.
+    pub mod claim_sql {
+        pub use crate::sql::candidates;
+        #[cfg(feature = "mysql")]
+        pub use crate::sql::mysql::CANDIDATES as MYSQL_CANDIDATES;
+        #[cfg(feature = "postgres")]
+        pub use crate::sql::postgres::CLAIM as POSTGRES_CLAIM;
+        #[cfg(feature = "sqlite")]
+        pub use crate::sql::sqlite::CANDIDATES as SQLITE_CANDIDATES;
+    }
     pub use crate::connection::sealed::Sealed;
     pub use crate::connection::BackendConnection;
+    pub use crate::database::establish_variant;
+    pub use diesel::ConnectionResult;
     pub use outbox_core::__private::inventory;
     pub use outbox_core::{HandlerRegistration, Message};
+    pub use serde;
 }

@@ -1,13 +1,19 @@
+//! The code a valid attribute generates, and what an invalid one still generates so that the
+//! user sees one error, not a cascade.
+
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
+use syn::Item;
 
-use crate::parse::HandlerAttr;
+use crate::parse::Input;
+use crate::valid::Handler;
 
-pub fn expand(attr: &HandlerAttr, item: TokenStream) -> TokenStream {
-    let HandlerAttr {
+/// The item, its `Message` impl, and its registration with the worker.
+pub fn expand(handler: &Handler, item: TokenStream) -> TokenStream {
+    let Handler {
         message_type,
         ident,
-    } = attr;
+    } = handler;
     let name = ident.to_string();
     // Spanned at the struct's name, so a missing `impl Handler` is reported there.
     let registration = quote_spanned! {ident.span()=>
@@ -28,11 +34,46 @@ pub fn expand(attr: &HandlerAttr, item: TokenStream) -> TokenStream {
     }
 }
 
-/// Keeps the item so the user sees the one real error, not a cascade of "cannot find type".
-pub fn fallback(item: TokenStream, error: syn::Error) -> TokenStream {
+/// The item and the error, plus the `Message` impl where the item can have one: code that
+/// enqueues the message then compiles, and the attribute's mistake is the only error. No
+/// registration, so no second error about a missing `Handler`.
+pub fn fallback(item: TokenStream, input: Option<&Input>, error: syn::Error) -> TokenStream {
     let error = error.to_compile_error();
+    let message_impl = input.and_then(message_impl);
     quote! {
         #item
         #error
+        #message_impl
     }
+}
+
+fn message_impl(input: &Input) -> Option<TokenStream> {
+    let (ident, generics) = match &input.item {
+        Item::Struct(item) => (&item.ident, &item.generics),
+        Item::Enum(item) => (&item.ident, &item.generics),
+        _ => return None,
+    };
+    let message_type = input
+        .message_type
+        .as_ref()
+        .map(|lit| lit.value())
+        .unwrap_or_default();
+    let (impl_generics, type_generics, where_clause) = generics.split_for_impl();
+    let mut predicates = where_clause
+        .map(|clause| clause.predicates.clone())
+        .unwrap_or_default();
+    predicates.push(syn::parse_quote! {
+        Self: ::outbox_diesel::__private::serde::Serialize
+            + ::outbox_diesel::__private::serde::de::DeserializeOwned
+            + ::core::marker::Send
+            + 'static
+    });
+    Some(quote! {
+        impl #impl_generics ::outbox_diesel::__private::Message for #ident #type_generics
+        where
+            #predicates
+        {
+            const MESSAGE_TYPE: &'static str = #message_type;
+        }
+    })
 }

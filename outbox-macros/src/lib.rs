@@ -6,6 +6,7 @@
 
 mod expand;
 mod parse;
+mod valid;
 
 use proc_macro::TokenStream;
 
@@ -15,9 +16,13 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn outbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
-    match parse::HandlerAttr::parse(args.into(), item.clone()) {
-        Ok(attr) => expand::expand(&attr, item),
-        Err(error) => expand::fallback(item, error),
+    let input = match parse::Input::parse(args.into(), item.clone()) {
+        Ok(input) => input,
+        Err(error) => return expand::fallback(item, None, error).into(),
+    };
+    match valid::Handler::validate(&input) {
+        Ok(handler) => expand::expand(&handler, item),
+        Err(error) => expand::fallback(item, Some(&input), error),
     }
     .into()
 }

@@ -26,3 +26,24 @@ impl Handler for Hook {
         ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
     }
 }
+
+/// Hangs on its first attempt for `hang_ms` and then fails it (the watchdog has counted it
+/// timed out by then); on a later attempt delivers itself like a [`Hook`].
+#[outbox_handler("test.stall")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Stall {
+    /// The hook it delivers on a later attempt.
+    pub hook: Hook,
+    /// How long its first attempt hangs.
+    pub hang_ms: u64,
+}
+
+impl Handler for Stall {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        if ctx.attempt() == 1 {
+            std::thread::sleep(std::time::Duration::from_millis(self.hang_ms));
+            return Err(ProcessError::retryable("stalled on purpose"));
+        }
+        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self.hook)
+    }
+}

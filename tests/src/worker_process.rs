@@ -3,17 +3,18 @@
 //!
 //! Configured by environment: `OUTBOX_WORKER_DATABASE_URL` (a postgres:// or mysql:// URL, or
 //! an SQLite file path), `OUTBOX_WORKER_WEBHOOK_URL` (on 127.0.0.1), and optionally
-//! `OUTBOX_WORKER_LEASE_MS` (6000), `OUTBOX_WORKER_TIMEOUT_MS` (1000, the webhook timeout),
-//! `OUTBOX_WORKER_THREADS` (8), `OUTBOX_WORKER_BATCH` (16).
+//! `OUTBOX_WORKER_LEASE_MS` (6000), `OUTBOX_WORKER_TIMEOUT_MS` (1000, the webhook and handler
+//! timeout), `OUTBOX_WORKER_THREADS` (8), `OUTBOX_WORKER_BATCH` (16),
+//! `OUTBOX_WORKER_UNKNOWN_GRACE_MS` (1000: how long unknown types are given back).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use diesel::r2d2::{ConnectionManager, Pool};
+use diesel::r2d2::Pool;
 use outbox_diesel::webhook::WebhookEndpoint;
-use outbox_diesel::{DieselStore, PoolCustomizer, RetryPolicy, Worker};
-
-use crate::worker_support::{secret, TestConnection};
+use outbox_diesel::{Backend, DieselStore, OutboxManager, RetryPolicy, Worker};
+use outbox_testkit::outbox::secret;
+use outbox_testkit::{with_connection, TestConnection};
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
@@ -30,8 +31,7 @@ fn run<C: TestConnection>(url: &str) -> ! {
     let pool = Pool::builder()
         .max_size(4)
         .connection_timeout(Duration::from_secs(5))
-        .connection_customizer(Box::new(PoolCustomizer))
-        .build_unchecked(ConnectionManager::<C>::new(url));
+        .build_unchecked(OutboxManager::<C>::new(url).expect("a database URL"));
     let timeout = Duration::from_millis(number("OUTBOX_WORKER_TIMEOUT_MS", 1000));
     let endpoint = WebhookEndpoint::builder(env("OUTBOX_WORKER_WEBHOOK_URL"))
         .secret(secret())
@@ -46,6 +46,10 @@ fn run<C: TestConnection>(url: &str) -> ! {
         .poll_interval(Duration::from_millis(100))
         .webhook(endpoint)
         .handler_timeout(timeout)
+        .unknown_type_grace(Duration::from_millis(number(
+            "OUTBOX_WORKER_UNKNOWN_GRACE_MS",
+            1000,
+        )))
         .lease(Duration::from_millis(number(
             "OUTBOX_WORKER_LEASE_MS",
             6000,
@@ -68,12 +72,8 @@ fn run<C: TestConnection>(url: &str) -> ! {
 
 /// Runs the worker the environment describes, until the process is killed.
 pub fn run_from_env() -> ! {
+    outbox_testkit::log_to_stderr_from_env("OUTBOX_WORKER_LOG");
     let url = env("OUTBOX_WORKER_DATABASE_URL");
-    if url.starts_with("postgres") {
-        run::<diesel::PgConnection>(&url)
-    } else if url.starts_with("mysql") {
-        run::<diesel::MysqlConnection>(&url)
-    } else {
-        run::<diesel::SqliteConnection>(&url)
-    }
+    let backend = Backend::from_url(&url).expect("OUTBOX_WORKER_DATABASE_URL names a backend");
+    with_connection!(backend, C => run::<C>(&url))
 }

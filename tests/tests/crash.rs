@@ -6,10 +6,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox_diesel::{enqueue_all, MessageId};
+use outbox_testkit::http::{Receiver, Reply};
+use outbox_testkit::outbox::{endpoint, pending};
+use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb};
 use outbox_tests::handlers::Hook;
-use outbox_tests::receiver::{Receiver, Reply};
-use outbox_tests::worker_support::{endpoint, eventually, pending, pool, TestConnection};
-use outbox_tests::{backend_tests, TestDb};
 
 const MESSAGES: u32 = 300;
 
@@ -18,7 +18,7 @@ fn a_killed_worker_loses_nothing<C: TestConnection>(db: &TestDb) {
         std::thread::sleep(Duration::from_millis(50));
         Reply::status(200)
     });
-    let pool = pool::<C>(db, 4);
+    let pool = db.pool::<C>(4);
     let hooks: Vec<Hook> = (0..MESSAGES).map(Hook::new).collect();
     let ids = enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
 

@@ -12,7 +12,7 @@ use outbox_diesel::{
     enqueue_all, outbox_handler, run_migrations, Batch, Context, EnqueueOptions, Error, Message,
     OutboxConnection, ProcessError,
 };
-use outbox_tests::{backend_tests, Backend, TestDb};
+use outbox_testkit::{backend_tests, Backend, TestDb};
 use serde::{Deserialize, Serialize};
 
 #[outbox_handler("comment.thankYou")]
@@ -54,7 +54,7 @@ impl Handler for Unserializable {
 
 trait TestConnection:
     Connection
-    + OutboxConnection
+    + outbox_diesel::Establish
     + R2D2Connection
     + MigrationHarness<<Self as Connection>::Backend>
     + 'static
@@ -62,7 +62,7 @@ trait TestConnection:
 }
 impl<C> TestConnection for C where
     C: Connection
-        + OutboxConnection
+        + outbox_diesel::Establish
         + R2D2Connection
         + MigrationHarness<<Self as Connection>::Backend>
         + 'static
@@ -108,7 +108,7 @@ fn rolled_back_enqueue_stores_nothing<C: TestConnection>(db: &TestDb) {
     let mut conn = migrated::<C>(db);
     let result: Result<(), Error> = conn.transaction(|conn| {
         ThankYou { member_id: 7 }.enqueue(conn)?;
-        Err(Error::Internal("the business write failed"))
+        Err(Error::Database(diesel::result::Error::RollbackTransaction))
     });
     assert!(result.is_err());
     assert!(all_pending(&mut conn).is_empty());
@@ -134,7 +134,7 @@ fn pooled_connections_enqueue_in_their_transactions<C: TestConnection>(db: &Test
         .unwrap();
     let _ = pooled.transaction(|conn| {
         ThankYou { member_id: 2 }.enqueue(conn)?;
-        Err::<(), _>(Error::Internal("rolled back on purpose"))
+        Err::<(), _>(Error::Database(diesel::result::Error::RollbackTransaction))
     });
     ThankYou { member_id: 3 }.enqueue(&mut pooled).unwrap();
     let rows = all_pending(&mut pool.get().unwrap());
@@ -180,7 +180,7 @@ fn a_batch_that_rolls_back_leaves_nothing<C: TestConnection>(db: &TestDb) {
         })?;
         assert_eq!(batch.len(), 101);
         batch.enqueue(conn)?;
-        Err(Error::Internal("rolled back on purpose"))
+        Err(Error::Database(diesel::result::Error::RollbackTransaction))
     });
     assert!(result.is_err());
     assert!(all_pending(&mut conn).is_empty());
@@ -322,8 +322,8 @@ fn serialization_failure_is_returned_and_the_transaction_goes_on<C: TestConnecti
 
 fn outbox_migrations(db: &TestDb) -> usize {
     match db.backend() {
-        Backend::Postgres => 3,
-        Backend::Mysql | Backend::Sqlite => 2,
+        Backend::Postgres => 5,
+        Backend::Mysql | Backend::Sqlite => 4,
     }
 }
 
@@ -333,7 +333,8 @@ fn migrations_twice_are_a_no_op<C: TestConnection>(db: &TestDb) {
     assert_eq!(
         first.len(),
         outbox_migrations(db),
-        "outbox tables, inbox table (and autovacuum settings on PostgreSQL): {first:?}"
+        "outbox tables, inbox table, payload sizes, parked messages (and autovacuum settings \
+         on PostgreSQL): {first:?}"
     );
     let second = run_migrations(&mut conn).unwrap();
     assert!(second.is_empty(), "{second:?}");

@@ -3,14 +3,13 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::Connection;
 use outbox_diesel::inbox::{sweep_inbox, Inbox, InboxError, Received};
 use outbox_diesel::prelude::*;
 use outbox_diesel::webhook::{VerifyError, WebhookSecret};
 use outbox_diesel::{Message, OutboxConnection};
-use outbox_tests::worker_support::{pending, pool, secret, TestConnection};
-use outbox_tests::{backend_tests, TestDb};
+use outbox_testkit::outbox::{pending, secret};
+use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
 fn signed(secret: &WebhookSecret, id: &str, body: &[u8]) -> Vec<(String, String)> {
@@ -25,8 +24,8 @@ fn signed(secret: &WebhookSecret, id: &str, body: &[u8]) -> Vec<(String, String)
     ]
 }
 
-fn setup<C: TestConnection + Connection>(db: &TestDb) -> Pool<ConnectionManager<C>> {
-    pool::<C>(db, 4)
+fn setup<C: TestConnection + Connection>(db: &TestDb) -> TestPool<C> {
+    db.pool::<C>(4)
 }
 
 /// What the receiver's work writes: a follow-up message of its own, in the same transaction.
@@ -40,7 +39,7 @@ impl Message for Noted {
 }
 
 /// How many receiver transactions committed their work.
-fn notes<C: TestConnection + Connection>(pool: &Pool<ConnectionManager<C>>) -> usize {
+fn notes<C: TestConnection + Connection>(pool: &TestPool<C>) -> usize {
     pending(pool).len()
 }
 
@@ -87,7 +86,9 @@ fn failed_work_rolls_back_the_id_so_the_retry_runs_it<C: TestConnection + Connec
 
     let failed = inbox.receive(&mut conn, &headers, body, |c, _| {
         note(c)?;
-        Err::<(), _>(outbox_diesel::Error::Internal("the receiver's work failed"))
+        Err::<(), _>(outbox_diesel::Error::Database(
+            diesel::result::Error::RollbackTransaction,
+        ))
     });
     assert!(matches!(failed, Err(InboxError::Work(_))), "{failed:?}");
     assert_eq!(notes(&pool), 0, "the work rolled back");

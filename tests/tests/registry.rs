@@ -58,7 +58,7 @@ fn dispatch_deserializes_and_runs_the_handler() {
 
     handler
         .dispatch(
-            r#"{"member_id":7}"#,
+            r#"{"member_id":7}"#.to_owned(),
             &mut Context::new(&delivery, &resources),
         )
         .unwrap();
@@ -67,7 +67,7 @@ fn dispatch_deserializes_and_runs_the_handler() {
 
     let refused = handler
         .dispatch(
-            r#"{"member_id":-1}"#,
+            r#"{"member_id":-1}"#.to_owned(),
             &mut Context::new(&delivery, &resources),
         )
         .unwrap_err();
@@ -88,7 +88,7 @@ fn a_payload_that_no_longer_fits_the_struct_names_type_and_serde_error() {
     let delivery = delivery("comment.thankYou");
     let err = handler
         .dispatch(
-            r#"{"memberId":"seven"}"#,
+            r#"{"memberId":"seven"}"#.to_owned(),
             &mut Context::new(&delivery, &resources),
         )
         .unwrap_err();

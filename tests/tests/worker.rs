@@ -7,18 +7,17 @@ use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::Connection;
 use outbox_diesel::admin::{purge_dead_letters, requeue_dead_letters, DeadLetterSelection};
 use outbox_diesel::prelude::*;
+use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
 use outbox_diesel::webhook::verify;
 use outbox_diesel::{
-    enqueue_all, outbox_handler, Batch, ClaimToken, ClaimedMessage, Context, DieselStore,
-    EnqueueOptions, Error, Message, MessageId, Outcome, ProcessError, RetryPolicy, Settlement,
-    Store, Worker, WorkerBuilder, WorkerHandle, WorkerStats,
+    enqueue_all, outbox_handler, Batch, Context, DieselStore, EnqueueOptions, Error, Message,
+    MessageId, OutboxManager, ProcessError, RetryPolicy, Worker, WorkerBuilder, WorkerHandle,
+    WorkerStats,
 };
+use outbox_testkit::http::{Receiver, Reply, Request};
+use outbox_testkit::outbox::{dead, endpoint, pending, secret};
+use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
 use outbox_tests::handlers::Hook;
-use outbox_tests::receiver::{Receiver, Reply, Request};
-use outbox_tests::worker_support::{
-    dead, endpoint, eventually, pending, pool, secret, TestConnection,
-};
-use outbox_tests::{backend_tests, TestDb};
 use serde::{Deserialize, Serialize};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -61,8 +60,6 @@ impl Message for OldHook {
     const MESSAGE_TYPE: &'static str = "test.hook";
 }
 
-type TestPool<C> = Pool<ConnectionManager<C>>;
-
 /// Short retries so tests see them happen.
 fn quick_retries() -> RetryPolicy {
     RetryPolicy::new()
@@ -71,10 +68,7 @@ fn quick_retries() -> RetryPolicy {
         .multiplier(2.0)
 }
 
-fn builder<C: TestConnection>(
-    pool: &TestPool<C>,
-    receiver: &Receiver,
-) -> WorkerBuilder<DieselStore<C>> {
+fn builder<C: TestConnection>(pool: &TestPool<C>, receiver: &Receiver) -> TestBuilder<C> {
     Worker::builder(DieselStore::new(pool.clone()))
         .handler_threads(4)
         .batch_size(16)
@@ -107,7 +101,7 @@ fn stop(worker: WorkerHandle) -> WorkerStats {
 
 fn delivers_each_committed_message_once_signed<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let hooks: Vec<Hook> = (0..50).map(Hook::new).collect();
     let ids = pool
         .get()
@@ -116,7 +110,7 @@ fn delivers_each_committed_message_once_signed<C: TestConnection>(db: &TestDb) {
         .unwrap();
     let rolled_back: Result<(), Error> = pool.get().unwrap().transaction(|conn| {
         Hook::new(1000).enqueue(conn)?;
-        Err(Error::Internal("rolled back on purpose"))
+        Err(Error::Database(diesel::result::Error::RollbackTransaction))
     });
     assert!(rolled_back.is_err());
 
@@ -161,7 +155,7 @@ fn delivers_each_committed_message_once_signed<C: TestConnection>(db: &TestDb) {
 
 fn a_500_is_retried_until_the_receiver_recovers<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, n| Reply::status(if n < 2 { 500 } else { 200 }));
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver)
         .retry_policy(quick_retries().initial_backoff(Duration::from_millis(400)))
@@ -197,7 +191,7 @@ fn a_500_is_retried_until_the_receiver_recovers<C: TestConnection>(db: &TestDb) 
 
 fn a_receiver_that_always_fails_leads_to_a_dead_letter<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, _| Reply::Status(503, Vec::new(), b"maintenance".to_vec()));
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
@@ -226,7 +220,7 @@ fn client_errors_are_dead_lettered_after_one_attempt<C: TestConnection>(db: &Tes
         1 => Reply::status(410),
         _ => Reply::status(400),
     });
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     enqueue_all(&mut pool.get().unwrap(), &[Hook::new(1), Hook::new(2)]).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 2));
@@ -251,7 +245,7 @@ fn retry_after_is_honoured<C: TestConnection>(db: &TestDb) {
             Reply::status(200)
         }
     });
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
     assert!(receiver.wait_for(2, PATIENCE));
@@ -273,7 +267,7 @@ fn a_hanging_receiver_times_out_and_is_retried<C: TestConnection>(db: &TestDb) {
             Reply::status(200)
         }
     });
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver)
         .webhook(endpoint(&receiver.url("/hook"), Duration::from_millis(300)))
@@ -294,7 +288,7 @@ fn redirects_are_not_followed<C: TestConnection>(db: &TestDb) {
     let elsewhere = Receiver::ok();
     let target = elsewhere.url("/other");
     let receiver = Receiver::start(move |_, _| Reply::with_header(308, "location", &target));
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
@@ -308,7 +302,7 @@ fn redirects_are_not_followed<C: TestConnection>(db: &TestDb) {
 
 fn poison_messages_are_dead_lettered_while_the_rest_flows<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let mut batch = Batch::new();
     batch.push(&Hook::new(0)).unwrap();
     let nobody = batch.push(&Nobody { x: 1 }).unwrap();
@@ -320,7 +314,10 @@ fn poison_messages_are_dead_lettered_while_the_rest_flows<C: TestConnection>(db:
     }
     batch.enqueue(&mut pool.get().unwrap()).unwrap();
 
-    let worker = builder(&pool, &receiver).spawn().unwrap();
+    let worker = builder(&pool, &receiver)
+        .unknown_type_grace(Duration::ZERO)
+        .spawn()
+        .unwrap();
     assert!(receiver.wait_for(10, PATIENCE));
     assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
     stop(worker);
@@ -354,14 +351,17 @@ fn poison_messages_are_dead_lettered_while_the_rest_flows<C: TestConnection>(db:
 
 fn dead_letters_can_be_requeued_and_purged<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, _| Reply::status(410));
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let ids = enqueue_all(
         &mut pool.get().unwrap(),
         &[Hook::new(0), Hook::new(1), Hook::new(2)],
     )
     .unwrap();
     Nobody { x: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
-    let worker = builder(&pool, &receiver).spawn().unwrap();
+    let worker = builder(&pool, &receiver)
+        .unknown_type_grace(Duration::ZERO)
+        .spawn()
+        .unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 4));
     receiver.set_behaviour(|_, _| Reply::status(200));
     let already = receiver.requests().len();
@@ -403,7 +403,7 @@ fn dead_letters_can_be_requeued_and_purged<C: TestConnection>(db: &TestDb) {
 
 fn three_workers_deliver_ten_thousand_messages_exactly_once<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = pool::<C>(db, 4);
+    let pool = db.pool::<C>(4);
     let hooks: Vec<Hook> = (0..10_000).map(Hook::new).collect();
     pool.get()
         .unwrap()
@@ -411,7 +411,7 @@ fn three_workers_deliver_ten_thousand_messages_exactly_once<C: TestConnection>(d
         .unwrap();
     let workers: Vec<WorkerHandle> = (0..3)
         .map(|_| {
-            let own_pool = outbox_tests::worker_support::pool::<C>(db, 4);
+            let own_pool = db.pool::<C>(4);
             builder(&own_pool, &receiver)
                 .batch_size(64)
                 .handler_threads(8)
@@ -440,24 +440,32 @@ fn three_workers_deliver_ten_thousand_messages_exactly_once<C: TestConnection>(d
 }
 
 fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb) {
-    let pool = pool::<C>(db, 4);
+    let pool = db.pool::<C>(4);
     let store = DieselStore::new(pool.clone());
     let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
 
     let first = ClaimToken::new();
-    let claimed = store.claim(first, 10, Duration::from_millis(300)).unwrap();
+    let claimed = store
+        .claim(first, ClaimLimit::messages(10), Duration::from_millis(300))
+        .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].attempt, 1);
     assert!(
         store
-            .claim(ClaimToken::new(), 10, Duration::from_secs(60))
+            .claim(
+                ClaimToken::new(),
+                ClaimLimit::messages(10),
+                Duration::from_secs(60)
+            )
             .unwrap()
             .is_empty(),
         "a leased message is not claimed twice"
     );
     std::thread::sleep(Duration::from_millis(600));
     let second = ClaimToken::new();
-    let reclaimed = store.claim(second, 10, Duration::from_secs(60)).unwrap();
+    let reclaimed = store
+        .claim(second, ClaimLimit::messages(10), Duration::from_secs(60))
+        .unwrap();
     assert_eq!(
         reclaimed.len(),
         1,
@@ -471,6 +479,7 @@ fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb
         token: first,
         position,
         message_id: id,
+        ordering_key: None,
         settlement,
     };
     for settlement in [
@@ -503,6 +512,7 @@ fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb
             token: second,
             position,
             message_id: id,
+            ordering_key: None,
             settlement: Settlement::Done,
         }])
         .unwrap();
@@ -515,20 +525,28 @@ fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb
 fn done_outcomes_of_several_claims_settle_together_and_are_fenced_apart<C: TestConnection>(
     db: &TestDb,
 ) {
-    let pool = pool::<C>(db, 4);
+    let pool = db.pool::<C>(4);
     let store = DieselStore::new(pool.clone());
     let hooks: Vec<Hook> = (0..5).map(Hook::new).collect();
     enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
 
     let expired = ClaimToken::new();
-    let lost = store.claim(expired, 1, Duration::from_millis(200)).unwrap();
+    let lost = store
+        .claim(expired, ClaimLimit::messages(1), Duration::from_millis(200))
+        .unwrap();
     let (current, kept) = (ClaimToken::new(), ClaimToken::new());
-    let first = store.claim(current, 2, Duration::from_secs(60)).unwrap();
-    let second = store.claim(kept, 2, Duration::from_secs(60)).unwrap();
+    let first = store
+        .claim(current, ClaimLimit::messages(2), Duration::from_secs(60))
+        .unwrap();
+    let second = store
+        .claim(kept, ClaimLimit::messages(2), Duration::from_secs(60))
+        .unwrap();
     assert_eq!((lost.len(), first.len(), second.len()), (1, 2, 2));
     std::thread::sleep(Duration::from_millis(400));
     let thief = ClaimToken::new();
-    let stolen = store.claim(thief, 10, Duration::from_secs(60)).unwrap();
+    let stolen = store
+        .claim(thief, ClaimLimit::messages(10), Duration::from_secs(60))
+        .unwrap();
     assert_eq!(stolen.len(), 1, "only the expired lease is claimable again");
     assert_eq!(stolen[0].position, lost[0].position);
 
@@ -536,6 +554,7 @@ fn done_outcomes_of_several_claims_settle_together_and_are_fenced_apart<C: TestC
         token,
         position: message.position,
         message_id: message.message_id,
+        ordering_key: message.ordering_key.clone(),
         settlement: Settlement::Done,
     };
     let mut outcomes = vec![done(expired, &lost[0])];
@@ -567,7 +586,7 @@ fn messages_of_one_key_arrive_in_order_without_holding_back_others<C: TestConnec
                 .is_ok();
         Reply::status(if failing { 503 } else { 200 })
     });
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let mut batch = Batch::new();
     for n in 0..200 {
         for key in ["a", "b", "c"] {
@@ -640,7 +659,7 @@ fn is_failure(requests: &[Request], i: usize) -> bool {
 
 fn a_commit_wakes_the_worker_long_before_the_poll<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let worker = builder(&pool, &receiver)
         .poll_interval(Duration::from_secs(10))
         .spawn()
@@ -677,7 +696,7 @@ fn shutdown_during_a_backlog_loses_nothing_and_holds_no_lease<C: TestConnection>
         std::thread::sleep(Duration::from_millis(20));
         Reply::status(200)
     });
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let hooks: Vec<Hook> = (0..300).map(Hook::new).collect();
     let ids = enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
@@ -710,22 +729,71 @@ fn shutdown_during_a_backlog_loses_nothing_and_holds_no_lease<C: TestConnection>
     );
 }
 
-fn the_lease_must_outlast_the_handler_timeout<C: TestConnection>(db: &TestDb) {
-    let pool = pool::<C>(db, 2);
-    let err = Worker::builder(DieselStore::new(pool))
-        .webhook(endpoint("http://127.0.0.1:9/hook", Duration::from_secs(30)))
-        .lease(Duration::from_secs(20))
+type TestBuilder<C> = WorkerBuilder<DieselStore<OutboxManager<C>>>;
+
+fn settings_out_of_range_are_refused_with_their_name<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let refused = |configure: &dyn Fn(TestBuilder<C>) -> TestBuilder<C>, setting: &str| {
+        let builder = configure(Worker::builder(DieselStore::new(pool.clone())));
+        // Showing a builder with extreme settings must not panic either.
+        let _ = format!("{builder:?}");
+        let err = builder.spawn().unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("`{setting}`")),
+            "{setting}: {err}"
+        );
+    };
+    refused(&|b| b.lease(Duration::from_secs(1)), "lease");
+    refused(&|b| b.lease(Duration::MAX), "lease");
+    refused(&|b| b.handler_timeout(Duration::MAX), "handler_timeout");
+    refused(&|b| b.handler_timeout(Duration::ZERO), "handler_timeout");
+    refused(&|b| b.poll_interval(Duration::ZERO), "poll_interval");
+    refused(
+        &|b| b.unknown_type_grace(Duration::MAX),
+        "unknown_type_grace",
+    );
+    refused(&|b| b.batch_size(0), "batch_size");
+    refused(&|b| b.handler_threads(0), "handler_threads");
+    refused(&|b| b.max_in_flight_bytes(0), "max_in_flight_bytes");
+    // A lease shorter than the handler timeout is fine now: the heartbeat renews it.
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .handler_timeout(Duration::from_secs(600))
+        .lease(Duration::from_secs(3))
+        .retry_policy(
+            RetryPolicy::new()
+                .initial_backoff(Duration::MAX)
+                .max_backoff(Duration::MAX),
+        )
+        .spawn()
+        .unwrap();
+    stop(worker);
+}
+
+fn a_pool_too_small_for_the_worker_is_refused_at_spawn<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(1);
+    let err = Worker::builder(DieselStore::new(pool.clone()))
         .spawn()
         .unwrap_err();
+    let needed = if db.backend() == outbox_testkit::Backend::Postgres {
+        3
+    } else {
+        2
+    };
     assert!(
-        err.to_string().contains("must exceed the handler timeout"),
+        err.to_string()
+            .contains(&format!("the worker holds {needed} for as long as it runs")),
         "{err}"
     );
+    let polling = Worker::builder(DieselStore::new(db.pool::<C>(2)))
+        .poll_only()
+        .spawn()
+        .expect("two connections are enough without LISTEN");
+    stop(polling);
 }
 
 fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection>(db: &TestDb) {
     let unmigrated = Pool::builder()
-        .max_size(2)
+        .max_size(3)
         .build(ConnectionManager::<C>::new(db.url()))
         .unwrap();
     let err = Worker::builder(DieselStore::new(unmigrated))
@@ -738,12 +806,12 @@ fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection
     );
 
     let unreachable = match db.backend() {
-        outbox_tests::Backend::Postgres => "postgres://postgres@127.0.0.1:1/nowhere",
-        outbox_tests::Backend::Mysql => "mysql://root@127.0.0.1:1/nowhere",
-        outbox_tests::Backend::Sqlite => "/nonexistent-directory/outbox.db",
+        outbox_testkit::Backend::Postgres => "postgres://postgres@127.0.0.1:1/nowhere",
+        outbox_testkit::Backend::Mysql => "mysql://root@127.0.0.1:1/nowhere",
+        outbox_testkit::Backend::Sqlite => "/nonexistent-directory/outbox.db",
     };
     let pool = Pool::builder()
-        .max_size(1)
+        .max_size(3)
         .connection_timeout(Duration::from_secs(2))
         .build_unchecked(ConnectionManager::<C>::new(unreachable));
     let err = Worker::builder(DieselStore::new(pool)).spawn().unwrap_err();
@@ -755,7 +823,7 @@ fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection
 }
 
 fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb) {
-    let pool = pool::<C>(db, 4);
+    let pool = db.pool::<C>(4);
     let store = DieselStore::new(pool.clone());
     enqueue_all(
         &mut pool.get().unwrap(),
@@ -764,12 +832,15 @@ fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb
     .unwrap();
     Nobody { x: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
     let token = ClaimToken::new();
-    let claimed = store.claim(token, 2, Duration::from_secs(60)).unwrap();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(2), Duration::from_secs(60))
+        .unwrap();
     assert_eq!(claimed.len(), 2);
     let dead = Outcome {
         token,
         position: claimed[0].position,
         message_id: claimed[0].message_id,
+        ordering_key: None,
         settlement: Settlement::DeadLetter {
             error: "gone".into(),
         },
@@ -811,19 +882,22 @@ impl Handler for NulReason {
 }
 
 fn a_position_is_never_reused_and_dead_letters_do_not_collide<C: TestConnection>(db: &TestDb) {
-    let pool = pool::<C>(db, 4);
+    let pool = db.pool::<C>(4);
     let store = DieselStore::new(pool.clone());
     let mut positions = Vec::new();
     for _ in 0..2 {
         let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
         let token = ClaimToken::new();
-        let claimed = store.claim(token, 1, Duration::from_secs(60)).unwrap();
+        let claimed = store
+            .claim(token, ClaimLimit::messages(1), Duration::from_secs(60))
+            .unwrap();
         assert_eq!(claimed[0].message_id, id);
         positions.push(claimed[0].position);
         let dead = Outcome {
             token,
             position: claimed[0].position,
             message_id: id,
+            ordering_key: None,
             settlement: Settlement::DeadLetter {
                 error: "gone".into(),
             },
@@ -840,7 +914,7 @@ fn a_position_is_never_reused_and_dead_letters_do_not_collide<C: TestConnection>
 
 fn an_error_text_with_a_nul_is_stored<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     NulReason.enqueue(&mut pool.get().unwrap()).unwrap();
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
@@ -854,13 +928,17 @@ fn an_error_text_with_a_nul_is_stored<C: TestConnection>(db: &TestDb) {
 
 fn a_message_whose_worker_keeps_dying_is_dead_lettered<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let store = DieselStore::new(pool.clone());
     let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     // Three claims that end without an outcome: each time, the worker died.
     for _ in 0..3 {
         let claimed = store
-            .claim(ClaimToken::new(), 1, Duration::from_millis(200))
+            .claim(
+                ClaimToken::new(),
+                ClaimLimit::messages(1),
+                Duration::from_millis(200),
+            )
             .unwrap();
         assert_eq!(claimed.len(), 1);
         std::thread::sleep(Duration::from_millis(300));
@@ -883,7 +961,7 @@ fn a_message_whose_worker_keeps_dying_is_dead_lettered<C: TestConnection>(db: &T
 
 fn the_next_message_of_a_key_does_not_wait_for_the_poll<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = pool::<C>(db, 8);
+    let pool = db.pool::<C>(8);
     let mut batch = Batch::new();
     for n in 0..30 {
         let hook = Hook {
@@ -928,7 +1006,8 @@ backend_tests!(
     messages_of_one_key_arrive_in_order_without_holding_back_others,
     a_commit_wakes_the_worker_long_before_the_poll,
     shutdown_during_a_backlog_loses_nothing_and_holds_no_lease,
-    the_lease_must_outlast_the_handler_timeout,
+    settings_out_of_range_are_refused_with_their_name,
+    a_pool_too_small_for_the_worker_is_refused_at_spawn,
     stats_count_pending_in_flight_and_dead_by_type,
     a_worker_on_a_wrong_database_fails_to_start_with_the_reason,
     a_position_is_never_reused_and_dead_letters_do_not_collide,

@@ -66,29 +66,9 @@ fn excerpt(text: &str) -> String {
 /// Stores the comment, subscribes its author to the post, and enqueues a notification for
 /// every other subscriber and, on a first comment, a thank-you: all or nothing.
 ///
-/// On SQLite a transaction that reads before it writes fails at once ("database is locked")
-/// if another connection, such as the outbox worker's, committed in between; nothing was
-/// written then, so it is simply run again.
+/// The transaction reads before it writes, so it is a `write_transaction`: on SQLite it takes
+/// the write lock first, and the worker committing in between cannot make it fail.
 pub fn post_comment(
-    conn: &mut AnyConnection,
-    post_id: i32,
-    comment: &NewComment,
-) -> Result<Posted, PostError> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match post_comment_once(conn, post_id, comment) {
-            Err(PostError::Outbox(outbox_diesel::Error::Database(
-                diesel::result::Error::DatabaseError(_, info),
-            ))) if tries < 5 && info.message().contains("locked") => {
-                std::thread::sleep(std::time::Duration::from_millis(10 * tries));
-            }
-            result => return result,
-        }
-    }
-}
-
-fn post_comment_once(
     conn: &mut AnyConnection,
     post_id: i32,
     comment: &NewComment,
@@ -103,7 +83,7 @@ fn post_comment_once(
             "please give your name, an email address and a comment",
         ));
     }
-    conn.transaction(|conn| {
+    outbox_diesel::write_transaction(conn, |conn| {
         let post_title: String = posts::table
             .find(post_id)
             .select(posts::title)

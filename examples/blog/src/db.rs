@@ -1,8 +1,9 @@
 //! The blog's tables, and one connection type for whichever database `DATABASE_URL` names.
 
 use diesel::prelude::*;
-use diesel::r2d2::{self as r2d2, Pool, PooledConnection};
+use diesel::r2d2::{Pool, PooledConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use outbox_diesel::OutboxManager;
 
 /// Declares `AnyConnection` over the backends compiled in (the derive takes no `#[cfg]`s).
 macro_rules! any_connection {
@@ -32,7 +33,10 @@ any_connection!(Mysql(MysqlConnection), Sqlite(SqliteConnection));
 #[cfg(all(not(feature = "postgres"), not(feature = "mysql")))]
 any_connection!(Sqlite(SqliteConnection));
 
-// The outbox writes through the very connection (and transaction) the blog's queries use.
+// The outbox writes through the very connection (and transaction) the blog's queries use, and
+// `OutboxManager` opens only the variant the URL's scheme names (`AnyConnection::establish`
+// would try each backend in turn, and an unreachable server would quietly become an SQLite
+// file named after its URL).
 outbox_diesel::impl_outbox_connection!(AnyConnection {
     #[cfg(feature = "postgres")]
     Postgres,
@@ -41,65 +45,11 @@ outbox_diesel::impl_outbox_connection!(AnyConnection {
     Sqlite,
 });
 
-/// Opens the backend the URL's scheme names, and only that one: `AnyConnection::establish`
-/// would try each backend in turn, and an unreachable server would quietly become an SQLite
-/// file named after its URL.
-#[derive(Debug, Clone)]
-pub struct Manager {
-    url: String,
-}
-
-impl Manager {
-    /// A manager for `url`.
-    pub fn new(url: impl Into<String>) -> Self {
-        Manager { url: url.into() }
-    }
-
-    fn establish(&self) -> ConnectionResult<AnyConnection> {
-        #[cfg(feature = "postgres")]
-        if self.url.starts_with("postgres://") || self.url.starts_with("postgresql://") {
-            return PgConnection::establish(&self.url).map(AnyConnection::Postgres);
-        }
-        #[cfg(feature = "mysql")]
-        if self.url.starts_with("mysql://") {
-            return MysqlConnection::establish(&self.url).map(AnyConnection::Mysql);
-        }
-        if self.url.contains("://") && !self.url.starts_with("sqlite://") {
-            return Err(ConnectionError::InvalidConnectionUrl(format!(
-                "{} is not an SQLite file, and this build has no driver for its scheme \
-                 (build with --features postgres or --features mysql)",
-                self.url
-            )));
-        }
-        SqliteConnection::establish(self.url.trim_start_matches("sqlite://"))
-            .map(AnyConnection::Sqlite)
-    }
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = AnyConnection;
-    type Error = diesel::r2d2::Error;
-
-    fn connect(&self) -> Result<AnyConnection, Self::Error> {
-        self.establish()
-            .map_err(diesel::r2d2::Error::ConnectionError)
-    }
-
-    fn is_valid(&self, conn: &mut AnyConnection) -> Result<(), Self::Error> {
-        use diesel::r2d2::R2D2Connection;
-        conn.ping().map_err(diesel::r2d2::Error::QueryError)
-    }
-
-    fn has_broken(&self, conn: &mut AnyConnection) -> bool {
-        use diesel::r2d2::R2D2Connection;
-        conn.is_broken()
-    }
-}
-
-/// The pool the web handlers use.
-pub type DbPool = Pool<Manager>;
+/// The one pool of the blog: its web handlers and the outbox worker share it. The manager
+/// opens the backend `DATABASE_URL`'s scheme names, with the settings the outbox needs.
+pub type DbPool = Pool<OutboxManager<AnyConnection>>;
 /// One pooled connection.
-pub type DbConn = PooledConnection<Manager>;
+pub type DbConn = PooledConnection<OutboxManager<AnyConnection>>;
 
 diesel::table! {
     members (id) {

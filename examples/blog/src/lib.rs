@@ -30,30 +30,20 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use diesel::r2d2::{ConnectionManager, Pool};
+use diesel::r2d2::Pool;
 use outbox_diesel::inbox::Inbox;
 use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
-use outbox_diesel::{DieselStore, PoolCustomizer, RetryPolicy, Worker, WorkerHandle};
+use outbox_diesel::{DieselStore, OutboxManager, RetryPolicy, Worker, WorkerHandle};
 use rocket::fairing::AdHoc;
 use rocket::{Build, Rocket};
 
-use crate::db::{AnyConnection, DbPool};
+use crate::db::DbPool;
 
-/// The outbox's SQLite settings (busy timeout, WAL) for the blog's own pool.
-#[derive(Debug)]
-struct SqlitePragmas;
-
-impl diesel::r2d2::CustomizeConnection<AnyConnection, diesel::r2d2::Error> for SqlitePragmas {
-    fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
-        match conn {
-            AnyConnection::Sqlite(c) => {
-                diesel::r2d2::CustomizeConnection::on_acquire(&PoolCustomizer, c)
-            }
-            #[allow(unreachable_patterns)]
-            _ => Ok(()),
-        }
-    }
-}
+/// Connections the web handlers may use at once, besides the worker's.
+const WEB_CONNECTIONS: u32 = 8;
+/// Connections the worker holds: its claimer's, its acker's and, on PostgreSQL, its `LISTEN`
+/// connection.
+const WORKER_CONNECTIONS: u32 = 3;
 
 /// How the blog is set up; see the crate documentation for the environment variables.
 #[derive(Debug, Clone)]
@@ -158,17 +148,19 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
         .build()
         .map_err(|e| format!("the webhook endpoint: {e}"))?;
 
+    // The manager's errors show the URL without its password.
+    let manager = OutboxManager::new(&settings.database_url).map_err(|e| e.to_string())?;
     let db: DbPool = Pool::builder()
-        .max_size(8)
-        .connection_customizer(Box::new(SqlitePragmas))
-        .build(db::Manager::new(&settings.database_url))
-        .map_err(|e| format!("cannot open {}: {e}", settings.database_url))?;
+        .max_size(WEB_CONNECTIONS + WORKER_CONNECTIONS)
+        .build(manager)
+        .map_err(|e| format!("cannot open the database: {e}"))?;
     let mut conn = db
         .get()
-        .map_err(|e| format!("cannot connect to {}: {e}", settings.database_url))?;
+        .map_err(|e| format!("cannot open the database: {e}"))?;
     db::migrate(&mut conn).map_err(|e| format!("migrations failed: {e}"))?;
     drop(conn);
 
+    let worker_pool = db.clone();
     let app = App {
         db,
         inbox: Inbox::new([settings.webhook_secret.clone()]),
@@ -177,7 +169,6 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
         admin_session: random_token(),
         worker: Mutex::new(None),
     };
-    let database_url = settings.database_url.clone();
     let retry_policy = settings.retry_policy.clone();
     Ok(rocket::custom(figment)
         .manage(app)
@@ -188,7 +179,11 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
                     return;
                 };
                 let spawned = rocket::tokio::task::spawn_blocking(move || {
-                    spawn_worker(&database_url, endpoint, retry_policy)
+                    Worker::builder(DieselStore::new(worker_pool))
+                        .handler_threads(4)
+                        .retry_policy(retry_policy)
+                        .webhook(endpoint)
+                        .spawn()
                 })
                 .await;
                 match spawned {
@@ -221,45 +216,4 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
                 }
             })
         })))
-}
-
-/// The worker gets a small pool of its own, of the concrete connection type.
-fn spawn_worker(
-    database_url: &str,
-    endpoint: WebhookEndpoint,
-    retry_policy: RetryPolicy,
-) -> Result<WorkerHandle, String> {
-    fn start<C>(
-        url: &str,
-        endpoint: WebhookEndpoint,
-        retry_policy: RetryPolicy,
-    ) -> Result<WorkerHandle, String>
-    where
-        C: outbox_diesel::OutboxConnection + diesel::r2d2::R2D2Connection + Send + 'static,
-    {
-        let pool = Pool::builder()
-            .max_size(3)
-            .connection_customizer(Box::new(PoolCustomizer))
-            .build(ConnectionManager::<C>::new(url))
-            .map_err(|e| e.to_string())?;
-        Worker::builder(DieselStore::new(pool))
-            .handler_threads(4)
-            .retry_policy(retry_policy)
-            .webhook(endpoint)
-            .spawn()
-            .map_err(|e| e.to_string())
-    }
-    #[cfg(feature = "postgres")]
-    if database_url.starts_with("postgres") {
-        return start::<diesel::PgConnection>(database_url, endpoint, retry_policy);
-    }
-    #[cfg(feature = "mysql")]
-    if database_url.starts_with("mysql") {
-        return start::<diesel::MysqlConnection>(database_url, endpoint, retry_policy);
-    }
-    start::<diesel::SqliteConnection>(
-        database_url.trim_start_matches("sqlite://"),
-        endpoint,
-        retry_policy,
-    )
 }

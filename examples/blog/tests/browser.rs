@@ -52,14 +52,13 @@ impl Browser {
             .build()
             .unwrap();
         let base = format!("http://127.0.0.1:{port}");
-        let started = Instant::now();
-        while http.get(format!("{base}/status")).send().is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "chromedriver did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        assert!(
+            outbox_testkit::eventually(Duration::from_secs(20), || http
+                .get(format!("{base}/status"))
+                .send()
+                .is_ok()),
+            "chromedriver did not start"
+        );
         let profile = std::env::temp_dir().join(format!("outbox-chromium-{port}"));
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
@@ -163,35 +162,25 @@ impl Browser {
     /// Waits, without reloading, until the current page satisfies `done` (a click's navigation
     /// completes after the click command returns).
     fn settle(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let page = self.source();
-            if done(&page) {
-                return page;
-            }
-            assert!(
-                Instant::now() < until,
-                "timed out waiting for {what}:\n{page}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut page = String::new();
+        let held = outbox_testkit::eventually(Duration::from_secs(10), || {
+            page = self.source();
+            done(&page)
+        });
+        assert!(held, "timed out waiting for {what}:\n{page}");
+        page
     }
 
     /// Reloads `url` until its page satisfies `done`.
     fn wait_for(&self, url: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
+        let mut page = String::new();
+        let held = outbox_testkit::eventually(Duration::from_secs(30), || {
             self.goto(url);
-            let page = self.source();
-            if done(&page) {
-                return page;
-            }
-            assert!(
-                Instant::now() < until,
-                "timed out waiting for {what} at {url}:\n{page}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            page = self.source();
+            done(&page)
+        });
+        assert!(held, "timed out waiting for {what} at {url}:\n{page}");
+        page
     }
 
     fn screenshot(&self, path: &Path) {

@@ -111,7 +111,7 @@ pub enum WebhookError {
         timeout: Duration,
         /// The client's error.
         #[source]
-        source: reqwest::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// No connection could be made (name not found, connection refused, TLS failure).

@@ -80,7 +80,7 @@ mod verify;
 pub use endpoint::{WebhookEndpoint, WebhookEndpointBuilder, WebhookResponse};
 pub use error::WebhookError;
 pub use guard::is_special_purpose;
-pub use secret::WebhookSecret;
+pub use secret::{WebhookSecret, MIN_SECRET_LEN};
 pub use verify::{
     verify, verify_at, VerifiedWebhook, VerifyError, WebhookHeaders, DEFAULT_TOLERANCE,
 };

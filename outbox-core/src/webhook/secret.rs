@@ -16,6 +16,10 @@ const PREFIX: &str = "whsec_";
 /// recommends.
 const GENERATED_LEN: usize = 24;
 
+/// The shortest key accepted: 128 bits. A shorter key can be guessed, and anyone who guesses
+/// it can forge signatures (an empty one is no key at all).
+pub const MIN_SECRET_LEN: usize = 16;
+
 /// A symmetric signing key shared by a webhook sender and its receiver.
 ///
 /// Standard Webhooks writes these as `whsec_` followed by the key in base64; [`parse`] reads
@@ -45,17 +49,25 @@ impl WebhookSecret {
             .map_err(|_| WebhookError::InvalidSecret {
                 reason: "the part after `whsec_` is not valid base64",
             })?;
-        if key.is_empty() {
+        Self::from_bytes(key)
+    }
+
+    /// A secret with the raw key `key`, at least [`MIN_SECRET_LEN`] bytes long.
+    ///
+    /// The error never repeats the key.
+    pub fn from_bytes(key: impl Into<Vec<u8>>) -> Result<Self, WebhookError> {
+        let key = key.into();
+        if key.len() < MIN_SECRET_LEN {
             return Err(WebhookError::InvalidSecret {
-                reason: "the key after `whsec_` is empty",
+                reason: if key.is_empty() {
+                    "the key is empty"
+                } else {
+                    "the key is shorter than 16 bytes, short enough to guess and forge signatures \
+                     with; use WebhookSecret::generate"
+                },
             });
         }
         Ok(WebhookSecret { key })
-    }
-
-    /// A secret with the raw key `key`.
-    pub fn from_bytes(key: impl Into<Vec<u8>>) -> Self {
-        WebhookSecret { key: key.into() }
     }
 
     /// A new random 24-byte secret, to hand to a receiver with [`expose_whsec`].
@@ -141,7 +153,9 @@ mod tests {
         let secret: WebhookSecret = VECTOR_SECRET.parse().unwrap();
         assert_eq!(secret.expose_whsec(), VECTOR_SECRET);
         assert_eq!(
-            WebhookSecret::from_bytes(secret.key.clone()).expose_whsec(),
+            WebhookSecret::from_bytes(secret.key.clone())
+                .unwrap()
+                .expose_whsec(),
             VECTOR_SECRET
         );
     }
@@ -162,6 +176,17 @@ mod tests {
                 "the error repeats the secret: {shown}"
             );
         }
+    }
+
+    #[test]
+    fn empty_and_short_keys_are_refused() {
+        for short in [&b""[..], b"k", &[7_u8; MIN_SECRET_LEN - 1]] {
+            let err = WebhookSecret::from_bytes(short).unwrap_err();
+            assert!(matches!(err, WebhookError::InvalidSecret { .. }), "{err}");
+        }
+        assert!(WebhookSecret::from_bytes([7_u8; MIN_SECRET_LEN]).is_ok());
+        let short_whsec = format!("whsec_{}", STANDARD.encode(b"tiny"));
+        assert!(WebhookSecret::parse(&short_whsec).is_err());
     }
 
     #[test]

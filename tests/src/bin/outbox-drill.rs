@@ -2,7 +2,7 @@
 //! faults are injected, then the delivery checker.
 //!
 //! ```text
-//! outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|all> --backend <postgres|mysql|sqlite> [--quick] [--messages N]
+//! outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|refused-outcome|trickle|hung-handler|all> --backend <postgres|mysql|sqlite> [--quick] [--messages N]
 //! ```
 //!
 //! Prints one JSON line of figures per drill (and one of details where something is wrong) and
@@ -14,15 +14,13 @@ use std::collections::HashSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::Connection;
 use outbox_diesel::admin::{dead_letters, pending_messages, stats, ListOptions};
 use outbox_diesel::{Batch, EnqueueOptions, Message, MessageId};
+use outbox_testkit::http::{Receiver, Reply};
+use outbox_testkit::{with_connection, Backend, TestConnection, TestDb, TestPool};
 use outbox_tests::checker::{check, Arrival, Ledger};
-use outbox_tests::handlers::Hook;
-use outbox_tests::receiver::{Receiver, Reply};
-use outbox_tests::worker_support::{pool, TestConnection};
-use outbox_tests::{Backend, TestDb};
+use outbox_tests::handlers::{Hook, Stall};
 use serde::{Deserialize, Serialize};
 
 /// A type no worker handles.
@@ -53,16 +51,26 @@ enum Drill {
     Poison,
     Concurrency,
     Rollback,
+    /// A PostgreSQL database in LATIN1 refusing the error texts of a receiver that fails now
+    /// and then with characters it cannot encode.
+    RefusedOutcome,
+    /// A receiver that trickles some answers, one byte every 100 ms.
+    Trickle,
+    /// Handlers that hang on their first attempt, five times past their timeout.
+    HungHandler,
 }
 
 impl Drill {
-    const ALL: [Drill; 6] = [
+    const ALL: [Drill; 9] = [
         Drill::Kill,
         Drill::DbRestart,
         Drill::Receiver,
         Drill::Poison,
         Drill::Concurrency,
         Drill::Rollback,
+        Drill::RefusedOutcome,
+        Drill::Trickle,
+        Drill::HungHandler,
     ];
 
     fn name(self) -> &'static str {
@@ -73,6 +81,20 @@ impl Drill {
             Drill::Poison => "poison",
             Drill::Concurrency => "concurrency",
             Drill::Rollback => "rollback",
+            Drill::RefusedOutcome => "refused-outcome",
+            Drill::Trickle => "trickle",
+            Drill::HungHandler => "hung-handler",
+        }
+    }
+
+    /// Whether the drill means anything on `backend`.
+    fn applies_to(self, backend: Backend) -> bool {
+        match self {
+            // SQLite has no server to restart.
+            Drill::DbRestart => backend != Backend::Sqlite,
+            // Only PostgreSQL databases come in encodings that refuse text.
+            Drill::RefusedOutcome => backend == Backend::Postgres,
+            _ => true,
         }
     }
 }
@@ -87,6 +109,7 @@ struct Plan {
     kills: usize,
     rollback_every: u64,
     poison_every: u64,
+    stall_every: u64,
 }
 
 impl Plan {
@@ -105,13 +128,15 @@ impl Plan {
             },
             rollback_every: if drill == Drill::Rollback { 3 } else { 20 },
             poison_every: if drill == Drill::Poison { 50 } else { 0 },
+            stall_every: if drill == Drill::HungHandler { 100 } else { 0 },
         }
     }
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|all> \
+        "usage: outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|\
+         refused-outcome|trickle|hung-handler|all> \
          --backend <postgres|mysql|sqlite> [--quick] [--messages N]"
     );
     std::process::exit(2)
@@ -130,10 +155,8 @@ fn main() {
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--backend" => {
-                backend = match rest.next().map(String::as_str) {
-                    Some("postgres") => Some(Backend::Postgres),
-                    Some("mysql") => Some(Backend::Mysql),
-                    Some("sqlite") => Some(Backend::Sqlite),
+                backend = match rest.next().map(|name| name.parse::<Backend>()) {
+                    Some(Ok(backend)) => Some(backend),
                     _ => usage(),
                 }
             }
@@ -158,16 +181,12 @@ fn main() {
     }
     let mut failed = 0;
     for drill in drills {
-        if drill == Drill::DbRestart && backend == Backend::Sqlite {
-            eprintln!("db-restart does not apply to SQLite (no server); skipped");
+        if !drill.applies_to(backend) {
+            eprintln!("{} does not apply to {backend}; skipped", drill.name());
             continue;
         }
         let plan = Plan::new(drill, backend, quick, messages);
-        let held = match backend {
-            Backend::Postgres => run::<diesel::PgConnection>(&plan),
-            Backend::Mysql => run::<diesel::MysqlConnection>(&plan),
-            Backend::Sqlite => run::<diesel::SqliteConnection>(&plan),
-        };
+        let held = with_connection!(backend, C => run::<C>(&plan));
         if !held {
             failed += 1;
         }
@@ -223,14 +242,35 @@ fn chaos(n: usize) -> Reply {
         6 => Reply::Hang(Duration::from_secs(3)),
         9 => Reply::Truncated,
         12 => Reply::Status(200, Vec::new(), vec![b'x'; 10 << 20]),
-        15 => Reply::Trickle(Duration::from_millis(60)),
+        15 => Reply::TrickleHead(Duration::from_millis(60)),
         18 => Reply::with_header(308, "location", "http://127.0.0.1:9/elsewhere"),
         _ => Reply::status(200),
     }
 }
 
+/// Every fifth answer a 500 whose text a LATIN1 database cannot store.
+fn unencodable(n: usize) -> Reply {
+    if n % 5 == 0 {
+        Reply::with_body(500, "Ошибка: überlastet … 再試行")
+    } else {
+        Reply::status(200)
+    }
+}
+
+/// Every tenth answer trickled: 50 bytes, one every 100 ms, five times the endpoint timeout.
+fn trickling(n: usize) -> Reply {
+    if n % 10 == 0 {
+        Reply::TrickleBody {
+            every: Duration::from_millis(100),
+            bytes: 50,
+        }
+    } else {
+        Reply::status(200)
+    }
+}
+
 /// The messages leased right now: after a fault, the only ones that may arrive twice.
-fn in_flight<C: TestConnection>(pool: &Pool<ConnectionManager<C>>) -> HashSet<MessageId> {
+fn in_flight<C: TestConnection>(pool: &TestPool<C>) -> HashSet<MessageId> {
     let mut conn = pool.get().expect("a connection");
     pending_messages(&mut conn, &ListOptions::new().limit(u32::MAX))
         .expect("listing pending messages")
@@ -240,18 +280,14 @@ fn in_flight<C: TestConnection>(pool: &Pool<ConnectionManager<C>>) -> HashSet<Me
         .collect()
 }
 
-fn pending<C: TestConnection>(pool: &Pool<ConnectionManager<C>>) -> Option<u64> {
+fn pending<C: TestConnection>(pool: &TestPool<C>) -> Option<u64> {
     let mut conn = pool.get().ok()?;
     stats(&mut conn)
         .ok()
         .map(|types| types.iter().map(|t| t.pending).sum())
 }
 
-fn enqueue<C: TestConnection + Connection>(
-    plan: &Plan,
-    pool: &Pool<ConnectionManager<C>>,
-    ledger: &mut Ledger,
-) {
+fn enqueue<C: TestConnection + Connection>(plan: &Plan, pool: &TestPool<C>, ledger: &mut Ledger) {
     let mut conn = pool.get().expect("a connection");
     let mut n = 0u64;
     let mut tx = 0u64;
@@ -282,16 +318,23 @@ fn enqueue<C: TestConnection + Connection>(
                 Some(key) => EnqueueOptions::new().ordering_key(key.clone()),
                 None => EnqueueOptions::new(),
             };
-            written.push((
-                batch.push_with(&hook, &options).expect("serializing"),
-                key,
-                false,
-            ));
+            let id = if plan.stall_every > 0 && n % plan.stall_every == 0 {
+                let stall = Stall {
+                    hook,
+                    hang_ms: 5_000,
+                };
+                batch.push_with(&stall, &options)
+            } else {
+                batch.push_with(&hook, &options)
+            };
+            written.push((id.expect("serializing"), key, false));
         }
         let result: Result<(), outbox_diesel::Error> = conn.transaction(|conn| {
             batch.enqueue(conn)?;
             if roll_back {
-                Err(outbox_diesel::Error::Internal("rolled back by the drill"))
+                Err(outbox_diesel::Error::Database(
+                    diesel::result::Error::RollbackTransaction,
+                ))
             } else {
                 Ok(())
             }
@@ -366,10 +409,17 @@ fn restart_database(backend: Backend) {
 
 fn run<C: TestConnection + Connection>(plan: &Plan) -> bool {
     let started = Instant::now();
-    let db = TestDb::new(plan.backend).expect("the drill's database server is reachable");
-    let pool = pool::<C>(&db, 4);
+    let options = match plan.drill {
+        Drill::RefusedOutcome => "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+        _ => "",
+    };
+    let db =
+        TestDb::new_with(plan.backend, options).expect("the drill's database server is reachable");
+    let pool = db.pool::<C>(4);
     let receiver = match plan.drill {
         Drill::Receiver => Receiver::start(|_, n| chaos(n)),
+        Drill::RefusedOutcome => Receiver::start(|_, n| unencodable(n)),
+        Drill::Trickle => Receiver::start(|_, n| trickling(n)),
         // A receiver that takes a moment keeps messages in flight for the kills to hit.
         Drill::Kill => Receiver::start(|_, _| {
             std::thread::sleep(Duration::from_millis(5));

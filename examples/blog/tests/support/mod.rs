@@ -3,14 +3,14 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox_diesel::webhook::WebhookSecret;
 use outbox_diesel::RetryPolicy;
 use outbox_example_blog::db::{self, Delivery};
 use outbox_example_blog::Settings;
 
-pub const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+pub use outbox_testkit::outbox::SECRET;
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 
 /// A temporary database file, removed on drop.
@@ -19,23 +19,15 @@ pub struct TempDb(pub String);
 
 impl TempDb {
     pub fn new(name: &str) -> TempDb {
-        let path = std::env::temp_dir().join(format!(
-            "outbox-blog-{name}-{}-{}.db",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        TempDb(path.display().to_string())
+        TempDb(outbox_testkit::db::temp_sqlite_path(&format!(
+            "blog-{name}"
+        )))
     }
 }
 
 impl Drop for TempDb {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", self.0));
-        }
+        let _ = outbox_testkit::db::remove_sqlite_files(&self.0);
     }
 }
 
@@ -86,14 +78,13 @@ impl Server {
         let shutdown = rx.recv().expect("the blog started");
         let base = format!("http://127.0.0.1:{port}");
         let client = reqwest::blocking::Client::new();
-        let up = Instant::now();
-        while client.get(format!("{base}/posts/1")).send().is_err() {
-            assert!(
-                up.elapsed() < Duration::from_secs(20),
-                "the blog did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        assert!(
+            outbox_testkit::eventually(Duration::from_secs(20), || client
+                .get(format!("{base}/posts/1"))
+                .send()
+                .is_ok()),
+            "the blog did not come up"
+        );
         Server {
             base,
             db,
@@ -107,8 +98,8 @@ impl Server {
     }
 
     pub fn deliveries(&self) -> Vec<Delivery> {
-        use diesel::Connection;
-        let mut conn = db::AnyConnection::establish(&self.db.0).expect("opening the blog's db");
+        let mut conn: db::AnyConnection =
+            outbox_diesel::establish(&self.db.0).expect("opening the blog's db");
         let mut all = db::recent_deliveries(&mut conn, 10_000).expect("reading deliveries");
         all.reverse();
         all
@@ -116,18 +107,13 @@ impl Server {
 
     /// Waits until `done(deliveries)` holds.
     pub fn wait_for(&self, what: &str, done: impl Fn(&[Delivery]) -> bool) -> Vec<Delivery> {
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            let deliveries = self.deliveries();
-            if done(&deliveries) {
-                return deliveries;
-            }
-            assert!(
-                Instant::now() < until,
-                "timed out waiting for {what}: {deliveries:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut deliveries = Vec::new();
+        let held = outbox_testkit::eventually(Duration::from_secs(30), || {
+            deliveries = self.deliveries();
+            done(&deliveries)
+        });
+        assert!(held, "timed out waiting for {what}: {deliveries:#?}");
+        deliveries
     }
 }
 

@@ -1,0 +1,332 @@
+//! What a storage backend implements for the worker: the [`Store`] trait and the types it
+//! exchanges with the worker. Applications only name these to write a backend of their own;
+//! `outbox-diesel`'s `DieselStore` implements it for PostgreSQL, MySQL and SQLite, and
+//! [`MemoryStore`](crate::testing::MemoryStore) (feature `testing`) in memory, with faults
+//! on demand.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use crate::message::MessageId;
+
+/// Identifies one claim: the worker that made it writes it into the rows it leases, and every
+/// later change to those rows is conditioned on it (fencing). A worker whose lease expired and
+/// whose rows were claimed again by another cannot touch them any more.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimToken(uuid::Uuid);
+
+impl ClaimToken {
+    /// A new, unique token.
+    pub fn new() -> Self {
+        ClaimToken(uuid::Uuid::new_v4())
+    }
+
+    /// The token as a UUID.
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+}
+
+impl Default for ClaimToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for ClaimToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClaimToken({})", self.0)
+    }
+}
+
+impl fmt::Display for ClaimToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// How much one claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimLimit {
+    /// At most this many messages.
+    pub messages: usize,
+    /// At most this many bytes of payload in all.
+    pub bytes: usize,
+    /// Whether the oldest due message may be claimed alone when its payload is larger than
+    /// `bytes` (the worker allows it when it holds nothing, so that no message is too large
+    /// ever to be delivered).
+    pub oversized_alone: bool,
+}
+
+impl ClaimLimit {
+    /// At most `messages` messages, whatever their size.
+    pub fn messages(messages: usize) -> Self {
+        ClaimLimit {
+            messages,
+            bytes: usize::MAX,
+            oversized_alone: true,
+        }
+    }
+
+    /// How many of `sizes` (payload sizes in due order) a claim under this limit takes.
+    pub fn take(&self, sizes: impl IntoIterator<Item = usize>) -> usize {
+        let mut total = 0usize;
+        let mut taken = 0;
+        for size in sizes.into_iter().take(self.messages) {
+            total = total.saturating_add(size);
+            if total > self.bytes && !(taken == 0 && self.oversized_alone) {
+                break;
+            }
+            taken += 1;
+            if total > self.bytes {
+                break;
+            }
+        }
+        taken
+    }
+}
+
+/// A message leased to this worker.
+#[derive(Debug, Clone)]
+pub struct ClaimedMessage {
+    /// The row's position in the outbox (its auto-increment id).
+    pub position: i64,
+    /// The message's stable id.
+    pub message_id: MessageId,
+    /// The message's type string.
+    pub message_type: String,
+    /// The message's JSON payload.
+    pub payload: String,
+    /// The message's ordering key.
+    pub ordering_key: Option<String>,
+    /// Which attempt this claim starts, from 1.
+    pub attempt: u32,
+    /// When the message was enqueued.
+    pub enqueued_at: SystemTime,
+}
+
+/// What became of a claimed message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    /// Processed: remove it from the outbox.
+    Done,
+    /// Failed, worth another attempt after `delay`.
+    Retry {
+        /// How long to wait.
+        delay: Duration,
+        /// The failure, stored as the message's last error.
+        error: String,
+    },
+    /// Failed for good: move it to the dead-letter table.
+    DeadLetter {
+        /// Why, stored with the dead letter.
+        error: String,
+    },
+    /// Not processed (the worker is stopping, or the lease was too short to start): give it back
+    /// at once, without counting the attempt.
+    Release,
+    /// Not processed, and not to be tried before `delay` has passed (no handler for its type
+    /// yet, during a rolling deploy): give it back without counting the attempt, keeping
+    /// `reason` as its last error.
+    Defer {
+        /// How long to wait.
+        delay: Duration,
+        /// Why, stored as the message's last error.
+        reason: String,
+    },
+}
+
+impl Settlement {
+    /// The text this settlement stores (its error or reason), if any.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Settlement::Retry { error, .. } | Settlement::DeadLetter { error } => Some(error),
+            Settlement::Defer { reason, .. } => Some(reason),
+            Settlement::Done | Settlement::Release => None,
+        }
+    }
+
+    /// The same settlement storing `text` instead of its own.
+    pub fn with_text(&self, text: String) -> Settlement {
+        match self {
+            Settlement::Retry { delay, .. } => Settlement::Retry {
+                delay: *delay,
+                error: text,
+            },
+            Settlement::DeadLetter { .. } => Settlement::DeadLetter { error: text },
+            Settlement::Defer { delay, .. } => Settlement::Defer {
+                delay: *delay,
+                reason: text,
+            },
+            other => other.clone(),
+        }
+    }
+}
+
+/// A settlement for one message of one claim.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The claim the message was leased under.
+    pub token: ClaimToken,
+    /// The message's position.
+    pub position: i64,
+    /// The message's id, for logs.
+    pub message_id: MessageId,
+    /// The message's ordering key: when the outcome takes the message out of the outbox, the
+    /// next message of its key is promoted.
+    pub ordering_key: Option<String>,
+    /// What to do with it.
+    pub settlement: Settlement,
+}
+
+/// Where the worker's messages live. `outbox-diesel` implements it for PostgreSQL, MySQL and
+/// SQLite; it is public so that other storage can be plugged in. The conformance suite in the
+/// workspace's tests (`tests/tests/store_conformance.rs`) states the contract as tests.
+pub trait Store: Send + Sync + 'static {
+    /// Leases due messages under `token` for `lease`, oldest due first, within `limit`,
+    /// taking at most the first pending message of each ordering key.
+    fn claim(
+        &self,
+        token: ClaimToken,
+        limit: ClaimLimit,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedMessage>, StoreError>;
+
+    /// Applies `outcomes` atomically. An outcome whose row is no longer leased under its token is
+    /// skipped; returns the positions of those skipped (fenced) outcomes.
+    fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError>;
+
+    /// Extends the leases of messages still held by their claims to `lease` from now (the
+    /// worker's heartbeat while they wait or run). Returns the positions no longer leased under
+    /// their tokens, whose leases were not extended.
+    fn extend_leases(
+        &self,
+        leases: &[(ClaimToken, i64)],
+        lease: Duration,
+    ) -> Result<Vec<i64>, StoreError>;
+
+    /// A cheap round trip that succeeds when the store is reachable: it tells "the database is
+    /// down" (wait) from "the database refuses this one outcome" (do something about it).
+    fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Checks, once at start-up, that the store is reachable and ready and can lend the worker
+    /// `connections` connections at once, so that a wrong URL, a missing migration or a pool too
+    /// small is an error from `spawn` rather than a wedged worker.
+    fn check(&self, connections: usize) -> Result<(), StoreError> {
+        let _ = connections;
+        Ok(())
+    }
+
+    /// The safety net of per-key order: makes the first pending message of every ordering key
+    /// claimable where concurrent transactions left none so (a store that parks the messages
+    /// behind a key's head). The worker calls it every few seconds; returns how many.
+    fn promote_stranded(&self) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+
+    /// Whether [`listen`](Store::listen) gives a listener, which then holds a connection of its
+    /// own (counted by the worker before it calls [`check`](Store::check)).
+    fn listens(&self) -> bool {
+        false
+    }
+
+    /// A way to be told promptly that new messages were committed (e.g. PostgreSQL
+    /// `LISTEN`), or `None` if the store can only be polled.
+    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
+        Ok(None)
+    }
+
+    /// Whether enqueues in this process should wake the worker directly. Stores whose
+    /// [`listen`](Store::listen) reports commits exactly return `false`: an in-process wake
+    /// comes before the commit and would only cost an empty claim.
+    fn wants_local_wakeups(&self) -> bool {
+        true
+    }
+}
+
+/// Waits for a store's notifications.
+pub trait Listener: Send {
+    /// Blocks for at most `timeout`; `Ok(true)` if new messages may have been committed.
+    fn wait(&mut self, timeout: Duration) -> Result<bool, StoreError>;
+}
+
+/// The store failed; the worker logs it, waits, and tries again.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {source}")]
+pub struct StoreError {
+    context: &'static str,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl StoreError {
+    /// Wraps `source`, saying what the store was doing.
+    pub fn new(
+        context: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        StoreError {
+            context,
+            source: source.into(),
+        }
+    }
+
+    /// What the store was doing.
+    pub fn context(&self) -> &'static str {
+        self.context
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(messages: usize, bytes: usize, oversized_alone: bool) -> ClaimLimit {
+        ClaimLimit {
+            messages,
+            bytes,
+            oversized_alone,
+        }
+    }
+
+    #[test]
+    fn a_claim_stops_at_the_count_or_the_bytes() {
+        assert_eq!(limit(3, 100, false).take([10, 10, 10, 10]), 3);
+        assert_eq!(limit(10, 25, false).take([10, 10, 10, 10]), 2);
+        assert_eq!(limit(10, 30, false).take([10, 10, 10, 10]), 3);
+        assert_eq!(limit(10, 100, false).take([]), 0);
+        assert_eq!(ClaimLimit::messages(2).take([usize::MAX, usize::MAX]), 2);
+    }
+
+    #[test]
+    fn an_oversized_message_goes_alone_only_when_allowed() {
+        assert_eq!(limit(10, 5, false).take([10, 1]), 0);
+        assert_eq!(limit(10, 5, true).take([10, 1]), 1);
+        assert_eq!(
+            limit(10, 5, true).take([1, 10]),
+            1,
+            "only the first may be oversized"
+        );
+        assert_eq!(limit(0, 5, true).take([10]), 0);
+    }
+
+    #[test]
+    fn texts_are_swapped_without_changing_the_settlement() {
+        let retry = Settlement::Retry {
+            delay: Duration::from_secs(2),
+            error: "caf\u{e9}".into(),
+        };
+        assert_eq!(retry.text(), Some("caf\u{e9}"));
+        assert_eq!(
+            retry.with_text("cafe".into()),
+            Settlement::Retry {
+                delay: Duration::from_secs(2),
+                error: "cafe".into()
+            }
+        );
+        assert_eq!(Settlement::Done.with_text("x".into()), Settlement::Done);
+        assert_eq!(Settlement::Release.text(), None);
+    }
+}

@@ -1,0 +1,529 @@
+//! The acker: saves the outcomes of finished messages in batches, and looks after what the
+//! worker holds: it renews their leases (the heartbeat) and counts handlers that overran their
+//! timeout (the watchdog).
+//!
+//! An outcome the store does not take is never allowed to hold up the others. When a batch
+//! fails, a ping tells the two causes apart: the database is unreachable (every outcome waits,
+//! retried with backoff, nothing counted against them), or it answers but refuses this
+//! outcome (a text it cannot encode, a conflicting row). A refused outcome is set aside and
+//! tried again on its own; after a few refusals its text is reduced to short ASCII, and if even
+//! that is refused it is given up: logged, counted, and its message runs again when its lease
+//! ends. [`after_refusal`] is that policy.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use crate::store::{Outcome, Settlement};
+
+use super::backoff::{Backoff, Failures};
+use super::handle::Counters;
+use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, HandlerPool};
+use super::shared::Shared;
+use super::text::reduced;
+use super::timing::{
+    ACKER_TICK, REFUSALS_BEFORE_GIVING_UP, REFUSALS_BEFORE_REDUCING, REFUSED_RETRY, SETTLE_LINGER,
+    SETTLE_RETRY, WATCHDOG_GRACE,
+};
+
+/// What to do with an outcome after the store refused it `refusals` times in a row while
+/// answering otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterRefusal {
+    /// Try it again on its own after this pause.
+    TryAgain(Duration),
+    /// Store a short ASCII version of its text instead, counting afresh.
+    Reduce,
+    /// Stop trying: its message runs again when its lease ends.
+    GiveUp,
+}
+
+/// The settlement policy for refused outcomes; see the module documentation.
+pub(crate) fn after_refusal(refusals: u32, reduced: bool, has_text: bool) -> AfterRefusal {
+    let limit = if reduced {
+        REFUSALS_BEFORE_GIVING_UP
+    } else if has_text {
+        REFUSALS_BEFORE_REDUCING
+    } else {
+        // Nothing to reduce: all the tries at once.
+        REFUSALS_BEFORE_REDUCING + REFUSALS_BEFORE_GIVING_UP
+    };
+    if refusals < limit {
+        AfterRefusal::TryAgain(Backoff::from_pair(REFUSED_RETRY).delay(refusals))
+    } else if !reduced && has_text {
+        AfterRefusal::Reduce
+    } else {
+        AfterRefusal::GiveUp
+    }
+}
+
+/// An outcome the store refused, waiting for another try.
+#[derive(Debug)]
+struct Refused {
+    outcome: Outcome,
+    refusals: u32,
+    reduced: bool,
+    next_try: Instant,
+}
+
+/// The acker's thread: waits for outcomes and chores, and has the [`Settler`] do them.
+pub(crate) struct Acker {
+    shared: Arc<Shared>,
+    outcomes: Receiver<Outcome>,
+    settler: Settler,
+}
+
+impl Acker {
+    pub fn new(shared: Arc<Shared>, outcomes: Receiver<Outcome>) -> Self {
+        let settler = Settler::new(&shared.config, Instant::now());
+        Acker {
+            shared,
+            outcomes,
+            settler,
+        }
+    }
+
+    /// The thread: settles, renews, watches, until the worker has stopped and nothing is held.
+    pub fn run(mut self) {
+        let shared = Arc::clone(&self.shared);
+        let _alive = super::handle::AliveGuard::new(&shared.vitals.acker_alive);
+        loop {
+            shared.survive("acker", ACKER_TICK, || self.step());
+            if self.finished() {
+                return;
+            }
+        }
+    }
+
+    fn finished(&self) -> bool {
+        let shared = &self.shared;
+        if !shared.stopping() {
+            return false;
+        }
+        let settled_all = shared
+            .claimer_done
+            .load(std::sync::atomic::Ordering::SeqCst)
+            && shared.held.count() == 0
+            && self.settler.is_idle();
+        if settled_all {
+            return true;
+        }
+        if shared.past_give_up() {
+            log::error!(
+                "outbox: giving up settling {} messages at the shutdown deadline; their leases \
+                 will expire and they will be processed again",
+                shared.held.count()
+            );
+            return true;
+        }
+        false
+    }
+
+    fn step(&mut self) {
+        self.gather();
+        let shared = Arc::clone(&self.shared);
+        self.settler.settle(&shared, Instant::now());
+        for stuck in self.settler.watchdog(&shared, Instant::now()) {
+            // A stuck thread is replaced, and ends when its handler returns. Replacements stop
+            // once as many threads are stuck as there are handler threads (a handler that hangs
+            // on everything must not grow the process without bound); a thread not replaced
+            // goes on serving when its handler returns.
+            if shared.held.stuck() > shared.config.handler_threads || shared.stopping() {
+                continue;
+            }
+            match HandlerPool::spawn(&shared) {
+                Ok(()) => shared.pool.retire(stuck),
+                Err(error) => {
+                    log::error!("outbox: could not start a replacement handler thread: {error}")
+                }
+            }
+        }
+        self.settler.heartbeat(&shared, Instant::now());
+    }
+
+    /// Waits until an outcome arrives or a chore is due, then takes what is ready, lingering a
+    /// moment while more are on their way.
+    fn gather(&mut self) {
+        let now = Instant::now();
+        let max_batch = self.shared.config.batch_size.max(64) * 4;
+        if !self.settler.has_due_fresh(now) {
+            let wake = self.settler.next_chore(now);
+            match self
+                .outcomes
+                .recv_timeout(wake.saturating_duration_since(now))
+            {
+                Ok(outcome) => self.settler.push(outcome),
+                Err(RecvTimeoutError::Timeout) => return,
+                Err(RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+                    return;
+                }
+            }
+        }
+        self.take_ready(max_batch);
+        // Each settlement costs the database a statement and a commit whatever its size: while
+        // more outcomes are on their way, let them gather. A sleep, not a receive with a
+        // deadline, so that handler threads do not wake the acker once per outcome.
+        let waiting = self.settler.fresh.len();
+        let more_coming = self.shared.held.count() > waiting + self.settler.refused.len();
+        if waiting < self.shared.config.batch_size && more_coming && !self.shared.stopping() {
+            std::thread::sleep(SETTLE_LINGER);
+            self.take_ready(max_batch);
+        }
+    }
+
+    fn take_ready(&mut self, max_batch: usize) {
+        let room = max_batch.saturating_sub(self.settler.fresh.len());
+        self.settler
+            .fresh
+            .extend(self.outcomes.try_iter().take(room));
+    }
+}
+
+/// What the acker does, apart from waiting: given the time, so that the simulation drives it
+/// without threads or sleeps.
+pub(crate) struct Settler {
+    /// Outcomes not yet tried, or waiting for the database to come back.
+    fresh: Vec<Outcome>,
+    refused: Vec<Refused>,
+    unavailable: Failures,
+    /// The database refused a text and took its ASCII reduction: reduce texts from now on.
+    ascii_only: bool,
+    next_heartbeat: Instant,
+    /// While the database is unreachable: not before then.
+    next_settle: Instant,
+}
+
+impl Settler {
+    pub fn new(config: &super::config::Config, now: Instant) -> Self {
+        Settler {
+            fresh: Vec::new(),
+            refused: Vec::new(),
+            unavailable: Failures::new(Backoff::from_pair(SETTLE_RETRY)),
+            ascii_only: false,
+            next_heartbeat: now + config.heartbeat,
+            next_settle: now,
+        }
+    }
+
+    /// An outcome to settle.
+    pub fn push(&mut self, outcome: Outcome) {
+        self.fresh.push(outcome);
+    }
+
+    /// Whether no outcome waits.
+    pub fn is_idle(&self) -> bool {
+        self.fresh.is_empty() && self.refused.is_empty()
+    }
+
+    fn has_due_fresh(&self, now: Instant) -> bool {
+        !self.fresh.is_empty() && now >= self.next_settle
+    }
+
+    /// When the next chore is due, if no outcome comes first.
+    pub fn next_chore(&self, now: Instant) -> Instant {
+        let mut wake = (now + ACKER_TICK).min(self.next_heartbeat);
+        if let Some(first) = self.refused.iter().map(|r| r.next_try).min() {
+            wake = wake.min(first);
+        }
+        if !self.fresh.is_empty() {
+            wake = wake.min(self.next_settle);
+        }
+        wake
+    }
+
+    /// Settles what is due: the fresh outcomes (unless the database is being waited for) and
+    /// refused ones whose next try has come.
+    pub fn settle(&mut self, shared: &Shared, now: Instant) {
+        if self.has_due_fresh(now) {
+            self.settle_fresh(shared, now);
+        }
+        let (due, waiting): (Vec<Refused>, Vec<Refused>) = std::mem::take(&mut self.refused)
+            .into_iter()
+            .partition(|entry| entry.next_try <= now);
+        self.refused = waiting;
+        for entry in due {
+            self.try_alone(shared, entry, now);
+        }
+    }
+
+    fn settle_fresh(&mut self, shared: &Shared, now: Instant) {
+        let mut batch = std::mem::take(&mut self.fresh);
+        // A store reports fenced outcomes by position: two outcomes of one message (of two
+        // claims, when a lease ran out and the message was claimed again) go in separate
+        // batches, so that each is told apart.
+        let mut seen = std::collections::HashSet::with_capacity(batch.len());
+        let (unique, repeats): (Vec<Outcome>, Vec<Outcome>) = batch
+            .drain(..)
+            .partition(|outcome| seen.insert(outcome.position));
+        batch = unique;
+        self.fresh = repeats;
+        if self.ascii_only {
+            for outcome in &mut batch {
+                reduce(outcome);
+            }
+        }
+        let error = match shared.store.settle(&batch) {
+            Ok(fenced) => {
+                self.settled(shared, &batch, &fenced, now);
+                return;
+            }
+            Err(error) => error,
+        };
+        if !store_answers(shared) {
+            let pause = self.unavailable.failed();
+            shared.vitals.settle_errors.store(
+                self.unavailable.in_a_row(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            log::error!(
+                "outbox: settling {} messages failed and the store does not answer (retrying \
+                 in {pause:?}): {error}",
+                batch.len()
+            );
+            batch.append(&mut self.fresh);
+            self.fresh = batch;
+            self.next_settle = now + pause;
+            return;
+        }
+        log::warn!(
+            "outbox: the store refused a batch of {} outcomes ({error}); settling them one by one",
+            batch.len()
+        );
+        let reduced = self.ascii_only;
+        for outcome in batch {
+            let entry = Refused {
+                outcome,
+                refusals: 0,
+                reduced,
+                next_try: now,
+            };
+            self.try_alone(shared, entry, now);
+        }
+    }
+
+    /// Tries one outcome on its own; sets it aside if refused.
+    fn try_alone(&mut self, shared: &Shared, mut entry: Refused, now: Instant) {
+        let error = match shared.store.settle(std::slice::from_ref(&entry.outcome)) {
+            Ok(fenced) => {
+                if entry.reduced && !self.ascii_only && entry.refusals == 0 {
+                    log::warn!(
+                        "outbox: the database refused an error text and took its ASCII \
+                         reduction; error texts are stored reduced from now on (is its \
+                         encoding UTF-8?)"
+                    );
+                    self.ascii_only = true;
+                }
+                self.settled(shared, std::slice::from_ref(&entry.outcome), &fenced, now);
+                return;
+            }
+            Err(error) => error,
+        };
+        if !store_answers(shared) {
+            // Not this outcome's fault: it waits with the others, uncounted.
+            entry.next_try = now + self.unavailable.failed();
+            self.refused.push(entry);
+            return;
+        }
+        entry.refusals += 1;
+        let has_text = entry.outcome.settlement.text().is_some();
+        match after_refusal(entry.refusals, entry.reduced, has_text) {
+            AfterRefusal::TryAgain(pause) => {
+                log::warn!(
+                    "outbox: the store refused the outcome of message {} ({} times; trying \
+                     again in {pause:?}): {error}",
+                    entry.outcome.message_id,
+                    entry.refusals
+                );
+                entry.next_try = now + pause;
+                self.refused.push(entry);
+            }
+            AfterRefusal::Reduce => {
+                log::warn!(
+                    "outbox: the store keeps refusing the outcome of message {}; storing it \
+                     with a short ASCII text instead: {error}",
+                    entry.outcome.message_id
+                );
+                reduce(&mut entry.outcome);
+                entry.reduced = true;
+                entry.refusals = 0;
+                entry.next_try = now;
+                self.refused.push(entry);
+            }
+            AfterRefusal::GiveUp => {
+                log::error!(
+                    "outbox: giving up the outcome of message {} ({:?}), which the store keeps \
+                     refusing; the message runs again when its lease ends: {error}",
+                    entry.outcome.message_id,
+                    entry.outcome.settlement
+                );
+                Counters::add(&shared.counters.abandoned_outcomes, 1);
+                shared.held.release([entry.outcome.position]);
+                let _ = shared.capacity.try_send(());
+            }
+        }
+    }
+
+    /// Books settled outcomes: stats, held messages, health, and a wake for the claimer.
+    fn settled(&mut self, shared: &Shared, outcomes: &[Outcome], fenced: &[i64], now: Instant) {
+        self.unavailable.succeeded();
+        self.next_settle = now;
+        shared.vitals.settled();
+        let counters = &shared.counters;
+        for outcome in outcomes {
+            if fenced.contains(&outcome.position) {
+                log::warn!(
+                    "outbox: the lease on message {} passed to another claim before its outcome \
+                     ({:?}) was saved; the outcome is dropped",
+                    outcome.message_id,
+                    outcome.settlement
+                );
+                Counters::add(&counters.fenced, 1);
+                continue;
+            }
+            let counter = match outcome.settlement {
+                Settlement::Done => &counters.succeeded,
+                Settlement::Retry { .. } => &counters.retried,
+                Settlement::DeadLetter { .. } => &counters.dead_lettered,
+                Settlement::Release => &counters.released,
+                Settlement::Defer { .. } => &counters.deferred,
+            };
+            Counters::add(counter, 1);
+        }
+        shared
+            .held
+            .release(outcomes.iter().map(|outcome| outcome.position));
+        // A settled message may have been the head of its ordering key: the next one of that
+        // key is claimable now, not at the next poll.
+        let _ = shared.capacity.try_send(());
+    }
+
+    /// Counts messages running past their handler's timeout as timed-out attempts (their
+    /// outcomes join the fresh ones); returns the handler threads stuck in them.
+    pub fn watchdog(&mut self, shared: &Shared, now: Instant) -> Vec<usize> {
+        let limit = shared.config.handler_timeout.saturating_add(WATCHDOG_GRACE);
+        let mut stuck = Vec::new();
+        for (position, entry) in shared.held.overdue(now, limit) {
+            let Some((token, thread)) = shared.held.abandon(position, entry.job) else {
+                continue;
+            };
+            let settlement = settle_attempt(
+                entry.attempt,
+                Attempt::TimedOut(shared.config.handler_timeout),
+                &policy_for(shared, &entry.message_type),
+            );
+            log::warn!(
+                "outbox: message {} ({}) is still running on handler thread {thread} past its \
+                 timeout of {:?}; counted as timed out",
+                entry.message_id,
+                entry.message_type,
+                shared.config.handler_timeout
+            );
+            log_settlement(&entry.message_id, &entry.message_type, &settlement);
+            Counters::add(&shared.counters.timed_out, 1);
+            self.fresh.push(Outcome {
+                token,
+                position,
+                message_id: entry.message_id,
+                ordering_key: entry.ordering_key.clone(),
+                settlement,
+            });
+            stuck.push(thread);
+        }
+        stuck
+    }
+
+    /// Renews the leases of everything held, a few times per lease.
+    pub fn heartbeat(&mut self, shared: &Shared, now: Instant) {
+        if now < self.next_heartbeat {
+            return;
+        }
+        self.next_heartbeat = now + shared.config.heartbeat;
+        let leases = shared.held.leases();
+        if leases.is_empty() {
+            return;
+        }
+        match shared.store.extend_leases(&leases, shared.config.lease) {
+            Ok(lost) => {
+                let kept: Vec<_> = leases
+                    .iter()
+                    .copied()
+                    .filter(|(_, position)| !lost.contains(position))
+                    .collect();
+                shared.held.renewed(&kept, now + shared.config.lease);
+                if !lost.is_empty() {
+                    log::warn!(
+                        "outbox: the leases on {} held messages had passed to other claims; \
+                         their outcomes will be dropped (positions {lost:?})",
+                        lost.len()
+                    );
+                }
+            }
+            Err(error) => log::warn!(
+                "outbox: renewing the leases of {} held messages failed (trying again in \
+                 {:?}): {error}",
+                leases.len(),
+                shared.config.heartbeat
+            ),
+        }
+    }
+}
+
+fn store_answers(shared: &Shared) -> bool {
+    shared.store.ping().is_ok()
+}
+
+/// Replaces the outcome's text with its short ASCII reduction.
+fn reduce(outcome: &mut Outcome) {
+    if let Some(text) = outcome.settlement.text() {
+        let short = reduced(text);
+        outcome.settlement = outcome.settlement.with_text(short);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_outcome_is_tried_again_then_reduced_then_given_up() {
+        let mut reduced = false;
+        let mut refusals = 0;
+        let mut steps = Vec::new();
+        loop {
+            refusals += 1;
+            let step = after_refusal(refusals, reduced, true);
+            steps.push(step);
+            match step {
+                AfterRefusal::TryAgain(pause) => assert!(pause <= Duration::from_millis(500)),
+                AfterRefusal::Reduce => {
+                    reduced = true;
+                    refusals = 0;
+                }
+                AfterRefusal::GiveUp => break,
+            }
+            assert!(steps.len() < 20, "never ends: {steps:?}");
+        }
+        let reduce_at = steps
+            .iter()
+            .position(|s| *s == AfterRefusal::Reduce)
+            .expect("reduced before giving up");
+        assert_eq!(reduce_at as u32, REFUSALS_BEFORE_REDUCING - 1);
+        assert_eq!(
+            steps.len() as u32,
+            REFUSALS_BEFORE_REDUCING + REFUSALS_BEFORE_GIVING_UP
+        );
+    }
+
+    #[test]
+    fn an_outcome_without_text_is_given_up_after_the_same_number_of_tries() {
+        let tries = (1..)
+            .find(|n| after_refusal(*n, false, false) == AfterRefusal::GiveUp)
+            .unwrap();
+        assert_eq!(tries, REFUSALS_BEFORE_REDUCING + REFUSALS_BEFORE_GIVING_UP);
+        assert!(
+            (1..tries).all(|n| matches!(after_refusal(n, false, false), AfterRefusal::TryAgain(_)))
+        );
+    }
+}

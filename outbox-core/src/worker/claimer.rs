@@ -1,0 +1,237 @@
+//! The claimer: leases due messages when the worker has room for a full batch, and hands them
+//! to the handler threads.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::store::{ClaimLimit, ClaimToken, Outcome};
+
+use super::backoff::{Backoff, Failures};
+use super::config::Config;
+use super::handle::{AliveGuard, Counters};
+use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, Job};
+use super::held::Admission;
+use super::shared::Shared;
+use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS, PROMOTE_STRANDED_EVERY};
+
+/// How much the next claim may take, or `None` while the worker holds too much to claim a
+/// full batch (a claim costs a round trip and a commit whatever its size, and claiming the
+/// few slots each settlement frees made claims of a third of a batch).
+pub(crate) fn plan_claim(config: &Config, held: usize, held_bytes: usize) -> Option<ClaimLimit> {
+    let free = config.max_in_flight.saturating_sub(held);
+    if free < config.batch_size || held_bytes >= config.max_in_flight_bytes {
+        return None;
+    }
+    Some(ClaimLimit {
+        messages: config.batch_size,
+        bytes: config.max_in_flight_bytes - held_bytes,
+        oversized_alone: held == 0,
+    })
+}
+
+/// The claimer's thread.
+pub(crate) struct Claimer {
+    shared: Arc<Shared>,
+    jobs: Sender<Job>,
+    outcomes: Sender<Outcome>,
+    wake: Receiver<()>,
+    capacity: Receiver<()>,
+    failures: Failures,
+    /// Early looks still to take after a claim or a wake-up, in milliseconds.
+    follow_ups: &'static [u64],
+    next_promotion: Instant,
+}
+
+impl Claimer {
+    pub fn new(
+        shared: Arc<Shared>,
+        jobs: Sender<Job>,
+        outcomes: Sender<Outcome>,
+        wake: Receiver<()>,
+        capacity: Receiver<()>,
+    ) -> Self {
+        Claimer {
+            shared,
+            jobs,
+            outcomes,
+            wake,
+            capacity,
+            failures: Failures::new(Backoff::from_pair(CLAIM_RETRY)),
+            follow_ups: &[],
+            next_promotion: Instant::now() + PROMOTE_STRANDED_EVERY,
+        }
+    }
+
+    pub fn run(mut self) {
+        let shared = Arc::clone(&self.shared);
+        let _alive = AliveGuard::new(&shared.vitals.claimer_alive);
+        while !shared.stopping() {
+            shared.survive("claimer", Duration::from_millis(100), || self.step());
+        }
+        shared.claimer_done.store(true, Ordering::SeqCst);
+        // Dropping the jobs sender (with self) lets the handler threads finish the queue.
+    }
+
+    fn step(&mut self) {
+        self.promote_stranded();
+        let shared = &self.shared;
+        let config = &shared.config;
+        let Some(limit) = plan_claim(config, shared.held.count(), shared.held.bytes()) else {
+            let _ = self.capacity.recv_timeout(config.poll_interval);
+            return;
+        };
+        let token = ClaimToken::new();
+        let started = Instant::now();
+        let claimed = match shared.store.claim(token, limit, config.lease) {
+            Ok(claimed) => {
+                self.failures.succeeded();
+                shared.vitals.claimed();
+                claimed
+            }
+            Err(error) => {
+                let pause = self.failures.failed();
+                shared
+                    .vitals
+                    .claim_errors
+                    .store(self.failures.in_a_row(), Ordering::Relaxed);
+                log::error!("outbox: claiming messages failed (retrying in {pause:?}): {error}");
+                let _ = self.wake.recv_timeout(pause);
+                return;
+            }
+        };
+        let count = claimed.len();
+        let lease_ends = started + config.lease;
+        let mut dispatched = 0u64;
+        for message in claimed {
+            match shared.held.admit(token, &message, lease_ends) {
+                Admission::Dispatch(job) => {
+                    dispatched += 1;
+                    if self.jobs.send(Job { job, message }).is_err() {
+                        return;
+                    }
+                }
+                Admission::AlreadyHeld => log::info!(
+                    "outbox: claimed message {} again while this worker still holds it (its \
+                     lease had run out); it stays with the running attempt",
+                    message.message_id
+                ),
+                Admission::StillStuck => {
+                    let settlement = settle_attempt(
+                        message.attempt,
+                        Attempt::StillStuck,
+                        &policy_for(shared, &message.message_type),
+                    );
+                    log_settlement(&message.message_id, &message.message_type, &settlement);
+                    let outcome = Outcome {
+                        token,
+                        position: message.position,
+                        message_id: message.message_id,
+                        ordering_key: message.ordering_key,
+                        settlement,
+                    };
+                    if self.outcomes.send(outcome).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        if count > 0 {
+            log::debug!("outbox: claimed {count} messages under {token}");
+            Counters::add(&shared.counters.claimed, dispatched);
+            // More may be due right behind these, or be locked for a moment by another
+            // worker's claim: look again soon, not a whole poll interval later.
+            self.follow_ups = &FOLLOW_UPS_MS;
+        }
+        if count == limit.messages {
+            return;
+        }
+        let timeout = self
+            .follow_ups
+            .first()
+            .map(|ms| Duration::from_millis(*ms))
+            .unwrap_or(config.poll_interval);
+        crossbeam_channel::select! {
+            recv(self.wake) -> _ => self.follow_ups = &FOLLOW_UPS_MS,
+            // A settled message may have been the head of its ordering key: the next one of
+            // that key is claimable now, not at the next poll.
+            recv(self.capacity) -> _ => self.follow_ups = &[],
+            default(timeout) => self.follow_ups = self.follow_ups.get(1..).unwrap_or(&[]),
+        }
+    }
+}
+
+impl Claimer {
+    /// Runs the store's safety net for per-key order every few seconds.
+    fn promote_stranded(&mut self) {
+        if Instant::now() < self.next_promotion {
+            return;
+        }
+        self.next_promotion = Instant::now() + PROMOTE_STRANDED_EVERY;
+        match self.shared.store.promote_stranded() {
+            Ok(0) => {}
+            Ok(n) => log::info!(
+                "outbox: {n} ordering keys had no claimable head (concurrent transactions left \
+                 it parked); promoted"
+            ),
+            Err(error) => log::warn!("outbox: promoting stranded ordering keys failed: {error}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::retry::RetryPolicy;
+
+    fn config(batch_size: usize, handler_threads: usize, max_bytes: usize) -> Config {
+        Config {
+            handler_threads,
+            batch_size,
+            lease: Duration::from_secs(60),
+            heartbeat: Duration::from_secs(20),
+            handler_timeout: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            listen: true,
+            retry_policy: RetryPolicy::default(),
+            unknown_type_grace: Duration::from_secs(900),
+            max_in_flight: 2 * batch_size + handler_threads,
+            max_in_flight_bytes: max_bytes,
+        }
+    }
+
+    #[test]
+    fn claims_only_full_batches_within_the_message_cap() {
+        let config = config(64, 16, usize::MAX);
+        assert_eq!(plan_claim(&config, 0, 0).map(|l| l.messages), Some(64));
+        assert!(plan_claim(&config, 80, 0).is_some(), "144 - 80 = 64 free");
+        assert!(plan_claim(&config, 81, 0).is_none(), "63 free: wait");
+        assert!(plan_claim(&config, 1000, 0).is_none());
+    }
+
+    #[test]
+    fn claims_stop_at_the_byte_cap_and_an_empty_worker_may_take_one_oversized_message() {
+        let config = config(64, 16, 32 << 20);
+        let empty = plan_claim(&config, 0, 0).unwrap();
+        assert_eq!((empty.bytes, empty.oversized_alone), (32 << 20, true));
+        let busy = plan_claim(&config, 3, 12 << 20).unwrap();
+        assert_eq!((busy.bytes, busy.oversized_alone), (20 << 20, false));
+        assert!(plan_claim(&config, 8, 32 << 20).is_none());
+        assert!(
+            plan_claim(&config, 8, 40 << 20).is_none(),
+            "one oversized message held"
+        );
+        // Held at most: the cap, or one message larger than it alone.
+        let mut held_bytes = 0usize;
+        let mut held = 0;
+        while let Some(limit) = plan_claim(&config, held, held_bytes) {
+            let taken = limit.take(std::iter::repeat(4 << 20));
+            assert!(taken > 0, "{limit:?}");
+            held += taken;
+            held_bytes += taken * (4 << 20);
+        }
+        assert!(held_bytes <= 32 << 20, "{held_bytes}");
+    }
+}

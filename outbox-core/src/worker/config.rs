@@ -1,0 +1,263 @@
+//! The worker's settings: the builder applications configure, and the checked configuration
+//! the threads run with.
+
+use std::time::Duration;
+
+use crate::context::Resources;
+use crate::registry::RegistryError;
+use crate::retry::RetryPolicy;
+use crate::store::{Store, StoreError};
+
+use super::timing::{HEARTBEATS_PER_LEASE, MAX_DURATION, MIN_LEASE};
+
+/// The defaults, documented on [`Worker::builder`](super::Worker::builder).
+const DEFAULT_HANDLER_THREADS: usize = 16;
+const DEFAULT_BATCH_SIZE: usize = 64;
+const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+const DEFAULT_UNKNOWN_TYPE_GRACE: Duration = Duration::from_secs(15 * 60);
+const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
+
+/// Builds a worker; see [`Worker::builder`](super::Worker::builder).
+pub struct WorkerBuilder<S> {
+    pub(super) store: S,
+    pub(super) resources: Resources,
+    settings: Settings,
+}
+
+/// The settings as given, before they are checked.
+#[derive(Debug, Clone)]
+struct Settings {
+    handler_threads: usize,
+    batch_size: usize,
+    lease: Duration,
+    handler_timeout: Duration,
+    poll_interval: Duration,
+    listen: bool,
+    retry_policy: RetryPolicy,
+    unknown_type_grace: Duration,
+    max_in_flight_bytes: usize,
+}
+
+/// The checked configuration the worker's threads run with.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub handler_threads: usize,
+    pub batch_size: usize,
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    pub handler_timeout: Duration,
+    pub poll_interval: Duration,
+    pub listen: bool,
+    pub retry_policy: RetryPolicy,
+    pub unknown_type_grace: Duration,
+    /// Messages held at most: room for a full batch to be claimed while the previous one runs.
+    pub max_in_flight: usize,
+    pub max_in_flight_bytes: usize,
+}
+
+impl<S> std::fmt::Debug for WorkerBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("resources", &self.resources)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl<S: Store> WorkerBuilder<S> {
+    pub(super) fn new(store: S) -> Self {
+        WorkerBuilder {
+            store,
+            resources: Resources::new(),
+            settings: Settings {
+                handler_threads: DEFAULT_HANDLER_THREADS,
+                batch_size: DEFAULT_BATCH_SIZE,
+                lease: DEFAULT_LEASE,
+                handler_timeout: DEFAULT_HANDLER_TIMEOUT,
+                poll_interval: DEFAULT_POLL_INTERVAL,
+                listen: true,
+                retry_policy: RetryPolicy::default(),
+                unknown_type_grace: DEFAULT_UNKNOWN_TYPE_GRACE,
+                max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            },
+        }
+    }
+
+    /// Threads running handlers at once (default 16). Webhook delivery waits on the network,
+    /// so this is usually several times the core count.
+    pub fn handler_threads(mut self, threads: usize) -> Self {
+        self.settings.handler_threads = threads;
+        self
+    }
+
+    /// Messages claimed per database round trip (default 64). At most
+    /// `2 × batch_size + handler_threads` messages are held at once.
+    pub fn batch_size(mut self, size: usize) -> Self {
+        self.settings.batch_size = size;
+        self
+    }
+
+    /// How long a claim holds its messages before another worker may take them (default 60 s,
+    /// at least 2 s). The worker renews the leases of the messages it holds three times per
+    /// lease (a heartbeat), so a long handler keeps its message; the lease is how long the
+    /// messages of a worker that died wait before another worker delivers them.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.settings.lease = lease;
+        self
+    }
+
+    /// The longest one `process` call may take (default 30 s; for webhooks at least the
+    /// endpoint's timeout). A handler still running after it (plus a second of grace) counts
+    /// as a timed-out attempt: the message is retried with backoff, the stuck thread is
+    /// replaced so the worker keeps its capacity, and its late outcome is dropped.
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.handler_timeout = timeout;
+        self
+    }
+
+    /// How often to look for due messages when nothing wakes the worker (default 1 s): the
+    /// safety net behind wake-ups, and how soon retries come due.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.poll_interval = interval;
+        self
+    }
+
+    /// Only poll: no `LISTEN` connection (e.g. behind PgBouncer in transaction mode) and no
+    /// in-process wake-ups.
+    pub fn poll_only(mut self) -> Self {
+        self.settings.listen = false;
+        self
+    }
+
+    /// The retry policy of handlers that do not set their own.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.settings.retry_policy = policy;
+        self
+    }
+
+    /// How long a message whose type no handler in this worker serves is retried before it is
+    /// dead-lettered (default 15 minutes). During a rolling deploy an old worker meets the
+    /// types only new workers know: it gives them back, without counting an attempt, until a
+    /// new worker takes them.
+    pub fn unknown_type_grace(mut self, grace: Duration) -> Self {
+        self.settings.unknown_type_grace = grace;
+        self
+    }
+
+    /// The most payload bytes held at once (default 32 MiB), besides the message count: claims
+    /// stop while that much waits or runs. A single message larger than this is still
+    /// delivered, alone.
+    pub fn max_in_flight_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_in_flight_bytes = bytes;
+        self
+    }
+
+    /// Adds a shared resource handlers reach with [`Context::resource`](crate::Context::resource).
+    pub fn resource<T: Send + Sync + 'static>(mut self, resource: T) -> Self {
+        self.resources.insert(resource);
+        self
+    }
+
+    /// Replaces all resources.
+    pub fn resources(mut self, resources: Resources) -> Self {
+        self.resources = resources;
+        self
+    }
+
+    /// Adds a webhook endpoint as a resource and makes the handler timeout cover its timeout.
+    #[cfg(feature = "webhook")]
+    pub fn webhook(mut self, endpoint: crate::webhook::WebhookEndpoint) -> Self {
+        self.settings.handler_timeout = self.settings.handler_timeout.max(endpoint.timeout());
+        self.resources.insert(endpoint);
+        self
+    }
+
+    /// The checked configuration, or which setting is out of range.
+    pub(super) fn config(&self) -> Result<Config, WorkerError> {
+        let s = &self.settings;
+        let invalid = |setting: &'static str, problem: String| {
+            Err(WorkerError::InvalidConfig { setting, problem })
+        };
+        if s.handler_threads == 0 || s.handler_threads > 4096 {
+            return invalid(
+                "handler_threads",
+                format!("{} is not within 1..=4096", s.handler_threads),
+            );
+        }
+        if s.batch_size == 0 || s.batch_size > 10_000 {
+            return invalid(
+                "batch_size",
+                format!("{} is not within 1..=10000", s.batch_size),
+            );
+        }
+        if s.max_in_flight_bytes == 0 {
+            return invalid("max_in_flight_bytes", "must be at least 1".into());
+        }
+        for (setting, value, min) in [
+            ("lease", s.lease, MIN_LEASE),
+            (
+                "handler_timeout",
+                s.handler_timeout,
+                Duration::from_millis(1),
+            ),
+            ("poll_interval", s.poll_interval, Duration::from_millis(1)),
+            ("unknown_type_grace", s.unknown_type_grace, Duration::ZERO),
+        ] {
+            if value < min || value > MAX_DURATION {
+                return invalid(
+                    setting,
+                    format!(
+                        "{value:?} is not within {min:?}..={} days",
+                        MAX_DURATION.as_secs() / 86_400
+                    ),
+                );
+            }
+        }
+        Ok(Config {
+            handler_threads: s.handler_threads,
+            batch_size: s.batch_size,
+            lease: s.lease,
+            heartbeat: s.lease / HEARTBEATS_PER_LEASE,
+            handler_timeout: s.handler_timeout,
+            poll_interval: s.poll_interval,
+            listen: s.listen,
+            retry_policy: s.retry_policy.clone(),
+            unknown_type_grace: s.unknown_type_grace,
+            max_in_flight: 2 * s.batch_size + s.handler_threads,
+            max_in_flight_bytes: s.max_in_flight_bytes,
+        })
+    }
+}
+
+/// Why a worker could not start or stop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The linked handlers are inconsistent (two with one type string).
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// A setting is out of range.
+    #[error("invalid worker setting `{setting}`: {problem}")]
+    InvalidConfig {
+        /// The builder method of the setting.
+        setting: &'static str,
+        /// What is wrong with its value.
+        problem: String,
+    },
+    /// The store failed while the worker started: unreachable, not migrated, or its pool too
+    /// small for the worker.
+    #[error("the outbox store failed while the worker started: {0}")]
+    Store(#[source] StoreError),
+    /// The operating system refused a thread.
+    #[error("could not start a worker thread: {0}")]
+    Spawn(#[from] std::io::Error),
+    /// Some threads were still busy at the shutdown deadline (a handler stuck in a call). Their
+    /// messages are not lost: their leases expire and another worker takes them.
+    #[error("{running} worker threads were still running at the shutdown deadline")]
+    ShutdownTimedOut {
+        /// Threads still running.
+        running: usize,
+    },
+}

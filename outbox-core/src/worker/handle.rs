@@ -1,0 +1,286 @@
+//! What the application holds of a running worker: the handle, its stats and its health.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use super::config::WorkerError;
+use super::shared::Shared;
+use super::timing::UNHEALTHY_STORE_ERRORS;
+use super::wake;
+
+/// What a worker has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerStats {
+    /// Messages claimed.
+    pub claimed: u64,
+    /// Messages processed successfully and removed.
+    pub succeeded: u64,
+    /// Failed attempts scheduled for a retry.
+    pub retried: u64,
+    /// Messages moved to the dead-letter table.
+    pub dead_lettered: u64,
+    /// Messages given back unprocessed (the worker stopping, a lease too short to start).
+    pub released: u64,
+    /// Messages given back for later without counting an attempt (no handler for their type
+    /// yet).
+    pub deferred: u64,
+    /// Outcomes dropped because the lease had passed to another claim.
+    pub fenced: u64,
+    /// Attempts the watchdog counted as timed out (the handler ran past its timeout).
+    pub timed_out: u64,
+    /// Outcomes the database kept refusing, given up: their messages run again when their
+    /// leases end.
+    pub abandoned_outcomes: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub claimed: AtomicU64,
+    pub succeeded: AtomicU64,
+    pub retried: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    pub released: AtomicU64,
+    pub deferred: AtomicU64,
+    pub fenced: AtomicU64,
+    pub timed_out: AtomicU64,
+    pub abandoned_outcomes: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> WorkerStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WorkerStats {
+            claimed: get(&self.claimed),
+            succeeded: get(&self.succeeded),
+            retried: get(&self.retried),
+            dead_lettered: get(&self.dead_lettered),
+            released: get(&self.released),
+            deferred: get(&self.deferred),
+            fenced: get(&self.fenced),
+            timed_out: get(&self.timed_out),
+            abandoned_outcomes: get(&self.abandoned_outcomes),
+        }
+    }
+}
+
+/// How the worker's threads are doing, for liveness probes: [`WorkerHandle::health`].
+///
+/// ```no_run
+/// # fn probe(worker: &outbox_core::WorkerHandle) -> u16 {
+/// // In the application's health endpoint: 200 while the worker can deliver, 503 otherwise.
+/// let health = worker.health();
+/// if health.is_healthy() {
+///     200
+/// } else {
+///     log::error!("outbox worker unhealthy: {health:?}");
+///     503
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// Whether the claimer thread runs.
+    pub claimer_alive: bool,
+    /// Whether the acker thread (settlements, heartbeat, watchdog) runs.
+    pub acker_alive: bool,
+    /// Whether the listener thread runs (`None`: the worker has none).
+    pub listener_alive: Option<bool>,
+    /// Handler threads serving messages.
+    pub handler_threads: usize,
+    /// Handler threads stuck in a message past its timeout (replaced, but still held).
+    pub stuck_handlers: usize,
+    /// Since the last claim that reached the store (empty or not).
+    pub since_last_claim: Option<Duration>,
+    /// Since the last settlement the store took.
+    pub since_last_settle: Option<Duration>,
+    /// Store calls that failed in a row, across the claimer and the acker.
+    pub store_errors_in_a_row: u32,
+    /// Panics caught in the worker's own threads (not in handlers, whose panics are failed
+    /// attempts).
+    pub panics: u64,
+    /// Messages held (claimed, not yet settled).
+    pub in_flight: usize,
+    /// Whether the worker was asked to stop.
+    pub stopping: bool,
+}
+
+impl Health {
+    /// Whether the worker can deliver: its claimer and acker run, at least one handler thread
+    /// is free of a stuck message, and the store answers.
+    pub fn is_healthy(&self) -> bool {
+        self.claimer_alive
+            && self.acker_alive
+            && self.listener_alive != Some(false)
+            && self.handler_threads > self.stuck_handlers
+            && self.store_errors_in_a_row < UNHEALTHY_STORE_ERRORS
+    }
+}
+
+/// The threads' report of themselves.
+#[derive(Debug, Default)]
+pub(crate) struct Vitals {
+    pub claimer_alive: AtomicBool,
+    pub acker_alive: AtomicBool,
+    pub listener_alive: AtomicBool,
+    pub has_listener: AtomicBool,
+    pub handler_threads: AtomicUsize,
+    pub last_claim: Mutex<Option<Instant>>,
+    pub last_settle: Mutex<Option<Instant>>,
+    pub claim_errors: AtomicU32,
+    pub settle_errors: AtomicU32,
+    pub panics: AtomicU64,
+}
+
+impl Vitals {
+    pub fn claimed(&self) {
+        *self
+            .last_claim
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        self.claim_errors.store(0, Ordering::Relaxed);
+    }
+
+    pub fn settled(&self) {
+        *self
+            .last_settle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        self.settle_errors.store(0, Ordering::Relaxed);
+    }
+
+    pub fn panicked(&self) {
+        self.panics.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Sets a thread's alive flag while it lives, and clears it when the thread ends, however it
+/// ends (a panic that escaped included).
+pub(crate) struct AliveGuard<'a>(&'a AtomicBool);
+
+impl<'a> AliveGuard<'a> {
+    pub fn new(flag: &'a AtomicBool) -> Self {
+        flag.store(true, Ordering::SeqCst);
+        AliveGuard(flag)
+    }
+}
+
+impl Drop for AliveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A running worker. Dropping it asks the worker to stop without waiting; call
+/// [`shutdown`](WorkerHandle::shutdown) to wait.
+pub struct WorkerHandle {
+    pub(super) shared: Arc<Shared>,
+    pub(super) wake: Sender<()>,
+    pub(super) _local_wakeups: Option<wake::Subscription>,
+}
+
+impl std::fmt::Debug for WorkerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerHandle")
+            .field("stats", &self.stats())
+            .field("health", &self.health())
+            .finish()
+    }
+}
+
+/// Asks a worker to stop, from anywhere (e.g. a signal handler's thread).
+#[derive(Clone)]
+pub struct Stopper {
+    shared: Arc<Shared>,
+    wake: Sender<()>,
+}
+
+impl std::fmt::Debug for Stopper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stopper").finish_non_exhaustive()
+    }
+}
+
+impl Stopper {
+    /// Stops claiming; in-flight messages finish, queued ones are given back.
+    pub fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.wake.try_send(());
+    }
+}
+
+impl WorkerHandle {
+    /// What the worker has done so far.
+    pub fn stats(&self) -> WorkerStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Messages claimed and not yet settled.
+    pub fn in_flight(&self) -> usize {
+        self.shared.held.count()
+    }
+
+    /// How the worker's threads are doing; see [`Health`].
+    pub fn health(&self) -> Health {
+        let vitals = &self.shared.vitals;
+        let since = |at: &Mutex<Option<Instant>>| {
+            at.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .map(|at| at.elapsed())
+        };
+        Health {
+            claimer_alive: vitals.claimer_alive.load(Ordering::SeqCst),
+            acker_alive: vitals.acker_alive.load(Ordering::SeqCst),
+            listener_alive: vitals
+                .has_listener
+                .load(Ordering::SeqCst)
+                .then(|| vitals.listener_alive.load(Ordering::SeqCst)),
+            handler_threads: vitals.handler_threads.load(Ordering::SeqCst),
+            stuck_handlers: self.shared.held.stuck(),
+            since_last_claim: since(&vitals.last_claim),
+            since_last_settle: since(&vitals.last_settle),
+            store_errors_in_a_row: vitals
+                .claim_errors
+                .load(Ordering::Relaxed)
+                .max(vitals.settle_errors.load(Ordering::Relaxed)),
+            panics: vitals.panics.load(Ordering::Relaxed),
+            in_flight: self.shared.held.count(),
+            stopping: self.shared.stopping(),
+        }
+    }
+
+    /// A handle that can stop the worker from another thread.
+    pub fn stopper(&self) -> Stopper {
+        Stopper {
+            shared: Arc::clone(&self.shared),
+            wake: self.wake.clone(),
+        }
+    }
+
+    /// Stops claiming, lets running handlers finish, gives queued messages back, settles
+    /// everything, and waits for the threads, at most until `deadline` has passed. Returns what
+    /// the worker did in its lifetime.
+    pub fn shutdown(self, deadline: Duration) -> Result<WorkerStats, WorkerError> {
+        let give_up_at = Instant::now().checked_add(deadline);
+        self.shared.set_give_up_at(give_up_at);
+        self.stopper().stop();
+        match self.shared.threads.wait(give_up_at) {
+            0 => Ok(self.stats()),
+            running => Err(WorkerError::ShutdownTimedOut { running }),
+        }
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.stopper().stop();
+    }
+}

@@ -1,0 +1,475 @@
+//! The handler pool: threads that take claimed messages, run their handlers, and pass the
+//! outcomes to the acker; and the decision of what a finished attempt means for its message.
+
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::context::{Context, Delivery};
+use crate::error::{FailureKind, ProcessError};
+use crate::registry::DispatchError;
+use crate::retry::RetryPolicy;
+use crate::store::{ClaimedMessage, Outcome, Settlement};
+
+use super::held::JobId;
+use super::shared::{panic_text, Shared};
+use super::text::storable;
+use super::timing::{MAX_DURATION, PANIC_RETRY_DELAY, START_MARGIN};
+
+/// A claimed message on its way to a handler thread.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub job: JobId,
+    pub message: ClaimedMessage,
+}
+
+/// How one attempt at a message went.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    /// The handler succeeded.
+    Succeeded,
+    /// The handler failed.
+    Failed(ProcessError),
+    /// The payload does not deserialize into the handler's struct.
+    Undeserializable(String),
+    /// The handler panicked.
+    Panicked(String),
+    /// The handler ran past its timeout.
+    TimedOut(Duration),
+    /// A handler thread of this worker is still stuck in an earlier attempt.
+    StillStuck,
+}
+
+/// What a finished attempt means for its message: the settlement, given the message's retry
+/// policy. Pure, so that the settlement policy is tested without threads or a store.
+pub(crate) fn settle_attempt(n: u32, attempt: Attempt, policy: &RetryPolicy) -> Settlement {
+    let (error, retry_after) = match attempt {
+        Attempt::Succeeded => return Settlement::Done,
+        Attempt::Undeserializable(reason) => {
+            return Settlement::DeadLetter {
+                error: storable(reason),
+            }
+        }
+        Attempt::Failed(failure) if failure.kind() == FailureKind::Permanent => {
+            return Settlement::DeadLetter {
+                error: storable(format!(
+                    "failed permanently on attempt {n}: {}",
+                    failure.reason()
+                )),
+            };
+        }
+        Attempt::Failed(failure) => (failure.reason().to_owned(), failure.retry_after()),
+        Attempt::Panicked(text) => (format!("the handler panicked: {text}"), None),
+        Attempt::TimedOut(timeout) => (
+            format!(
+                "the handler did not finish within its timeout of {timeout:?}; its thread was \
+                 replaced (raise handler_timeout if the handler needs longer)"
+            ),
+            None,
+        ),
+        Attempt::StillStuck => (
+            "a handler thread of this worker is still stuck in an earlier attempt of this \
+             message; counted as timed out again"
+                .to_owned(),
+            None,
+        ),
+    };
+    if !policy.allows_retry_after(n) {
+        return Settlement::DeadLetter {
+            error: storable(format!("gave up after {n} attempts: {error}")),
+        };
+    }
+    Settlement::Retry {
+        delay: policy.delay(n, retry_after).min(MAX_DURATION),
+        error: storable(error),
+    }
+}
+
+/// What to do with a message no handler of this worker serves: give it back for later while
+/// it is younger than `grace` (a newer worker may know its type), then dead-letter it.
+pub(crate) fn settle_unknown_type(
+    message: &ClaimedMessage,
+    known: &[&str],
+    grace: Duration,
+    now: SystemTime,
+) -> Settlement {
+    let age = now
+        .duration_since(message.enqueued_at)
+        .unwrap_or(Duration::ZERO);
+    let reason = format!(
+        "no handler is registered for message type `{}` in this worker (it handles {known:?})",
+        message.message_type
+    );
+    if age >= grace {
+        return Settlement::DeadLetter {
+            error: storable(format!(
+                "{reason}, and none took it within {grace:?} of its enqueue; deploy a handler \
+                 for it, then re-queue this dead letter"
+            )),
+        };
+    }
+    // Soon at first (the deploy may be finishing), then once a minute, never past the grace.
+    let delay = (age / 4)
+        .clamp(Duration::from_secs(1), Duration::from_secs(60))
+        .min(grace - age)
+        .max(Duration::from_millis(100));
+    Settlement::Defer {
+        delay,
+        reason: storable(format!(
+            "{reason}; given back until a worker that knows it takes it"
+        )),
+    }
+}
+
+/// The policy of `message_type`'s handler, or the worker's.
+pub(crate) fn policy_for(shared: &Shared, message_type: &str) -> RetryPolicy {
+    shared
+        .registry
+        .get(message_type)
+        .and_then(|registration| registration.retry_policy())
+        .unwrap_or_else(|| shared.config.retry_policy.clone())
+}
+
+/// Runs one message's handler and decides its settlement. The payload is taken out of the
+/// message: the handler's struct replaces it while the handler runs.
+pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage) -> Settlement {
+    let Some(registration) = shared.registry.get(&message.message_type) else {
+        return settle_unknown_type(
+            message,
+            &shared.registry.message_types(),
+            shared.config.unknown_type_grace,
+            SystemTime::now(),
+        );
+    };
+    let policy = registration
+        .retry_policy()
+        .unwrap_or_else(|| shared.config.retry_policy.clone());
+    if message.attempt > policy.attempts() {
+        // Every earlier attempt ended without an outcome: each time, the worker holding the
+        // message died (an abort, a crash in native code, the OOM killer). Do not let it
+        // take down one more.
+        return Settlement::DeadLetter {
+            error: storable(format!(
+                "gave up after {} attempts: the worker processing it was lost each time (a \
+                 crash or abort in the handler?)",
+                message.attempt - 1
+            )),
+        };
+    }
+    let delivery = Delivery {
+        message_id: message.message_id,
+        message_type: message.message_type.clone(),
+        attempt: message.attempt,
+    };
+    let mut ctx = Context::new(&delivery, &shared.resources);
+    let started = Instant::now();
+    let attempt = match catch_unwind(AssertUnwindSafe(|| {
+        registration.dispatch(std::mem::take(&mut message.payload), &mut ctx)
+    })) {
+        Ok(Ok(())) => {
+            log::debug!(
+                "outbox: message {} ({}) attempt {} processed in {:?}",
+                message.message_id,
+                message.message_type,
+                message.attempt,
+                started.elapsed()
+            );
+            Attempt::Succeeded
+        }
+        Ok(Err(error @ DispatchError::Deserialize { .. })) => {
+            Attempt::Undeserializable(error.to_string())
+        }
+        Ok(Err(DispatchError::Process(failure))) => Attempt::Failed(failure),
+        Err(panic) => Attempt::Panicked(panic_text(panic.as_ref())),
+    };
+    settle_attempt(message.attempt, attempt, &policy)
+}
+
+/// Logs a settlement decided for a message.
+pub(crate) fn log_settlement(
+    message_id: &impl std::fmt::Display,
+    message_type: &str,
+    settlement: &Settlement,
+) {
+    match settlement {
+        Settlement::Retry { delay, error } => log::info!(
+            "outbox: message {message_id} ({message_type}) failed, retrying in {delay:?}: {error}"
+        ),
+        Settlement::DeadLetter { error } => {
+            log::warn!("outbox: message {message_id} ({message_type}) dead-lettered: {error}")
+        }
+        Settlement::Defer { delay, reason } => log::info!(
+            "outbox: message {message_id} ({message_type}) given back for {delay:?}: {reason}"
+        ),
+        Settlement::Done | Settlement::Release => {}
+    }
+}
+
+/// The handler threads: how many there are, which are retired, and how to start one more.
+pub(crate) struct HandlerPool {
+    jobs: Receiver<Job>,
+    outcomes: Sender<Outcome>,
+    next_thread: AtomicUsize,
+    /// Threads the watchdog gave up on: each ends once its stuck handler returns.
+    retired: Mutex<HashSet<usize>>,
+}
+
+impl HandlerPool {
+    pub fn new(jobs: Receiver<Job>, outcomes: Sender<Outcome>) -> Self {
+        HandlerPool {
+            jobs,
+            outcomes,
+            next_thread: AtomicUsize::new(0),
+            retired: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Starts one handler thread. It counts as serving from here, before it first runs.
+    pub fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
+        let pool = &shared.pool;
+        let thread = pool.next_thread.fetch_add(1, Ordering::Relaxed);
+        let jobs = pool.jobs.clone();
+        let outcomes = pool.outcomes.clone();
+        let owned = Arc::clone(shared);
+        shared.vitals.handler_threads.fetch_add(1, Ordering::SeqCst);
+        let spawned = shared
+            .threads
+            .spawn(format!("outbox-handler-{thread}"), move || {
+                let _serving = Serving(&owned.vitals.handler_threads);
+                run(&owned, &jobs, &outcomes, thread)
+            });
+        if spawned.is_err() {
+            shared.vitals.handler_threads.fetch_sub(1, Ordering::SeqCst);
+        }
+        spawned
+    }
+
+    /// The watchdog gave up on `thread`: it ends after its stuck handler returns.
+    pub fn retire(&self, thread: usize) {
+        self.retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(thread);
+    }
+
+    fn is_retired(&self, thread: usize) -> bool {
+        self.retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&thread)
+    }
+}
+
+/// Counts a handler thread out of the worker's health when it ends, however it ends.
+struct Serving<'a>(&'a AtomicUsize);
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn run(shared: &Shared, jobs: &Receiver<Job>, outcomes: &Sender<Outcome>, thread: usize) {
+    for Job { job, mut message } in jobs.iter() {
+        let now = Instant::now();
+        let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
+            continue;
+        };
+        // Whatever happens in here, the message gets an outcome: a panic outside the
+        // handler's own (a handler's `retry_policy()`, say) is a failed attempt too.
+        let settlement = if shared.stopping() {
+            Settlement::Release
+        } else if lease_ends < now + START_MARGIN {
+            log::warn!(
+                "outbox: the lease on message {} ({}) ran out before a handler thread took it; \
+                 giving it back",
+                message.message_id,
+                message.message_type
+            );
+            Settlement::Release
+        } else {
+            catch_unwind(AssertUnwindSafe(|| process(shared, &mut message))).unwrap_or_else(
+                |panic| {
+                    shared.vitals.panicked();
+                    let text = panic_text(panic.as_ref());
+                    log::error!(
+                        "outbox: processing message {} ({}) panicked outside its handler: {text}",
+                        message.message_id,
+                        message.message_type
+                    );
+                    if message.attempt >= RetryPolicy::default().attempts() {
+                        Settlement::DeadLetter {
+                            error: storable(format!("gave up after {} attempts: the worker panicked while processing it: {text}", message.attempt)),
+                        }
+                    } else {
+                        Settlement::Retry {
+                            delay: PANIC_RETRY_DELAY,
+                            error: storable(format!("the worker panicked while processing it: {text}")),
+                        }
+                    }
+                },
+            )
+        };
+        log_settlement(&message.message_id, &message.message_type, &settlement);
+        match shared.held.finish(message.position, job) {
+            Some(token) => {
+                let outcome = Outcome {
+                    token,
+                    position: message.position,
+                    message_id: message.message_id,
+                    ordering_key: message.ordering_key,
+                    settlement,
+                };
+                if outcomes.send(outcome).is_err() {
+                    return;
+                }
+            }
+            None => log::warn!(
+                "outbox: message {} ({}) finished after the watchdog had counted it timed out; \
+                 its outcome ({settlement:?}) is dropped",
+                message.message_id,
+                message.message_type
+            ),
+        }
+        if shared.pool.is_retired(thread) {
+            log::info!("outbox: handler thread {thread} returned from its stuck handler and ends");
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::MessageId;
+
+    fn message(attempt: u32, age: Duration) -> ClaimedMessage {
+        ClaimedMessage {
+            position: 1,
+            message_id: MessageId::new(),
+            message_type: "order.placed".into(),
+            payload: "{}".into(),
+            ordering_key: None,
+            attempt,
+            enqueued_at: SystemTime::now() - age,
+        }
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy::new()
+            .max_attempts(3)
+            .initial_backoff(Duration::from_secs(1))
+            .multiplier(2.0)
+    }
+
+    #[test]
+    fn failures_retry_until_the_attempts_run_out_then_dead_letter() {
+        let failed = || Attempt::Failed(ProcessError::retryable("503"));
+        let first = settle_attempt(1, failed(), &policy());
+        assert!(
+            matches!(&first, Settlement::Retry { delay, error } if *delay >= Duration::from_millis(750) && error == "503"),
+            "{first:?}"
+        );
+        let last = settle_attempt(3, failed(), &policy());
+        assert_eq!(
+            last,
+            Settlement::DeadLetter {
+                error: "gave up after 3 attempts: 503".into()
+            }
+        );
+    }
+
+    #[test]
+    fn permanent_failures_and_bad_payloads_dead_letter_at_once() {
+        let permanent = settle_attempt(
+            1,
+            Attempt::Failed(ProcessError::permanent("410 Gone")),
+            &policy(),
+        );
+        assert_eq!(
+            permanent,
+            Settlement::DeadLetter {
+                error: "failed permanently on attempt 1: 410 Gone".into()
+            }
+        );
+        let garbled = settle_attempt(
+            1,
+            Attempt::Undeserializable("missing field".into()),
+            &policy(),
+        );
+        assert!(matches!(garbled, Settlement::DeadLetter { .. }));
+    }
+
+    #[test]
+    fn panics_and_timeouts_are_failed_attempts() {
+        for attempt in [
+            Attempt::Panicked("boom".into()),
+            Attempt::TimedOut(Duration::from_secs(30)),
+            Attempt::StillStuck,
+        ] {
+            let settlement = settle_attempt(1, attempt, &policy());
+            assert!(
+                matches!(settlement, Settlement::Retry { .. }),
+                "{settlement:?}"
+            );
+        }
+        let timed_out = settle_attempt(3, Attempt::TimedOut(Duration::from_secs(30)), &policy());
+        assert!(
+            matches!(&timed_out, Settlement::DeadLetter { error } if error.contains("did not finish within")),
+            "{timed_out:?}"
+        );
+    }
+
+    #[test]
+    fn a_retry_delay_never_exceeds_what_the_store_can_hold() {
+        let forever = RetryPolicy::new()
+            .initial_backoff(Duration::MAX)
+            .max_backoff(Duration::MAX);
+        let settlement = settle_attempt(
+            1,
+            Attempt::Failed(ProcessError::retryable("x").with_retry_after(Duration::MAX)),
+            &forever,
+        );
+        assert!(
+            matches!(settlement, Settlement::Retry { delay, .. } if delay == MAX_DURATION),
+            "{settlement:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_type_is_given_back_during_the_grace_then_dead_lettered() {
+        let grace = Duration::from_secs(15 * 60);
+        let now = SystemTime::now();
+        let message = |attempt, age| ClaimedMessage {
+            enqueued_at: now - age,
+            ..message(attempt, Duration::ZERO)
+        };
+        let young = settle_unknown_type(&message(1, Duration::from_secs(2)), &["a"], grace, now);
+        assert!(
+            matches!(&young, Settlement::Defer { delay, reason } if *delay == Duration::from_secs(1) && reason.contains("`order.placed`")),
+            "{young:?}"
+        );
+        let older = settle_unknown_type(&message(5, Duration::from_secs(600)), &[], grace, now);
+        assert!(
+            matches!(older, Settlement::Defer { delay, .. } if delay == Duration::from_secs(60)),
+            "{older:?}"
+        );
+        let near_end =
+            settle_unknown_type(&message(9, grace - Duration::from_secs(5)), &[], grace, now);
+        assert!(
+            matches!(near_end, Settlement::Defer { delay, .. } if delay <= Duration::from_secs(5)),
+            "{near_end:?}"
+        );
+        let expired = settle_unknown_type(&message(9, grace), &["a"], grace, now);
+        assert!(
+            matches!(&expired, Settlement::DeadLetter { error } if error.contains("deploy a handler")),
+            "{expired:?}"
+        );
+        let no_grace = settle_unknown_type(&message(1, Duration::ZERO), &[], Duration::ZERO, now);
+        assert!(matches!(no_grace, Settlement::DeadLetter { .. }));
+    }
+}

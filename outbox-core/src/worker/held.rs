@@ -1,0 +1,327 @@
+//! The messages a worker holds, from claim to settlement: what counts against its in-flight
+//! caps, what the heartbeat renews, what the watchdog watches.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::message::MessageId;
+use crate::store::{ClaimToken, ClaimedMessage};
+
+/// One dispatch of a message to a handler thread; a re-claim of the same message is another.
+pub type JobId = u64;
+
+/// Where a held message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Claimed, waiting for a handler thread.
+    Queued,
+    /// A handler thread runs it.
+    Running {
+        /// Since when.
+        since: Instant,
+        /// Which handler thread.
+        thread: usize,
+    },
+    /// Its outcome is on its way to the store.
+    Settling,
+}
+
+/// A held message.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The dispatch.
+    pub job: JobId,
+    /// The claim it is leased under now (a re-claim moves it).
+    pub token: ClaimToken,
+    /// For logs and synthesized outcomes.
+    pub message_id: MessageId,
+    /// For the watchdog's retry policy.
+    pub message_type: String,
+    /// For the watchdog's outcome.
+    pub ordering_key: Option<String>,
+    /// Which attempt this is.
+    pub attempt: u32,
+    /// Payload bytes, counted against the byte cap.
+    pub bytes: usize,
+    /// When the lease ends, as far as this worker knows.
+    pub lease_ends: Instant,
+    /// Where it is.
+    pub stage: Stage,
+}
+
+/// What the claimer does with a message a claim returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// New: dispatch it as this job.
+    Dispatch(JobId),
+    /// This worker holds it already (its lease ran out while it waited or ran, and this worker
+    /// claimed it again): the held one now answers to the new claim; do not dispatch it twice.
+    AlreadyHeld,
+    /// A handler thread of this worker is still stuck in an earlier attempt of it: count this
+    /// attempt as timed out too, without running it beside the stuck one.
+    StillStuck,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<i64, Entry>,
+    bytes: usize,
+    next_job: JobId,
+    /// Messages whose handler thread the watchdog gave up on, by position: the job and thread.
+    stuck: HashMap<i64, (JobId, usize)>,
+}
+
+/// The held messages, shared by the worker's threads.
+#[derive(Debug, Default)]
+pub struct Held {
+    state: Mutex<State>,
+}
+
+impl Held {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Messages held.
+    pub fn count(&self) -> usize {
+        self.state().entries.len()
+    }
+
+    /// Payload bytes held.
+    pub fn bytes(&self) -> usize {
+        self.state().bytes
+    }
+
+    /// Handler threads stuck in a message past its timeout.
+    pub fn stuck(&self) -> usize {
+        self.state().stuck.len()
+    }
+
+    /// Takes a claimed message in.
+    pub fn admit(
+        &self,
+        token: ClaimToken,
+        message: &ClaimedMessage,
+        lease_ends: Instant,
+    ) -> Admission {
+        let mut state = self.state();
+        if state.stuck.contains_key(&message.position) {
+            return Admission::StillStuck;
+        }
+        if let Some(entry) = state.entries.get_mut(&message.position) {
+            entry.token = token;
+            entry.lease_ends = lease_ends;
+            return Admission::AlreadyHeld;
+        }
+        let job = state.next_job;
+        state.next_job += 1;
+        let bytes = message.payload.len();
+        state.bytes += bytes;
+        state.entries.insert(
+            message.position,
+            Entry {
+                job,
+                token,
+                message_id: message.message_id,
+                message_type: message.message_type.clone(),
+                ordering_key: message.ordering_key.clone(),
+                attempt: message.attempt,
+                bytes,
+                lease_ends,
+                stage: Stage::Queued,
+            },
+        );
+        Admission::Dispatch(job)
+    }
+
+    /// A handler thread starts `job`; its lease end, or `None` if the job is no longer held.
+    pub fn start(&self, position: i64, job: JobId, thread: usize, now: Instant) -> Option<Instant> {
+        let mut state = self.state();
+        let entry = state.entries.get_mut(&position).filter(|e| e.job == job)?;
+        entry.stage = Stage::Running { since: now, thread };
+        Some(entry.lease_ends)
+    }
+
+    /// A handler thread finished `job`: the claim to settle it under, or `None` if the
+    /// watchdog gave up on it meanwhile (its outcome is then dropped: another was settled).
+    pub fn finish(&self, position: i64, job: JobId) -> Option<ClaimToken> {
+        let mut state = self.state();
+        if state
+            .stuck
+            .get(&position)
+            .is_some_and(|(stuck, _)| *stuck == job)
+        {
+            state.stuck.remove(&position);
+            return None;
+        }
+        let entry = state.entries.get_mut(&position).filter(|e| e.job == job)?;
+        entry.stage = Stage::Settling;
+        Some(entry.token)
+    }
+
+    /// Outcomes of these positions were settled (or given up): they are no longer held.
+    pub fn release(&self, positions: impl IntoIterator<Item = i64>) {
+        let mut state = self.state();
+        for position in positions {
+            if let Some(entry) = state.entries.remove(&position) {
+                state.bytes -= entry.bytes;
+            }
+        }
+    }
+
+    /// Messages running for longer than `timeout`, oldest first.
+    pub fn overdue(&self, now: Instant, timeout: Duration) -> Vec<(i64, Entry)> {
+        let mut overdue: Vec<(i64, Entry)> = self
+            .state()
+            .entries
+            .iter()
+            .filter(|(_, e)| {
+                matches!(e.stage, Stage::Running { since, .. }
+                    if now.saturating_duration_since(since) > timeout)
+            })
+            .map(|(position, entry)| (*position, entry.clone()))
+            .collect();
+        overdue.sort_by_key(|(_, e)| e.job);
+        overdue
+    }
+
+    /// The watchdog gives up on a running message: its thread's eventual outcome will be
+    /// dropped, and its message counts as stuck until that thread returns. Returns the claim
+    /// to settle the timed-out attempt under, and the stuck thread.
+    pub fn abandon(&self, position: i64, job: JobId) -> Option<(ClaimToken, usize)> {
+        let mut state = self.state();
+        let entry = state.entries.get_mut(&position).filter(|e| e.job == job)?;
+        let Stage::Running { thread, .. } = entry.stage else {
+            return None;
+        };
+        entry.stage = Stage::Settling;
+        let token = entry.token;
+        state.stuck.insert(position, (job, thread));
+        Some((token, thread))
+    }
+
+    /// Every held lease, for the heartbeat.
+    pub fn leases(&self) -> Vec<(ClaimToken, i64)> {
+        let mut leases: Vec<(ClaimToken, i64)> = self
+            .state()
+            .entries
+            .iter()
+            .map(|(position, entry)| (entry.token, *position))
+            .collect();
+        leases.sort_unstable();
+        leases
+    }
+
+    /// The heartbeat renewed these leases until `lease_ends`.
+    pub fn renewed(&self, leases: &[(ClaimToken, i64)], lease_ends: Instant) {
+        let mut state = self.state();
+        for (token, position) in leases {
+            if let Some(entry) = state.entries.get_mut(position) {
+                if entry.token == *token {
+                    entry.lease_ends = lease_ends;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+
+    fn message(position: i64, payload: &str) -> ClaimedMessage {
+        ClaimedMessage {
+            position,
+            message_id: MessageId::new(),
+            message_type: "t".into(),
+            payload: payload.into(),
+            ordering_key: None,
+            attempt: 1,
+            enqueued_at: SystemTime::now(),
+        }
+    }
+
+    #[test]
+    fn counts_and_bytes_follow_admission_and_release() {
+        let held = Held::default();
+        let now = Instant::now();
+        let token = ClaimToken::new();
+        assert!(matches!(
+            held.admit(token, &message(1, "abc"), now),
+            Admission::Dispatch(_)
+        ));
+        assert!(matches!(
+            held.admit(token, &message(2, "de"), now),
+            Admission::Dispatch(_)
+        ));
+        assert_eq!((held.count(), held.bytes()), (2, 5));
+        held.release([1, 1, 3]);
+        assert_eq!((held.count(), held.bytes()), (1, 2));
+        assert_eq!(held.leases(), vec![(token, 2)]);
+    }
+
+    #[test]
+    fn a_message_claimed_again_while_held_moves_to_the_new_claim_and_is_not_dispatched_twice() {
+        let held = Held::default();
+        let now = Instant::now();
+        let (first, second) = (ClaimToken::new(), ClaimToken::new());
+        let Admission::Dispatch(job) = held.admit(first, &message(7, "x"), now) else {
+            panic!("not dispatched");
+        };
+        held.start(7, job, 0, now).unwrap();
+        assert_eq!(
+            held.admit(second, &message(7, "x"), now),
+            Admission::AlreadyHeld
+        );
+        assert_eq!(held.count(), 1);
+        assert_eq!(
+            held.finish(7, job),
+            Some(second),
+            "settled under the claim that holds it"
+        );
+    }
+
+    #[test]
+    fn an_abandoned_job_drops_its_late_outcome_and_blocks_a_second_run() {
+        let held = Held::default();
+        let start = Instant::now();
+        let token = ClaimToken::new();
+        let Admission::Dispatch(job) = held.admit(token, &message(9, "x"), start) else {
+            panic!("not dispatched");
+        };
+        held.start(9, job, 3, start).unwrap();
+        let later = start + Duration::from_secs(10);
+        assert!(held.overdue(later, Duration::from_secs(20)).is_empty());
+        let overdue = held.overdue(later, Duration::from_secs(5));
+        assert_eq!(overdue.len(), 1);
+        assert_eq!(held.abandon(9, job), Some((token, 3)));
+        assert_eq!(held.stuck(), 1);
+        held.release([9]);
+        assert_eq!(
+            held.admit(ClaimToken::new(), &message(9, "x"), later),
+            Admission::StillStuck
+        );
+        assert_eq!(held.finish(9, job), None, "the late outcome is dropped");
+        assert_eq!(held.stuck(), 0);
+        assert!(matches!(
+            held.admit(token, &message(9, "x"), later),
+            Admission::Dispatch(_)
+        ));
+    }
+
+    #[test]
+    fn a_finished_or_unknown_job_cannot_be_started_or_abandoned() {
+        let held = Held::default();
+        let now = Instant::now();
+        assert_eq!(held.start(1, 0, 0, now), None);
+        assert_eq!(held.abandon(1, 0), None);
+        let Admission::Dispatch(job) = held.admit(ClaimToken::new(), &message(1, ""), now) else {
+            panic!("not dispatched");
+        };
+        assert_eq!(held.abandon(1, job), None, "queued, not running");
+        assert_eq!(held.start(1, job + 1, 0, now), None, "another job");
+    }
+}

@@ -1,0 +1,163 @@
+//! What the worker's threads share, and how they are started and waited for.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use crate::context::Resources;
+use crate::registry::Registry;
+use crate::store::Store;
+
+use super::config::Config;
+use super::handle::{Counters, Vitals};
+use super::handlers::HandlerPool;
+use super::held::Held;
+
+/// The state every role of one worker reads.
+pub(crate) struct Shared {
+    pub config: Config,
+    pub store: Box<dyn Store>,
+    pub registry: Registry,
+    pub resources: Resources,
+    pub held: Held,
+    pub counters: Counters,
+    pub vitals: Vitals,
+    pub threads: Threads,
+    pub stopping: AtomicBool,
+    /// The claimer has stopped claiming for good (the worker is stopping).
+    pub claimer_done: AtomicBool,
+    give_up_at: Mutex<Option<Instant>>,
+    /// Wakes the claimer: capacity was freed, or a key's head was settled.
+    pub capacity: Sender<()>,
+    pub pool: HandlerPool,
+}
+
+impl Shared {
+    pub fn new(
+        config: Config,
+        store: Box<dyn Store>,
+        registry: Registry,
+        resources: Resources,
+        capacity: Sender<()>,
+        pool: HandlerPool,
+    ) -> Self {
+        Shared {
+            config,
+            store,
+            registry,
+            resources,
+            held: Held::default(),
+            counters: Counters::default(),
+            vitals: Vitals::default(),
+            threads: Threads::default(),
+            stopping: AtomicBool::new(false),
+            claimer_done: AtomicBool::new(false),
+            give_up_at: Mutex::new(None),
+            capacity,
+            pool,
+        }
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    pub fn set_give_up_at(&self, at: Option<Instant>) {
+        *self
+            .give_up_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = at;
+    }
+
+    /// Whether shutdown's deadline has passed.
+    pub fn past_give_up(&self) -> bool {
+        self.give_up_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Runs one iteration of a role's loop, surviving a panic in it: the panic is logged and
+    /// counted in the worker's health, and the loop goes on after `pause`.
+    pub fn survive(&self, role: &str, pause: Duration, iteration: impl FnOnce()) {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(iteration)) {
+            self.vitals.panicked();
+            log::error!(
+                "outbox: the {role} thread panicked ({}); it carries on",
+                panic_text(panic.as_ref())
+            );
+            std::thread::sleep(pause);
+        }
+    }
+}
+
+/// A panic's message, for logs and stored errors.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic payload".to_owned())
+}
+
+/// The worker's threads: started with a name, counted while they run, joined at shutdown.
+#[derive(Debug, Default)]
+pub(crate) struct Threads {
+    running: Arc<AtomicUsize>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Counts a thread out when it ends, however it ends.
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Threads {
+    /// Starts a thread named `name` running `body`.
+    pub fn spawn(&self, name: String, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let running = Running(Arc::clone(&self.running));
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            let _running = running;
+            body();
+        });
+        match spawned {
+            Ok(handle) => {
+                let mut handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+                handles.retain(|h| !h.is_finished());
+                handles.push(handle);
+                Ok(())
+            }
+            // The closure was dropped unrun, and with it the counter's guard.
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Waits for every thread to end, at most until `give_up_at`; the threads still running.
+    pub fn wait(&self, give_up_at: Option<Instant>) -> usize {
+        loop {
+            let running = self.running.load(Ordering::SeqCst);
+            if running == 0 {
+                break;
+            }
+            if give_up_at.is_some_and(|at| Instant::now() >= at) {
+                return running;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let handles =
+            std::mem::take(&mut *self.handles.lock().unwrap_or_else(PoisonError::into_inner));
+        for handle in handles {
+            let _ = handle.join();
+        }
+        0
+    }
+}

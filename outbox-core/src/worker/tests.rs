@@ -1,0 +1,115 @@
+//! The worker's threads against a `MemoryStore` with faults.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::testing::MemoryStore;
+use crate::{Context, Handler, HandlerRegistration, Message, ProcessError, Worker, WorkerError};
+
+#[derive(Serialize, Deserialize)]
+struct Counted {
+    n: u32,
+}
+
+static COUNTED: AtomicUsize = AtomicUsize::new(0);
+
+impl Message for Counted {
+    const MESSAGE_TYPE: &'static str = "core.counted";
+}
+
+impl Handler for Counted {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        COUNTED.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+inventory::submit! {
+    HandlerRegistration::new::<Counted>("outbox_core::worker::tests::Counted")
+}
+
+fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + timeout;
+    while Instant::now() < until {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    condition()
+}
+
+fn worker(store: &MemoryStore) -> crate::WorkerHandle {
+    Worker::builder(store.clone())
+        .handler_threads(2)
+        .batch_size(4)
+        .lease(Duration::from_secs(2))
+        .poll_interval(Duration::from_millis(20))
+        .poll_only()
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn an_outcome_refused_forever_never_holds_up_the_others() {
+    let store = MemoryStore::new();
+    let positions: Vec<i64> = (0..20)
+        .map(|n| store.enqueue_message(&Counted { n }, None))
+        .collect();
+    store.refuse_outcomes_of(positions[0]);
+    let worker = worker(&store);
+    assert!(
+        eventually(Duration::from_secs(10), || store.rows().len() == 1),
+        "the others waited: {} left",
+        store.rows().len()
+    );
+    assert!(eventually(Duration::from_secs(10), || worker
+        .stats()
+        .abandoned_outcomes
+        >= 1));
+    assert_eq!(worker.in_flight(), 0, "the given-up outcome freed its slot");
+    // Once the store takes it, the message runs again when its lease ends, and settles.
+    store.accept(positions[0]);
+    assert!(eventually(Duration::from_secs(10), || store
+        .rows()
+        .is_empty()));
+    let stats = worker.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(stats.succeeded, 20, "{stats:?}");
+}
+
+#[test]
+fn a_store_that_goes_down_is_reported_and_waited_for() {
+    let store = MemoryStore::new();
+    let worker = worker(&store);
+    assert!(worker.health().is_healthy(), "{:?}", worker.health());
+    store.set_down(true);
+    for n in 0..10 {
+        store.enqueue_message(&Counted { n }, None);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || !worker.health().is_healthy()),
+        "{:?}",
+        worker.health()
+    );
+    let health = worker.health();
+    assert!(health.claimer_alive && health.acker_alive, "{health:?}");
+    store.set_down(false);
+    assert!(eventually(Duration::from_secs(10), || store
+        .rows()
+        .is_empty()));
+    assert!(eventually(Duration::from_secs(10), || worker
+        .health()
+        .is_healthy()));
+    worker.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn spawn_refuses_a_store_that_cannot_lend_the_connections() {
+    let store = MemoryStore::new();
+    store.set_max_connections(Some(1));
+    let err = Worker::builder(store).spawn().unwrap_err();
+    assert!(matches!(err, WorkerError::Store(_)), "{err}");
+    assert!(err.to_string().contains("the worker holds 2"), "{err}");
+}

@@ -1,0 +1,482 @@
+//! Opening a database: which backend a URL names, and the settings each connection needs.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::str::FromStr;
+
+use diesel::r2d2::{ManageConnection, R2D2Connection};
+use diesel::{ConnectionError, ConnectionResult};
+
+use crate::connection::{execute_batch, OutboxConnection};
+use crate::error::{Error, Result};
+
+/// The database products the outbox supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL 8 or MariaDB 10.6+.
+    Mysql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Backend {
+    /// Every backend, whether compiled in or not.
+    pub const ALL: [Backend; 3] = [Backend::Postgres, Backend::Mysql, Backend::Sqlite];
+
+    /// The backend a database URL names; see [`DatabaseUrl::parse`].
+    pub fn from_url(url: &str) -> Result<Backend> {
+        DatabaseUrl::parse(url).map(|url| url.backend())
+    }
+
+    /// The backend's short name: `postgres`, `mysql` or `sqlite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+
+    /// The cargo feature of `outbox-diesel` that supports this backend.
+    pub fn feature(self) -> &'static str {
+        self.name()
+    }
+
+    /// Whether this build of `outbox-diesel` has the backend's feature.
+    pub fn is_compiled_in(self) -> bool {
+        match self {
+            Backend::Postgres => cfg!(feature = "postgres"),
+            Backend::Mysql => cfg!(feature = "mysql"),
+            Backend::Sqlite => cfg!(feature = "sqlite"),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+
+    /// `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`.
+    fn from_str(name: &str) -> Result<Backend> {
+        match name.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" | "pg" => Ok(Backend::Postgres),
+            "mysql" | "mariadb" => Ok(Backend::Mysql),
+            "sqlite" => Ok(Backend::Sqlite),
+            _ => Err(Error::UnknownBackend(name.to_owned())),
+        }
+    }
+}
+
+/// A database URL, with the backend its scheme names.
+///
+/// - `postgres://…` and `postgresql://…`: PostgreSQL.
+/// - `mysql://…` (MariaDB too): MySQL.
+/// - `sqlite://PATH`, `sqlite:PATH`, `file:PATH?…` (an SQLite URI), `:memory:`, or a plain path
+///   without a scheme: SQLite.
+///
+/// Anything else is refused, so that a typo such as `postgre://…` is an error instead of an
+/// SQLite file named after the URL (which is what Diesel's `MultiConnection` would open).
+/// `Display` shows the URL without its password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl {
+    backend: Backend,
+    /// What the backend's driver is given: the URL, or for SQLite the path or `file:` URI.
+    target: String,
+}
+
+impl DatabaseUrl {
+    /// Reads the backend from the URL's scheme.
+    pub fn parse(url: &str) -> Result<DatabaseUrl> {
+        let url = url.trim();
+        let (backend, target) =
+            if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+                (Backend::Postgres, url)
+            } else if url.starts_with("mysql://") {
+                (Backend::Mysql, url)
+            } else if let Some(path) = url
+                .strip_prefix("sqlite://")
+                .or_else(|| url.strip_prefix("sqlite:"))
+            {
+                (Backend::Sqlite, path)
+            } else if url.starts_with("file:") || (!url.is_empty() && !url.contains("://")) {
+                (Backend::Sqlite, url)
+            } else {
+                return Err(Error::UnsupportedUrl(redact(url)));
+            };
+        if target.is_empty() {
+            return Err(Error::UnsupportedUrl(redact(url)));
+        }
+        Ok(DatabaseUrl {
+            backend,
+            target: target.to_owned(),
+        })
+    }
+
+    /// The backend the URL names.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// What the backend's driver opens: the URL itself, or for SQLite the file path (or `file:`
+    /// URI) without any `sqlite://` prefix.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The SQLite file this URL names, if it names one on disk.
+    pub fn sqlite_file(&self) -> Option<&str> {
+        (self.backend == Backend::Sqlite
+            && self.target != ":memory:"
+            && !self.target.starts_with("file:"))
+        .then_some(self.target.as_str())
+    }
+
+    /// `text` with this URL's password replaced, for error messages that may repeat it.
+    pub fn redact_in(&self, text: &str) -> String {
+        match password(&self.target) {
+            Some(password) if !password.is_empty() => text.replace(password, "***"),
+            _ => text.to_owned(),
+        }
+    }
+}
+
+impl FromStr for DatabaseUrl {
+    type Err = Error;
+
+    fn from_str(url: &str) -> Result<DatabaseUrl> {
+        DatabaseUrl::parse(url)
+    }
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.target))
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseUrl")
+            .field("backend", &self.backend)
+            .field("url", &redact(&self.target))
+            .finish()
+    }
+}
+
+/// The password of `scheme://user:password@host/…`, if there is one.
+fn password(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    userinfo.split_once(':').map(|(_, password)| password)
+}
+
+/// The URL with its password replaced by `***`.
+fn redact(url: &str) -> String {
+    match password(url) {
+        Some(password) if !password.is_empty() => {
+            let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+            let (userinfo, after) = rest.split_once('@').unwrap_or((rest, ""));
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{after}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// How long an SQLite connection waits for another's write lock before failing with "database
+/// is locked": the worker and the application take turns instead of failing.
+pub(crate) const SQLITE_BUSY_TIMEOUT_MS: u32 = 5000;
+
+/// Applies what every connection the outbox uses needs. On SQLite: a busy timeout, WAL
+/// journaling (readers do not block the writer) and `synchronous = NORMAL` (no sync per commit
+/// in WAL mode; a power loss may undo the last commits, an application crash never). Nothing on
+/// the other backends.
+pub fn configure_connection<C: OutboxConnection>(conn: &mut C) -> diesel::QueryResult<()> {
+    if conn.backend() == Backend::Sqlite {
+        execute_batch(
+            conn,
+            &format!(
+                "PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}; PRAGMA journal_mode = WAL; \
+                 PRAGMA synchronous = NORMAL;"
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// Sets only the SQLite busy timeout (a connection someone else configured may lack it).
+pub(crate) fn ensure_busy_timeout<C: OutboxConnection>(conn: &mut C) -> diesel::QueryResult<()> {
+    if conn.backend() == Backend::Sqlite {
+        execute_batch(
+            conn,
+            &format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// A connection type the outbox can open from a [`DatabaseUrl`]: `PgConnection`,
+/// `MysqlConnection`, `SqliteConnection`, or a Diesel `MultiConnection` enum made an
+/// [`OutboxConnection`] with [`impl_outbox_connection!`](crate::impl_outbox_connection), which
+/// opens the variant the URL's scheme names.
+pub trait Establish: OutboxConnection + Sized {
+    #[doc(hidden)]
+    /// Opens `url` if this type has a variant for its backend; `None` if it has not.
+    fn establish_backend(url: &DatabaseUrl) -> Option<ConnectionResult<Self>>;
+}
+
+#[doc(hidden)]
+/// For [`impl_outbox_connection!`](crate::impl_outbox_connection): opens `url` through the
+/// variant whose constructor is `variant`, if its connection type serves the URL's backend.
+pub fn establish_variant<I: Establish, E>(
+    url: &DatabaseUrl,
+    variant: fn(I) -> E,
+) -> Option<ConnectionResult<E>> {
+    I::establish_backend(url).map(|opened| opened.map(variant))
+}
+
+macro_rules! establish_concrete {
+    ($feature:literal, $connection:ty, $backend:expr) => {
+        #[cfg(feature = $feature)]
+        impl Establish for $connection {
+            fn establish_backend(url: &DatabaseUrl) -> Option<ConnectionResult<Self>> {
+                (url.backend() == $backend)
+                    .then(|| <$connection as diesel::Connection>::establish(url.target()))
+            }
+        }
+    };
+}
+
+establish_concrete!("postgres", diesel::PgConnection, Backend::Postgres);
+establish_concrete!("mysql", diesel::MysqlConnection, Backend::Mysql);
+establish_concrete!("sqlite", diesel::SqliteConnection, Backend::Sqlite);
+
+/// Opens the database `url` names as a `C` (a backend's connection, or a `MultiConnection`
+/// enum), with the settings the outbox needs ([`configure_connection`]).
+///
+/// Fails with [`Error::UnsupportedUrl`] for a scheme no backend serves, with
+/// [`Error::BackendNotCompiledIn`] when `C` has no connection for the URL's backend, and with
+/// [`Error::Connect`] when the server cannot be reached (the message never shows the URL's
+/// password).
+///
+/// ```
+/// let mut conn: diesel::SqliteConnection = outbox_diesel::establish(":memory:")?;
+/// outbox_diesel::run_migrations(&mut conn)?;
+/// # Ok::<(), outbox_diesel::Error>(())
+/// ```
+pub fn establish<C: Establish>(url: &str) -> Result<C> {
+    DatabaseUrl::parse(url)?.establish()
+}
+
+impl DatabaseUrl {
+    /// Opens this database as a `C`; see [`establish`].
+    pub fn establish<C: Establish>(&self) -> Result<C> {
+        let opened = C::establish_backend(self).ok_or(Error::BackendNotCompiledIn {
+            backend: self.backend(),
+            connection: std::any::type_name::<C>(),
+        })?;
+        let mut conn = opened.map_err(|error| connect_error(self, &error))?;
+        configure_connection(&mut conn).map_err(|error| Error::Connect {
+            url: self.to_string(),
+            reason: self.redact_in(&error.to_string()),
+        })?;
+        Ok(conn)
+    }
+}
+
+fn connect_error(url: &DatabaseUrl, error: &ConnectionError) -> Error {
+    Error::Connect {
+        url: url.to_string(),
+        reason: url.redact_in(error.to_string().trim_end()),
+    }
+}
+
+/// An r2d2 connection manager that opens the backend the URL names, with the settings the
+/// outbox needs; the one way to pool connections of a `MultiConnection` enum, and as good as
+/// Diesel's `ConnectionManager` plus [`PoolCustomizer`] for a single backend.
+///
+/// ```
+/// use diesel::r2d2::Pool;
+/// use outbox_diesel::OutboxManager;
+///
+/// let pool = Pool::builder()
+///     .max_size(4)
+///     .build(OutboxManager::<diesel::SqliteConnection>::new("file:manager-doc?mode=memory&cache=shared")?)?;
+/// outbox_diesel::run_migrations(&mut pool.get()?)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct OutboxManager<C> {
+    url: DatabaseUrl,
+    connection: PhantomData<fn() -> C>,
+}
+
+impl<C: Establish> OutboxManager<C> {
+    /// A manager for `url`; fails at once if no backend serves its scheme or `C` has no
+    /// connection for it.
+    pub fn new(url: &str) -> Result<Self> {
+        let url = DatabaseUrl::parse(url)?;
+        Self::for_url(url)
+    }
+
+    /// A manager for an already parsed URL.
+    pub fn for_url(url: DatabaseUrl) -> Result<Self> {
+        if !Backend::is_compiled_in(url.backend()) {
+            return Err(Error::BackendNotCompiledIn {
+                backend: url.backend(),
+                connection: std::any::type_name::<C>(),
+            });
+        }
+        Ok(OutboxManager {
+            url,
+            connection: PhantomData,
+        })
+    }
+
+    /// The URL connections are opened to.
+    pub fn url(&self) -> &DatabaseUrl {
+        &self.url
+    }
+}
+
+impl<C> fmt::Debug for OutboxManager<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxManager")
+            .field("url", &self.url)
+            .field("connection", &std::any::type_name::<C>())
+            .finish()
+    }
+}
+
+impl<C> ManageConnection for OutboxManager<C>
+where
+    C: Establish + R2D2Connection + Send + 'static,
+{
+    type Connection = C;
+    type Error = Error;
+
+    fn connect(&self) -> Result<C> {
+        self.url.establish()
+    }
+
+    fn is_valid(&self, conn: &mut C) -> Result<()> {
+        conn.ping().map_err(Error::from)
+    }
+
+    fn has_broken(&self, conn: &mut C) -> bool {
+        conn.is_broken()
+    }
+}
+
+/// Applies [`configure_connection`] to each connection of an r2d2 pool of Diesel's own
+/// `ConnectionManager` as it opens. ([`OutboxManager`] does this by itself.)
+///
+/// ```
+/// # use diesel::r2d2::{ConnectionManager, Pool};
+/// # use diesel::SqliteConnection;
+/// let pool = Pool::builder()
+///     .connection_customizer(Box::new(outbox_diesel::PoolCustomizer))
+///     .build(ConnectionManager::<SqliteConnection>::new("file:quickstart?mode=memory&cache=shared"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PoolCustomizer;
+
+impl<C> diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error> for PoolCustomizer
+where
+    C: OutboxConnection + 'static,
+{
+    fn on_acquire(&self, conn: &mut C) -> std::result::Result<(), diesel::r2d2::Error> {
+        configure_connection(conn).map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(url: &str) -> Option<(Backend, String)> {
+        DatabaseUrl::parse(url)
+            .ok()
+            .map(|url| (url.backend(), url.target().to_owned()))
+    }
+
+    #[test]
+    fn the_scheme_picks_the_backend() {
+        let pg = |t: &str| Some((Backend::Postgres, t.to_owned()));
+        assert_eq!(parsed("postgres://u@h/db"), pg("postgres://u@h/db"));
+        assert_eq!(parsed("postgresql://u@h/db"), pg("postgresql://u@h/db"));
+        assert_eq!(
+            parsed(" mysql://root@h:3306/db "),
+            Some((Backend::Mysql, "mysql://root@h:3306/db".into()))
+        );
+        let sqlite = |t: &str| Some((Backend::Sqlite, t.to_owned()));
+        assert_eq!(parsed("sqlite:///tmp/x.db"), sqlite("/tmp/x.db"));
+        assert_eq!(parsed("sqlite://rel/app"), sqlite("rel/app"));
+        assert_eq!(parsed("sqlite:app.db"), sqlite("app.db"));
+        assert_eq!(parsed("file:app.db?mode=ro"), sqlite("file:app.db?mode=ro"));
+        assert_eq!(parsed(":memory:"), sqlite(":memory:"));
+        for path in ["app.db", "/var/x.sqlite", "blog", "C:\\data\\x.db"] {
+            assert_eq!(parsed(path), sqlite(path), "{path}");
+        }
+        for bad in [
+            "redis://h/0",
+            "",
+            "   ",
+            "http://x.db",
+            "postgre://u@h/db",
+            "sqlite://",
+        ] {
+            assert_eq!(parsed(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let url = DatabaseUrl::parse("postgres://app:s3cret@db.internal:5432/shop?x=1").unwrap();
+        assert_eq!(
+            url.to_string(),
+            "postgres://app:***@db.internal:5432/shop?x=1"
+        );
+        assert!(!format!("{url:?}").contains("s3cret"));
+        assert_eq!(
+            url.redact_in("password authentication failed (s3cret)"),
+            "password authentication failed (***)"
+        );
+        let error = DatabaseUrl::parse("pg://user:secret@h/db").unwrap_err();
+        assert!(error.to_string().contains("pg://user:***@h/db"), "{error}");
+        assert!(!error.to_string().contains("secret"), "{error}");
+        let plain = DatabaseUrl::parse("mysql://root@h/db").unwrap();
+        assert_eq!(plain.to_string(), "mysql://root@h/db");
+    }
+
+    #[test]
+    fn backends_have_names_that_parse_back() {
+        for backend in Backend::ALL {
+            assert_eq!(backend.name().parse::<Backend>().unwrap(), backend);
+        }
+        assert_eq!("MariaDB".parse::<Backend>().unwrap(), Backend::Mysql);
+        assert!("oracle".parse::<Backend>().is_err());
+    }
+
+    #[test]
+    fn sqlite_files_are_told_apart_from_memory_and_uris() {
+        let file = |url: &str| {
+            DatabaseUrl::parse(url)
+                .unwrap()
+                .sqlite_file()
+                .map(str::to_owned)
+        };
+        assert_eq!(file("sqlite://a.db"), Some("a.db".into()));
+        assert_eq!(file(":memory:"), None);
+        assert_eq!(file("file:x?mode=memory"), None);
+        assert_eq!(file("postgres://h/db"), None);
+    }
+}

@@ -1,0 +1,375 @@
+//! The worker's storage on Diesel: claims with leases, batched settlements, `LISTEN`.
+
+use std::fmt;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
+use diesel::QueryResult;
+use outbox_core::store::{
+    ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Settlement, Store, StoreError,
+};
+use outbox_core::MessageId;
+
+use crate::admin::{parse_message_id, time_from_micros};
+#[cfg(feature = "postgres")]
+use crate::connection::BackendConnection;
+use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
+use crate::database::ensure_busy_timeout;
+use crate::sql::{self, micros, Claim, ClaimRow, Statements};
+
+/// The longest the worker waits for a connection from the pool: it retries after logging, and a
+/// shutdown is not held up by a pool the application has exhausted.
+const POOL_WAIT: Duration = Duration::from_secs(5);
+
+/// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
+///
+/// The pool may be the application's own, of any manager whose connections are
+/// [`OutboxConnection`]s: Diesel's `ConnectionManager<PgConnection>` (or MySQL, SQLite), or
+/// [`OutboxManager`](crate::OutboxManager) of a `MultiConnection` enum. The worker holds three
+/// of its connections for its lifetime (the claimer's, the acker's and, on PostgreSQL, the
+/// `LISTEN` connection) and briefly a fourth at start-up, so size the pool for the worker plus
+/// the application.
+///
+/// On PostgreSQL, claims and settlements commit without waiting for the WAL flush
+/// (`synchronous_commit = off` for those transactions only, never the session): a database
+/// crash can undo the last of them, which makes those messages run again but loses none.
+pub struct DieselStore<M: ManageConnection> {
+    pool: Pool<M>,
+    backend: OnceLock<Backend>,
+    // Held, not checked out per call: a checkout costs a validation round trip (r2d2 pings).
+    claim_connection: Mutex<Option<PooledConnection<M>>>,
+    settle_connection: Mutex<Option<PooledConnection<M>>>,
+}
+
+impl<M: ManageConnection> fmt::Debug for DieselStore<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DieselStore")
+            .field("pool", &self.pool.state())
+            .finish()
+    }
+}
+
+impl<M> DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Send,
+{
+    /// A store over `pool`. Run [`run_migrations`](crate::run_migrations) first.
+    pub fn new(pool: Pool<M>) -> Self {
+        DieselStore {
+            pool,
+            backend: OnceLock::new(),
+            claim_connection: Mutex::new(None),
+            settle_connection: Mutex::new(None),
+        }
+    }
+
+    /// Runs `work` on the connection held in `slot`, taking one from the pool if there is none;
+    /// after a failure the connection is let go, as it may be broken.
+    fn with_held<T>(
+        &self,
+        slot: &Mutex<Option<PooledConnection<M>>>,
+        what: &'static str,
+        work: impl FnOnce(&mut PooledConnection<M>) -> QueryResult<T>,
+    ) -> Result<T, StoreError> {
+        let mut slot = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let conn = match slot.as_mut() {
+            Some(conn) => conn,
+            None => slot.insert(self.connection()?),
+        };
+        work(conn).map_err(|error| {
+            *slot = None;
+            StoreError::new(what, error)
+        })
+    }
+
+    /// The pool's backend, asked of its first connection.
+    fn backend(&self) -> Result<Backend, StoreError> {
+        if let Some(backend) = self.backend.get() {
+            return Ok(*backend);
+        }
+        let mut conn = self
+            .pool
+            .get()
+            .map_err(|e| StoreError::new("getting a connection from the pool", e))?;
+        Ok(*self.backend.get_or_init(|| conn.backend()))
+    }
+
+    fn connection(&self) -> Result<PooledConnection<M>, StoreError> {
+        let mut conn = self
+            .pool
+            .get_timeout(POOL_WAIT)
+            .map_err(|e| StoreError::new("getting a connection from the pool", e))?;
+        self.backend.get_or_init(|| conn.backend());
+        ensure_busy_timeout(&mut *conn)
+            .map_err(|e| StoreError::new("setting the SQLite busy timeout", e))?;
+        Ok(conn)
+    }
+}
+
+impl<M> Store for DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Send,
+{
+    fn claim(
+        &self,
+        token: ClaimToken,
+        limit: ClaimLimit,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let token_text = token.to_string();
+        let claim = Claim {
+            token: &token_text,
+            limit,
+            lease_micros: micros(lease),
+        };
+        let rows: Vec<ClaimRow> = self.with_held(
+            &self.claim_connection,
+            "claiming messages",
+            |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim)),
+        )?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut unreadable = Vec::new();
+        for row in rows {
+            let ClaimRow {
+                message: m,
+                created_micros,
+            } = row;
+            match parse_message_id("outbox_message", m.id, &m.message_id) {
+                Ok(message_id) => claimed.push(ClaimedMessage {
+                    message_id,
+                    position: m.id,
+                    message_type: m.message_type,
+                    payload: m.payload,
+                    ordering_key: m.ordering_key,
+                    attempt: m.attempts.max(0).unsigned_abs(),
+                    enqueued_at: time_from_micros(created_micros),
+                }),
+                // A row the library did not write (edited by hand): it cannot be delivered,
+                // and it must not hold up the others of the claim or its key.
+                Err(error) => unreadable.push(Outcome {
+                    token,
+                    position: m.id,
+                    message_id: MessageId::from(uuid::Uuid::nil()),
+                    ordering_key: m.ordering_key,
+                    settlement: Settlement::DeadLetter {
+                        error: format!("the row cannot be delivered: {error}"),
+                    },
+                }),
+            }
+        }
+        if !unreadable.is_empty() {
+            log::error!(
+                "outbox: dead-lettering {} unreadable rows (positions {:?})",
+                unreadable.len(),
+                unreadable.iter().map(|o| o.position).collect::<Vec<_>>()
+            );
+            self.with_held(
+                &self.claim_connection,
+                "dead-lettering unreadable rows",
+                |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, &unreadable)),
+            )?;
+        }
+        claimed.sort_by_key(|message| message.position);
+        Ok(claimed)
+    }
+
+    fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
+        self.with_held(
+            &self.settle_connection,
+            "settling processed messages",
+            |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, outcomes)),
+        )
+    }
+
+    fn promote_stranded(&self) -> Result<usize, StoreError> {
+        self.with_held(
+            &self.claim_connection,
+            "promoting stranded ordering keys",
+            |conn| with_backend!(conn.backend_connection(), c => c.promote_stranded()),
+        )
+    }
+
+    fn extend_leases(
+        &self,
+        leases: &[(ClaimToken, i64)],
+        lease: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.with_held(
+            &self.settle_connection,
+            "renewing leases",
+            |conn| with_backend!(conn.backend_connection(), c => extend_leases(c, leases, lease)),
+        )
+    }
+
+    fn ping(&self) -> Result<(), StoreError> {
+        self.with_held(&self.settle_connection, "checking the database", |conn| {
+            execute_batch(&mut **conn, "SELECT 1")
+        })
+    }
+
+    fn check(&self, connections: usize) -> Result<(), StoreError> {
+        let max = usize::try_from(self.pool.max_size()).unwrap_or(usize::MAX);
+        if max < connections {
+            return Err(StoreError::new(
+                "the connection pool is too small for the worker",
+                format!(
+                    "it lends at most {max} connections, and the worker holds {connections} for \
+                     as long as it runs (its claimer's and its acker's, and on PostgreSQL its \
+                     LISTEN connection); build the pool with max_size({connections}) plus what \
+                     the application needs at once"
+                ),
+            ));
+        }
+        let mut conn = self.connection()?;
+        // The newest column: a schema that has it is current.
+        execute_batch(&mut *conn, "SELECT parked FROM outbox_message WHERE 1 = 0")
+            .and_then(|_| execute_batch(&mut *conn, "SELECT 1 FROM outbox_failure WHERE 1 = 0"))
+            .map_err(|e| {
+                StoreError::new(
+                    "the outbox tables are missing, out of date or unreadable (run \
+                     outbox_diesel::run_migrations first)",
+                    e,
+                )
+            })?;
+        let refusal = with_backend!(conn.backend_connection(), c => c.refusing_setting())
+            .map_err(|e| StoreError::new("reading the server's settings", e))?;
+        match refusal {
+            Some(setting) => Err(StoreError::new(
+                "the database server is set up in a way that refuses the worker's statements",
+                setting,
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
+        if self.backend()? != Backend::Postgres {
+            return Ok(None);
+        }
+        let mut conn = self.connection()?;
+        execute_batch(&mut *conn, "LISTEN outbox_message")
+            .map_err(|e| StoreError::new("listening for new messages", e))?;
+        Ok(Some(Box::new(NotificationListener {
+            conn,
+            checked: Instant::now(),
+            last_notified: Instant::now(),
+        })))
+    }
+
+    fn listens(&self) -> bool {
+        matches!(self.backend(), Ok(Backend::Postgres))
+    }
+
+    fn wants_local_wakeups(&self) -> bool {
+        !self.listens()
+    }
+}
+
+/// Renews the leases of each claim; returns the positions no longer held by their claims.
+fn extend_leases<C: Statements>(
+    c: &mut C,
+    leases: &[(ClaimToken, i64)],
+    lease: Duration,
+) -> QueryResult<Vec<i64>> {
+    let mut by_claim: std::collections::BTreeMap<ClaimToken, Vec<i64>> = Default::default();
+    for (token, position) in leases {
+        by_claim.entry(*token).or_default().push(*position);
+    }
+    let mut lost = Vec::new();
+    for (token, positions) in by_claim {
+        for chunk in positions.chunks(sql::ID_CHUNK) {
+            let renewed = c.extend_leases(&token.to_string(), chunk, micros(lease))?;
+            lost.extend(chunk.iter().filter(|p| !renewed.contains(p)));
+        }
+    }
+    Ok(lost)
+}
+
+/// A pooled connection that `LISTEN`s on the channel the outbox table's trigger notifies.
+struct NotificationListener<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    conn: PooledConnection<M>,
+    checked: Instant,
+    last_notified: Instant,
+}
+
+/// How often the listener proves its connection alive: reading notifications never notices a
+/// connection whose server vanished without closing it, and wake-ups would silently stop.
+const LISTEN_HEALTH_CHECK: Duration = Duration::from_secs(30);
+
+/// How often the listener checks its socket while notifications come (the wake-up latency it
+/// adds at most), and when none came for [`LISTEN_QUIET_AFTER`]. Checking reads only what the
+/// server already sent (no round trip); Diesel gives no way to block on the socket, so an idle
+/// worker checks 50 times a second instead of 1,000.
+const LISTEN_BUSY_CHECK: Duration = Duration::from_millis(1);
+const LISTEN_QUIET_CHECK: Duration = Duration::from_millis(20);
+const LISTEN_QUIET_AFTER: Duration = Duration::from_secs(1);
+
+impl<M> Listener for NotificationListener<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Send,
+{
+    fn wait(&mut self, timeout: Duration) -> Result<bool, StoreError> {
+        if self.checked.elapsed() >= LISTEN_HEALTH_CHECK {
+            execute_batch(&mut *self.conn, "SELECT 1")
+                .map_err(|e| StoreError::new("checking the notification connection", e))?;
+            self.checked = Instant::now();
+        }
+        let until = Instant::now() + timeout;
+        loop {
+            if self.drain()? {
+                self.last_notified = Instant::now();
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Ok(false);
+            }
+            let pause = if self.last_notified.elapsed() < LISTEN_QUIET_AFTER {
+                LISTEN_BUSY_CHECK
+            } else {
+                LISTEN_QUIET_CHECK
+            };
+            std::thread::sleep(pause.min(until - now));
+        }
+    }
+}
+
+impl<M> NotificationListener<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Send,
+{
+    fn drain(&mut self) -> Result<bool, StoreError> {
+        match self.conn.backend_connection() {
+            #[cfg(feature = "postgres")]
+            BackendConnection::Pg(c) => {
+                let mut any = false;
+                for notification in c.notifications_iter() {
+                    notification.map_err(|e| StoreError::new("receiving notifications", e))?;
+                    any = true;
+                }
+                Ok(any)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Ok(false),
+        }
+    }
+}
+
+impl<M: ManageConnection> Drop for NotificationListener<M>
+where
+    M::Connection: OutboxConnection,
+{
+    fn drop(&mut self) {
+        // The connection goes back to the pool: it must not keep receiving notifications.
+        let _ = execute_batch(&mut *self.conn, "UNLISTEN *");
+    }
+}

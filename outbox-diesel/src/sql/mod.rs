@@ -1,0 +1,456 @@
+//! Every statement the outbox runs, one file per backend ([`postgres`], [`mysql`],
+//! [`sqlite`]), each a whole statement with a comment; what they share (row types, the order
+//! in which a settlement runs its statements) is here. Ids, tokens and texts are always bound,
+//! never written into the text.
+//!
+//! # Ordering keys: heads, parked messages, promotion
+//!
+//! Messages sharing an ordering key are processed one at a time, in position (enqueue) order:
+//! only the *head* of a key, its pending message with the lowest position, may be claimed. A
+//! claim used to check that for every due row it walked past, so its cost grew with the keyed
+//! backlog. Now the messages waiting behind a head are **parked**: a flag that takes them out
+//! of the due index (a partial index on PostgreSQL and SQLite, the index's first column on
+//! MySQL), so a claim reads only rows it may take, whatever the backlog.
+//!
+//! - **Who parks.** The claim: it reads a few times its batch of due, unparked rows, keeps the
+//!   heads (no lower position of their key pending; an index probe each) and parks the others
+//!   in the same statement or transaction. Each message is examined once before it is parked.
+//!   The enqueue does not park: it stays one plain `INSERT` that reads nothing, so it takes no
+//!   lock the worker could wait on (MySQL's `INSERT … SELECT` would, under REPEATABLE READ),
+//!   and a keyed backlog costs its first claims a visit per message, once.
+//! - **Who promotes.** The settlement that removes a head (done or dead-lettered) unparks the
+//!   message with the lowest remaining position of its key, in the same statement (PostgreSQL)
+//!   or transaction (MySQL, SQLite). A head that is retried stays the head, so its key waits.
+//! - **The safety net.** Concurrent transactions can leave a key without a live head: a claim
+//!   parks a message just as the settlement of its head looks for one to promote, or two
+//!   enqueues race. Two things keep that harmless. The claim still checks that a candidate is
+//!   the head of its key, so order never depends on the flag; and the worker runs
+//!   [`promote_stranded`](Statements::promote_stranded) every few seconds, which unparks the
+//!   lowest parked message of every key that has no lower one pending, reading a small index
+//!   of the parked rows only (one entry per parked key, and a probe each).
+//! - **Delayed messages.** A keyed message enqueued with a delay is still its key's place in
+//!   the order: while it waits, the later messages of its key wait behind it.
+//! - **Re-queued dead letters** go back to their original position: they run before the later
+//!   messages of their key still pending (those not yet started; one already running finishes
+//!   first). A re-queued head makes the current head a non-head, which the next claim parks.
+
+pub(crate) mod bind;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
+
+use std::collections::BTreeMap;
+
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::{QueryResult, QueryableByName};
+use outbox_core::store::{ClaimLimit, Outcome, Settlement};
+
+use crate::enqueue::NewMessage;
+
+/// The columns every reading of a message row selects: claims, listings, dead letters.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct MessageRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+    #[diesel(sql_type = Text)]
+    pub(crate) message_id: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) message_type: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) payload: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) ordering_key: Option<String>,
+    #[diesel(sql_type = Integer)]
+    pub(crate) attempts: i32,
+}
+
+/// A claimed row: the message and when it was enqueued.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct ClaimRow {
+    #[diesel(embed)]
+    pub(crate) message: MessageRow,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) created_micros: i64,
+}
+
+/// A pending message as listed.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct PendingRow {
+    #[diesel(embed)]
+    pub(crate) message: MessageRow,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) created_at: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) next_attempt_at: i64,
+    #[diesel(sql_type = Integer)]
+    pub(crate) in_flight: i32,
+    #[diesel(sql_type = Integer)]
+    pub(crate) parked: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) last_error: Option<String>,
+}
+
+/// A dead letter as listed.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct DeadLetterRow {
+    #[diesel(embed)]
+    pub(crate) message: MessageRow,
+    #[diesel(sql_type = Text)]
+    pub(crate) last_error: String,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) created_at: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) failed_at: i64,
+}
+
+/// One line of the stats: counts of one message type.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct StatsRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) message_type: String,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) total: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) in_flight: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) oldest: Option<i64>,
+}
+
+/// A row of one BIGINT column named `id`.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct IdRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+}
+
+/// A row of one BIGINT column named `n`.
+#[cfg(feature = "postgres")]
+#[derive(QueryableByName, Debug)]
+pub(crate) struct CountRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) n: i64,
+}
+
+/// Which messages a listing returns: of one type or all, from a position on, at most so many.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Filter<'a> {
+    pub message_type: Option<&'a str>,
+    pub position: Option<i64>,
+    pub limit: Option<u32>,
+}
+
+/// A claim as the statements take it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim<'a> {
+    /// The claim's token, as text.
+    pub token: &'a str,
+    pub limit: ClaimLimit,
+    /// The lease, in microseconds.
+    pub lease_micros: i64,
+}
+
+impl Claim<'_> {
+    /// How many due rows a claim reads: a few times its batch, so that parking the non-heads
+    /// among them still leaves it a full batch of heads to take.
+    pub fn candidates(&self) -> i64 {
+        candidates(self.limit.messages)
+    }
+
+    /// The byte limit as SQL takes it.
+    #[cfg(feature = "postgres")]
+    pub fn bytes(&self) -> i64 {
+        to_i64(self.limit.bytes)
+    }
+}
+
+/// How many due rows a claim of `messages` reads.
+pub fn candidates(messages: usize) -> i64 {
+    to_i64(messages.saturating_mul(4).max(16))
+}
+
+/// A count or size as a BIGINT.
+pub(crate) fn to_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A duration in microseconds, saturating.
+pub(crate) fn micros(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// `?, ?, ?` for `n` binds, for `IN (..)` lists on the backends without array binds.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn placeholders(n: usize) -> String {
+    let mut text = String::with_capacity(n * 3);
+    for i in 0..n {
+        if i > 0 {
+            text.push_str(", ");
+        }
+        text.push('?');
+    }
+    text
+}
+
+/// Id lists longer than this are split over several statements (MySQL and SQLite bind one
+/// parameter per id).
+pub(crate) const ID_CHUNK: usize = 1000;
+
+/// What a backend's statements do; each backend implements it in its own file.
+pub(crate) trait Statements: Sized {
+    /// Inserts messages (one statement for up to the backend's bind limit).
+    fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()>;
+
+    /// Parks the non-heads among the due candidates and leases heads within the limit.
+    fn claim(&mut self, claim: &Claim<'_>) -> QueryResult<Vec<ClaimRow>>;
+
+    /// Deletes done messages still leased under their claims and promotes the next message of
+    /// each of `keys`; returns how many were deleted. One statement where the backend allows.
+    fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize>;
+
+    /// Gives messages back undone, not counting the attempt; returns how many.
+    fn release(&mut self, token: &str, ids: &[i64]) -> QueryResult<usize>;
+
+    /// Schedules one message for later with `text` as its last error, counting the attempt
+    /// or not; whether its claim still held it.
+    fn reschedule(
+        &mut self,
+        token: &str,
+        id: i64,
+        delay_micros: i64,
+        text: &str,
+        count_attempt: bool,
+    ) -> QueryResult<bool>;
+
+    /// Moves one message to the dead letters, atomically and only if its claim still holds
+    /// it; whether it did.
+    fn dead_letter(&mut self, token: &str, id: i64, error: &str) -> QueryResult<bool>;
+
+    /// Unparks the lowest pending message of each key, if it is parked.
+    fn promote_heads(&mut self, keys: &[&str]) -> QueryResult<()>;
+
+    /// Of `ids`, those still in the outbox.
+    fn present(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>>;
+
+    /// Of `ids`, those leased to another claim than `token`.
+    fn held_by_others(&mut self, token: &str, ids: &[i64]) -> QueryResult<Vec<i64>>;
+
+    /// Renews the leases of `ids` still held by `token`; returns those renewed.
+    fn extend_leases(
+        &mut self,
+        token: &str,
+        ids: &[i64],
+        lease_micros: i64,
+    ) -> QueryResult<Vec<i64>>;
+
+    /// The safety net of parking: unparks the lowest parked message of every key with no
+    /// lower one pending; returns how many.
+    fn promote_stranded(&mut self) -> QueryResult<usize>;
+
+    /// A transaction for a settlement: writes at once (SQLite), commits without waiting for
+    /// the log flush (PostgreSQL).
+    fn settle_transaction<T>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> QueryResult<T>,
+    ) -> QueryResult<T>;
+
+    /// Pending messages, by position.
+    fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>>;
+
+    /// Dead letters, by position.
+    fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>>;
+
+    /// Moves the selected dead letters back into the outbox at their positions, locked first
+    /// so a dead letter moves whole or not at all; returns their positions.
+    fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>>;
+
+    /// Deletes the selected dead letters; returns how many.
+    fn purge(&mut self, selection: &Selection<'_>) -> QueryResult<usize>;
+
+    /// Pending and in-flight counts and the oldest enqueue time by type; dead counts by type.
+    fn stats(&mut self) -> QueryResult<(Vec<StatsRow>, Vec<StatsRow>)>;
+
+    /// A server setting that would refuse the worker's statements, as a sentence saying what
+    /// to change; checked once when a worker starts.
+    fn refusing_setting(&mut self) -> QueryResult<Option<String>> {
+        Ok(None)
+    }
+
+    /// Records a received webhook id unless recorded; whether it was new.
+    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
+    fn inbox_record(&mut self, id: &str) -> QueryResult<bool>;
+
+    /// Deletes inbox ids received more than `older_than_micros` ago; returns how many.
+    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
+    fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize>;
+}
+
+/// Which dead letters an operation applies to, as the statements take it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Selection<'a> {
+    Positions(&'a [i64]),
+    MessageType(&'a str),
+    All,
+}
+
+/// Applies every outcome and returns the positions whose lease had passed to another claim
+/// (fenced), which are left untouched: done ones in one statement, the rest in one
+/// transaction, promoting the next message of every key whose head left.
+pub(crate) fn settle<C: Statements>(c: &mut C, outcomes: &[Outcome]) -> QueryResult<Vec<i64>> {
+    let keys = leaving_keys(outcomes);
+    if outcomes
+        .iter()
+        .all(|outcome| outcome.settlement == Settlement::Done)
+    {
+        let claims = group_by_claim(outcomes);
+        let deleted = c.delete_done(&claims, &keys)?;
+        if deleted == outcomes.len() {
+            return Ok(Vec::new());
+        }
+        let positions: Vec<i64> = outcomes.iter().map(|outcome| outcome.position).collect();
+        return c.present(&positions);
+    }
+    c.settle_transaction(|c| {
+        let mut fenced = Vec::new();
+        let mut done: Vec<&Outcome> = Vec::new();
+        let mut released: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for outcome in outcomes {
+            let token = outcome.token.to_string();
+            let id = outcome.position;
+            let kept = match &outcome.settlement {
+                Settlement::Done => {
+                    done.push(outcome);
+                    true
+                }
+                Settlement::Release => {
+                    released.entry(token).or_default().push(id);
+                    true
+                }
+                Settlement::Retry { delay, error } => {
+                    c.reschedule(&token, id, micros(*delay), error, true)?
+                }
+                Settlement::Defer { delay, reason } => {
+                    c.reschedule(&token, id, micros(*delay), reason, false)?
+                }
+                Settlement::DeadLetter { error } => c.dead_letter(&token, id, error)?,
+            };
+            if !kept {
+                fenced.push(id);
+            }
+        }
+        if !done.is_empty() {
+            let claims = group_by_claim(done.iter().copied());
+            if c.delete_done(&claims, &[])? < done.len() {
+                let positions: Vec<i64> = done.iter().map(|o| o.position).collect();
+                fenced.extend(c.present(&positions)?);
+            }
+        }
+        for (token, ids) in &released {
+            if c.release(token, ids)? < ids.len() {
+                // Released rows stay: only those now leased to someone else were fenced.
+                fenced.extend(c.held_by_others(token, ids)?);
+            }
+        }
+        if !keys.is_empty() {
+            c.promote_heads(&keys)?;
+        }
+        Ok(fenced)
+    })
+}
+
+/// The ordering keys of outcomes that take their message out of the outbox.
+fn leaving_keys(outcomes: &[Outcome]) -> Vec<&str> {
+    let mut keys: Vec<&str> = outcomes
+        .iter()
+        .filter(|outcome| {
+            matches!(
+                outcome.settlement,
+                Settlement::Done | Settlement::DeadLetter { .. }
+            )
+        })
+        .filter_map(|outcome| outcome.ordering_key.as_deref())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
+/// The outcomes' positions by claim token.
+fn group_by_claim<'a>(outcomes: impl IntoIterator<Item = &'a Outcome>) -> Vec<(String, Vec<i64>)> {
+    let mut by_claim: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for outcome in outcomes {
+        by_claim
+            .entry(outcome.token.to_string())
+            .or_default()
+            .push(outcome.position);
+    }
+    by_claim.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::store::ClaimToken;
+    use outbox_core::MessageId;
+
+    use super::*;
+
+    fn outcome(
+        token: ClaimToken,
+        position: i64,
+        key: Option<&str>,
+        settlement: Settlement,
+    ) -> Outcome {
+        Outcome {
+            token,
+            position,
+            message_id: MessageId::new(),
+            ordering_key: key.map(str::to_owned),
+            settlement,
+        }
+    }
+
+    #[test]
+    fn only_outcomes_that_remove_their_message_promote_their_key() {
+        let t = ClaimToken::new();
+        let retry = Settlement::Retry {
+            delay: std::time::Duration::ZERO,
+            error: String::new(),
+        };
+        let outcomes = [
+            outcome(t, 1, Some("a"), Settlement::Done),
+            outcome(t, 2, Some("b"), retry),
+            outcome(
+                t,
+                3,
+                Some("c"),
+                Settlement::DeadLetter {
+                    error: String::new(),
+                },
+            ),
+            outcome(t, 4, Some("a"), Settlement::Done),
+            outcome(t, 5, None, Settlement::Done),
+            outcome(t, 6, Some("d"), Settlement::Release),
+        ];
+        assert_eq!(leaving_keys(&outcomes), ["a", "c"]);
+    }
+
+    #[test]
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    fn outcomes_group_by_claim_and_lists_get_one_placeholder_per_id() {
+        let (a, b) = (ClaimToken::new(), ClaimToken::new());
+        let groups = group_by_claim(&[
+            outcome(a, 1, None, Settlement::Done),
+            outcome(b, 2, None, Settlement::Done),
+            outcome(a, 3, None, Settlement::Done),
+        ]);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(
+            groups.iter().find(|(t, _)| *t == a.to_string()).unwrap().1,
+            [1, 3]
+        );
+        assert_eq!(placeholders(3), "?, ?, ?");
+        assert_eq!(placeholders(0), "");
+    }
+}

@@ -1,0 +1,679 @@
+//! MySQL's and MariaDB's statements. Times are `DATETIME(6)` in UTC, written with
+//! `UTC_TIMESTAMP(6)` whatever the session's time zone. Lists of ids take one bind each
+//! (`IN (?, ?, …)`), so texts with lists are built per call, in chunks of [`ID_CHUNK`]. MySQL
+//! has no `UPDATE … RETURNING` and cannot read a table in a subquery of a statement changing
+//! it, so the claim and the moves are a few statements in a transaction.
+
+use diesel::mysql::{Mysql, MysqlConnection};
+use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
+
+use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::{
+    placeholders, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, PendingRow, Selection, Statements,
+    StatsRow, ID_CHUNK,
+};
+use crate::enqueue::NewMessage;
+
+const STYLE: Placeholders = Placeholders::Question;
+
+/// Bind parameters one statement may carry.
+pub(crate) const MAX_BINDS: usize = 65_535;
+
+/// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
+/// ordering key, and not-before in µs since the epoch (NULL: now).
+pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
+     (message_id, message_type, payload, payload_bytes, ordering_key, created_at, \
+      next_attempt_at) \
+     VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
+     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)))";
+
+/// The VALUES tuple of each further row of a batch insert.
+const INSERT_VALUES: &str = "(?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
+     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)))";
+
+/// The claim's transactions see what others committed, and lock no gaps (REPEATABLE READ
+/// would lock the empty range past the last row and block the application's inserts).
+pub(crate) const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// Whether the server writes a binary log, and in which format (this session's, which the
+/// claims would use).
+const BINARY_LOGGING: &str =
+    "SELECT CAST(@@GLOBAL.log_bin AS SIGNED) AS log_bin, @@SESSION.binlog_format AS binlog_format";
+
+#[derive(QueryableByName)]
+struct BinaryLogging {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    log_bin: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    binlog_format: String,
+}
+
+/// A binary log in STATEMENT format refuses every write of a READ COMMITTED transaction
+/// (error 1665), so it would refuse every claim: what to change, if so.
+fn statement_logging_refuses_claims(log_bin: bool, binlog_format: &str) -> Option<String> {
+    (log_bin && binlog_format.eq_ignore_ascii_case("STATEMENT")).then(|| {
+        "the server writes its binary log with binlog_format=STATEMENT, which refuses the \
+         worker's READ COMMITTED claims: set binlog_format=ROW (or MIXED) in the server's \
+         configuration, or run SET GLOBAL binlog_format = 'ROW'"
+            .to_owned()
+    })
+}
+
+/// The claim's candidates, read without locks in due order: a few times the batch of due,
+/// unparked rows, each judged a head of its key or not (an index probe). A locking read
+/// would also lock (and, skipping locked rows, skip) the rows the probe looks at. Binds:
+/// candidates.
+pub const CANDIDATES: &str = "SELECT id, \
+         CASE WHEN ordering_key IS NULL OR NOT EXISTS (\
+             SELECT 1 FROM outbox_message e \
+             WHERE e.ordering_key = m.ordering_key AND e.id < m.id) THEN 1 ELSE 0 END AS head \
+     FROM outbox_message m \
+     WHERE parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
+     ORDER BY next_attempt_at, id LIMIT ?";
+
+/// Candidates found behind the head of their key, parked, if still behind one (a self-join:
+/// MySQL updates a table it also reads only that way). Binds: ids.
+fn park(n: usize) -> String {
+    format!(
+        "UPDATE outbox_message o JOIN outbox_message e \
+             ON e.ordering_key = o.ordering_key AND e.id < o.id \
+         SET o.parked = 1 WHERE o.parked = 0 AND o.id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// The heads among the candidates still due, locked (skipping those another claim locks), with
+/// their payload sizes. Binds: ids, limit.
+fn lock_heads(n: usize) -> String {
+    format!(
+        "SELECT id, COALESCE(payload_bytes, LENGTH(payload)) AS size FROM outbox_message \
+         WHERE id IN ({}) AND parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
+         ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+        placeholders(n)
+    )
+}
+
+/// The chosen heads leased. Binds: token, lease µs, ids.
+fn lease(n: usize) -> String {
+    format!(
+        "UPDATE outbox_message SET locked_by = ?, attempts = attempts + 1, \
+             next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)) \
+         WHERE id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// The leased messages, read. Binds: ids.
+fn leased(n: usize) -> String {
+    format!(
+        "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload, ordering_key, \
+             attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros \
+         FROM outbox_message WHERE id IN ({}) ORDER BY id",
+        placeholders(n)
+    )
+}
+
+/// Done messages removed if still leased under their claims, one `(token, ids)` group per
+/// claim. Binds: per group, token and ids.
+fn delete_done(groups: &[(String, Vec<i64>)]) -> String {
+    let owned: Vec<String> = groups
+        .iter()
+        .map(|(_, ids)| format!("(locked_by = ? AND id IN ({}))", placeholders(ids.len())))
+        .collect();
+    format!("DELETE FROM outbox_message WHERE {}", owned.join(" OR "))
+}
+
+/// Messages given back undone, the attempt not counted. Binds: token, ids.
+fn release(n: usize) -> String {
+    format!(
+        "UPDATE outbox_message \
+         SET locked_by = NULL, next_attempt_at = UTC_TIMESTAMP(6), attempts = attempts - 1 \
+         WHERE locked_by = ? AND id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// One message scheduled for later with its last error. Binds: delay µs, text, attempts to
+/// take back (0 or 1), id, token.
+pub(crate) const RESCHEDULE: &str = "UPDATE outbox_message \
+     SET locked_by = NULL, next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
+         last_error = ?, attempts = attempts - ? \
+     WHERE id = ? AND locked_by = ?";
+
+/// A message about to be dead-lettered, locked if its claim still holds it: the copy and the
+/// delete that follow then move it whole. Binds: id, token.
+pub(crate) const LOCK_OWNED: &str =
+    "SELECT id FROM outbox_message WHERE id = ? AND locked_by = ? FOR UPDATE";
+
+/// The locked message copied to the dead letters (replacing a dead letter at its position, which
+/// only a row edited by hand could leave). Binds: error, id.
+pub(crate) const COPY_TO_DEAD: &str = "INSERT INTO outbox_failure (id, message_id, \
+         message_type, payload, ordering_key, attempts, last_error, created_at, failed_at) \
+     SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, \
+         UTC_TIMESTAMP(6) \
+     FROM outbox_message WHERE id = ? \
+     ON DUPLICATE KEY UPDATE message_id = VALUES(message_id), \
+         message_type = VALUES(message_type), payload = VALUES(payload), \
+         ordering_key = VALUES(ordering_key), attempts = VALUES(attempts), \
+         last_error = VALUES(last_error), created_at = VALUES(created_at), \
+         failed_at = VALUES(failed_at)";
+
+/// The locked message removed. Binds: id.
+pub(crate) const DELETE_ONE: &str = "DELETE FROM outbox_message WHERE id = ?";
+
+/// The lowest pending message of each key. Binds: keys.
+fn heads_of(n: usize) -> String {
+    format!(
+        "SELECT MIN(id) AS id FROM outbox_message WHERE ordering_key IN ({}) \
+         GROUP BY ordering_key",
+        placeholders(n)
+    )
+}
+
+/// Messages unparked. Binds: ids.
+fn unpark(n: usize) -> String {
+    format!(
+        "UPDATE outbox_message SET parked = 0 WHERE parked = 1 AND id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Of some ids, those still in the outbox. Binds: ids.
+fn present(n: usize) -> String {
+    format!(
+        "SELECT id FROM outbox_message WHERE id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Of some ids, those leased to another claim. Binds: token, ids.
+fn held_by_others(n: usize) -> String {
+    format!(
+        "SELECT id FROM outbox_message \
+         WHERE locked_by IS NOT NULL AND locked_by <> ? AND id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Leases renewed while the claim holds them. Binds: lease µs, token, ids.
+fn extend_leases(n: usize) -> String {
+    format!(
+        "UPDATE outbox_message \
+         SET next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)) \
+         WHERE locked_by = ? AND id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Of some ids, those held by a claim. Binds: token, ids.
+fn held_by(n: usize) -> String {
+    format!(
+        "SELECT id FROM outbox_message WHERE locked_by = ? AND id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// The lowest parked message of each key with parked messages: a loose scan of the index
+/// `(parked, ordering_key, id)`, one entry per such key.
+pub(crate) const LOWEST_PARKED: &str = "SELECT MIN(id) AS id FROM outbox_message \
+     WHERE parked = 1 GROUP BY ordering_key";
+
+/// Of those, the ones with no lower position of their key pending, unparked. Binds: ids.
+fn unpark_stranded(n: usize) -> String {
+    format!(
+        "UPDATE outbox_message o LEFT JOIN outbox_message e \
+             ON e.ordering_key = o.ordering_key AND e.id < o.id \
+         SET o.parked = 0 WHERE e.id IS NULL AND o.parked = 1 AND o.id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const PENDING: &str = "SELECT id, message_id, message_type, \
+         CAST(payload AS CHAR) AS payload, ordering_key, attempts, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_at, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS next_attempt_at, \
+         CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 ELSE 0 END \
+             AS in_flight, \
+         CASE WHEN parked THEN 1 ELSE 0 END AS parked, last_error \
+     FROM outbox_message \
+     WHERE message_type = COALESCE(?, message_type) AND id >= ? \
+     ORDER BY id LIMIT ?";
+
+/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const DEAD_LETTERS: &str = "SELECT id, message_id, message_type, \
+         CAST(payload AS CHAR) AS payload, ordering_key, attempts, last_error, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_at, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', failed_at) AS failed_at \
+     FROM outbox_failure \
+     WHERE message_type = COALESCE(?, message_type) AND id >= ? \
+     ORDER BY id LIMIT ?";
+
+/// The dead letters of a selection, locked for the move. Binds: type (NULL: every one).
+pub(crate) const SELECT_DEAD_FOR_UPDATE: &str = "SELECT id FROM outbox_failure \
+     WHERE message_type = COALESCE(?, message_type) ORDER BY id FOR UPDATE";
+
+/// Dead letters at some positions, locked for the move. Binds: ids.
+fn select_dead_at_for_update(n: usize) -> String {
+    format!(
+        "SELECT id FROM outbox_failure WHERE id IN ({}) ORDER BY id FOR UPDATE",
+        placeholders(n)
+    )
+}
+
+/// Dead letters copied back into the outbox at their positions, as first attempts. Binds: ids.
+fn requeue(n: usize) -> String {
+    format!(
+        "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
+             ordering_key, attempts, created_at, next_attempt_at, last_error) \
+         SELECT id, message_id, message_type, payload, LENGTH(payload), ordering_key, 0, \
+             created_at, UTC_TIMESTAMP(6), last_error \
+         FROM outbox_failure WHERE id IN ({}) ORDER BY id",
+        placeholders(n)
+    )
+}
+
+/// Dead letters deleted. Binds: ids.
+fn purge_at(n: usize) -> String {
+    format!(
+        "DELETE FROM outbox_failure WHERE id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Dead letters of a type deleted (NULL: every one). Binds: type.
+pub(crate) const PURGE: &str =
+    "DELETE FROM outbox_failure WHERE message_type = COALESCE(?, message_type)";
+
+/// Pending and in-flight counts and the oldest enqueue time, by type.
+pub(crate) const STATS_PENDING: &str = "SELECT message_type, COUNT(*) AS total, \
+         COUNT(CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 END) \
+             AS in_flight, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', MIN(created_at)) AS oldest \
+     FROM outbox_message GROUP BY message_type";
+
+/// Dead-letter counts by type (COUNT of nothing is the BIGINT zero the row type wants; MySQL
+/// cannot CAST to BIGINT).
+pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
+         COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL AS oldest \
+     FROM outbox_failure GROUP BY message_type";
+
+/// A received webhook id recorded unless recorded. Binds: id.
+pub(crate) const INBOX_RECORD: &str =
+    "INSERT IGNORE INTO outbox_inbox (webhook_id, received_at) VALUES (?, UTC_TIMESTAMP(6))";
+
+/// Inbox ids older than some age deleted. Binds: age µs.
+pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox \
+     WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6))";
+
+fn run(c: &mut MysqlConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+    Prepared::new(sql, STYLE, binds).execute(c)
+}
+
+fn ids_bound(ids: &[i64]) -> Vec<Bind<'_>> {
+    ids.iter().map(|id| Bind::BigInt(*id)).collect()
+}
+
+/// `binds` followed by one bind per id.
+fn with_ids<'a>(binds: &[Bind<'a>], ids: &[i64]) -> Vec<Bind<'a>> {
+    let mut all = binds.to_vec();
+    all.extend(ids.iter().map(|id| Bind::BigInt(*id)));
+    all
+}
+
+fn load_ids(c: &mut MysqlConnection, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<i64>> {
+    let rows: Vec<IdRow> = dynamic::<Mysql>(sql, binds).load(c)?;
+    Ok(rows.into_iter().map(|row| row.id).collect())
+}
+
+/// A claim candidate: its position and whether it heads its key.
+#[derive(diesel::QueryableByName)]
+struct Candidate {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    head: i32,
+}
+
+/// A locked head: its position and payload size.
+#[derive(diesel::QueryableByName)]
+struct Sized {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    size: i64,
+}
+
+impl Statements for MysqlConnection {
+    fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
+        const BINDS: usize = 6;
+        for chunk in NewMessage::chunks(rows, MAX_BINDS / BINDS) {
+            if let [row] = chunk {
+                run(self, INSERT_MESSAGE, &row.binds())?;
+                continue;
+            }
+            let sql = format!(
+                "{INSERT_MESSAGE}{}",
+                format!(", {INSERT_VALUES}").repeat(chunk.len() - 1)
+            );
+            let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds).collect();
+            dynamic::<Mysql>(&sql, &binds).execute(self)?;
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, claim: &Claim<'_>) -> QueryResult<Vec<ClaimRow>> {
+        let limit = claim.limit.messages;
+        run(self, READ_COMMITTED, &[])?;
+        self.transaction(|c| {
+            let candidates: Vec<Candidate> =
+                Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(claim.candidates())]).load(c)?;
+            let behind: Vec<i64> = candidates
+                .iter()
+                .filter(|cand| cand.head == 0)
+                .map(|cand| cand.id)
+                .collect();
+            if !behind.is_empty() {
+                dynamic::<Mysql>(&park(behind.len()), &ids_bound(&behind)).execute(c)?;
+            }
+            let heads: Vec<i64> = candidates
+                .iter()
+                .filter(|cand| cand.head != 0)
+                .map(|cand| cand.id)
+                .collect();
+            // Locked a limit at a time: a worker claiming at the same moment reads the same
+            // oldest heads and locks the first of them (a locking read locks every row of its
+            // IN list); this claim then takes the next ones instead of coming back empty.
+            let mut locked: Vec<Sized> = Vec::new();
+            for chunk in heads.chunks(limit.max(1)) {
+                let wanted = super::to_i64(limit - locked.len());
+                let binds = with_ids(&[], chunk)
+                    .into_iter()
+                    .chain([Bind::BigInt(wanted)])
+                    .collect::<Vec<_>>();
+                locked.extend(dynamic::<Mysql>(&lock_heads(chunk.len()), &binds).load::<Sized>(c)?);
+                if locked.len() >= limit {
+                    break;
+                }
+            }
+            let take = claim.limit.take(
+                locked
+                    .iter()
+                    .map(|row| usize::try_from(row.size).unwrap_or(usize::MAX)),
+            );
+            let chosen: Vec<i64> = locked.iter().take(take).map(|row| row.id).collect();
+            if chosen.is_empty() {
+                return Ok(Vec::new());
+            }
+            let binds = with_ids(
+                &[Bind::Text(claim.token), Bind::BigInt(claim.lease_micros)],
+                &chosen,
+            );
+            dynamic::<Mysql>(&lease(chosen.len()), &binds).execute(c)?;
+            dynamic::<Mysql>(&leased(chosen.len()), &ids_bound(&chosen)).load(c)
+        })
+    }
+
+    fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
+        let mut binds = Vec::new();
+        for (token, ids) in claims {
+            binds.push(Bind::Text(token));
+            binds.extend(ids.iter().map(|id| Bind::BigInt(*id)));
+        }
+        let sql = delete_done(claims);
+        if keys.is_empty() {
+            // The common case, in one statement and one round trip.
+            return dynamic::<Mysql>(&sql, &binds).execute(self);
+        }
+        self.transaction(|c| {
+            let deleted = dynamic::<Mysql>(&sql, &binds).execute(c)?;
+            c.promote_heads(keys)?;
+            Ok(deleted)
+        })
+    }
+
+    fn release(&mut self, token: &str, ids: &[i64]) -> QueryResult<usize> {
+        dynamic::<Mysql>(&release(ids.len()), &with_ids(&[Bind::Text(token)], ids)).execute(self)
+    }
+
+    fn reschedule(
+        &mut self,
+        token: &str,
+        id: i64,
+        delay_micros: i64,
+        text: &str,
+        count_attempt: bool,
+    ) -> QueryResult<bool> {
+        let binds = [
+            Bind::BigInt(delay_micros),
+            Bind::Text(text),
+            Bind::BigInt(i64::from(!count_attempt)),
+            Bind::BigInt(id),
+            Bind::Text(token),
+        ];
+        Ok(run(self, RESCHEDULE, &binds)? == 1)
+    }
+
+    fn dead_letter(&mut self, token: &str, id: i64, error: &str) -> QueryResult<bool> {
+        self.transaction(|c| {
+            let owned: Vec<IdRow> =
+                Prepared::new(LOCK_OWNED, STYLE, &[Bind::BigInt(id), Bind::Text(token)]).load(c)?;
+            if owned.is_empty() {
+                return Ok(false);
+            }
+            run(c, COPY_TO_DEAD, &[Bind::Text(error), Bind::BigInt(id)])?;
+            run(c, DELETE_ONE, &[Bind::BigInt(id)])?;
+            Ok(true)
+        })
+    }
+
+    fn promote_heads(&mut self, keys: &[&str]) -> QueryResult<()> {
+        for chunk in keys.chunks(ID_CHUNK) {
+            let binds: Vec<Bind<'_>> = chunk.iter().map(|key| Bind::Text(key)).collect();
+            let heads = load_ids(self, &heads_of(chunk.len()), &binds)?;
+            if !heads.is_empty() {
+                dynamic::<Mysql>(&unpark(heads.len()), &ids_bound(&heads)).execute(self)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn present(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {
+        let mut found = Vec::new();
+        for chunk in ids.chunks(ID_CHUNK) {
+            found.extend(load_ids(self, &present(chunk.len()), &ids_bound(chunk))?);
+        }
+        Ok(found)
+    }
+
+    fn held_by_others(&mut self, token: &str, ids: &[i64]) -> QueryResult<Vec<i64>> {
+        load_ids(
+            self,
+            &held_by_others(ids.len()),
+            &with_ids(&[Bind::Text(token)], ids),
+        )
+    }
+
+    fn extend_leases(
+        &mut self,
+        token: &str,
+        ids: &[i64],
+        lease_micros: i64,
+    ) -> QueryResult<Vec<i64>> {
+        let binds = with_ids(&[Bind::BigInt(lease_micros), Bind::Text(token)], ids);
+        let renewed = dynamic::<Mysql>(&extend_leases(ids.len()), &binds).execute(self)?;
+        if renewed == ids.len() {
+            return Ok(ids.to_vec());
+        }
+        load_ids(
+            self,
+            &held_by(ids.len()),
+            &with_ids(&[Bind::Text(token)], ids),
+        )
+    }
+
+    fn promote_stranded(&mut self) -> QueryResult<usize> {
+        let lowest: Vec<IdRow> = Prepared::new(LOWEST_PARKED, STYLE, &[]).load(self)?;
+        let ids: Vec<i64> = lowest.into_iter().map(|row| row.id).collect();
+        let mut promoted = 0;
+        for chunk in ids.chunks(ID_CHUNK) {
+            promoted +=
+                dynamic::<Mysql>(&unpark_stranded(chunk.len()), &ids_bound(chunk)).execute(self)?;
+        }
+        Ok(promoted)
+    }
+
+    fn refusing_setting(&mut self) -> QueryResult<Option<String>> {
+        let logging: BinaryLogging = Prepared::new(BINARY_LOGGING, STYLE, &[]).get_result(self)?;
+        Ok(statement_logging_refuses_claims(
+            logging.log_bin != 0,
+            &logging.binlog_format,
+        ))
+    }
+
+    fn settle_transaction<T>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> QueryResult<T>,
+    ) -> QueryResult<T> {
+        self.transaction(body)
+    }
+
+    fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
+        Prepared::new(PENDING, STYLE, &filter_binds(filter)).load(self)
+    }
+
+    fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
+        Prepared::new(DEAD_LETTERS, STYLE, &filter_binds(filter)).load(self)
+    }
+
+    fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
+        self.transaction(|c| {
+            let ids = match selection {
+                Selection::Positions(ids) => {
+                    let mut locked = Vec::new();
+                    for chunk in ids.chunks(ID_CHUNK) {
+                        locked.extend(load_ids(
+                            c,
+                            &select_dead_at_for_update(chunk.len()),
+                            &ids_bound(chunk),
+                        )?);
+                    }
+                    locked
+                }
+                Selection::MessageType(t) => {
+                    load_ids(c, SELECT_DEAD_FOR_UPDATE, &[Bind::NullableText(Some(t))])?
+                }
+                Selection::All => load_ids(c, SELECT_DEAD_FOR_UPDATE, &[Bind::NullableText(None)])?,
+            };
+            for chunk in ids.chunks(ID_CHUNK) {
+                dynamic::<Mysql>(&requeue(chunk.len()), &ids_bound(chunk)).execute(c)?;
+                dynamic::<Mysql>(&purge_at(chunk.len()), &ids_bound(chunk)).execute(c)?;
+            }
+            Ok(ids)
+        })
+    }
+
+    fn purge(&mut self, selection: &Selection<'_>) -> QueryResult<usize> {
+        match selection {
+            Selection::Positions(ids) => self.transaction(|c| {
+                let mut purged = 0;
+                for chunk in ids.chunks(ID_CHUNK) {
+                    purged +=
+                        dynamic::<Mysql>(&purge_at(chunk.len()), &ids_bound(chunk)).execute(c)?;
+                }
+                Ok(purged)
+            }),
+            Selection::MessageType(t) => run(self, PURGE, &[Bind::NullableText(Some(t))]),
+            Selection::All => run(self, PURGE, &[Bind::NullableText(None)]),
+        }
+    }
+
+    fn stats(&mut self) -> QueryResult<(Vec<StatsRow>, Vec<StatsRow>)> {
+        Ok((
+            Prepared::new(STATS_PENDING, STYLE, &[]).load(self)?,
+            Prepared::new(STATS_DEAD, STYLE, &[]).load(self)?,
+        ))
+    }
+
+    fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
+        Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
+    }
+
+    fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize> {
+        run(self, INBOX_SWEEP, &[Bind::BigInt(older_than_micros)])
+    }
+}
+
+fn filter_binds<'a>(filter: &Filter<'a>) -> [Bind<'a>; 3] {
+    [
+        Bind::NullableText(filter.message_type),
+        Bind::BigInt(filter.position.unwrap_or(0)),
+        Bind::BigInt(filter.limit.map_or(i64::MAX, i64::from)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use diesel::debug_query;
+
+    use super::*;
+
+    #[test]
+    fn a_statement_binary_log_is_named_with_the_fix() {
+        let refusal = statement_logging_refuses_claims(true, "STATEMENT").unwrap();
+        assert!(refusal.contains("binlog_format=ROW"), "{refusal}");
+        assert!(statement_logging_refuses_claims(true, "statement").is_some());
+        assert_eq!(statement_logging_refuses_claims(true, "ROW"), None);
+        assert_eq!(statement_logging_refuses_claims(true, "MIXED"), None);
+        assert_eq!(
+            statement_logging_refuses_claims(false, "STATEMENT"),
+            None,
+            "no binary log, nothing refused"
+        );
+    }
+
+    #[test]
+    fn lists_take_one_bind_per_id_and_nothing_is_inlined() {
+        let ids = [11_i64, 12, 13];
+        let binds = with_ids(&[Bind::Text("token"), Bind::BigInt(5)], &ids);
+        let sql = lease(ids.len());
+        let query = dynamic::<Mysql>(&sql, &binds);
+        let shown = debug_query::<Mysql, _>(&query).to_string();
+        assert!(shown.contains("WHERE id IN (?, ?, ?)"), "{shown}");
+        assert!(
+            shown.ends_with("-- binds: [\"token\", 5, 11, 12, 13]"),
+            "{shown}"
+        );
+        let (sql, _) = shown.split_once(" -- binds").unwrap();
+        assert!(!sql.contains("11"), "ids are bound, not inlined: {sql}");
+    }
+
+    #[test]
+    fn done_messages_of_several_claims_are_deleted_in_one_statement() {
+        let groups = vec![("a".to_owned(), vec![1, 2]), ("b".to_owned(), vec![3])];
+        assert_eq!(
+            delete_done(&groups),
+            "DELETE FROM outbox_message WHERE (locked_by = ? AND id IN (?, ?)) OR \
+             (locked_by = ? AND id IN (?))"
+        );
+    }
+
+    #[test]
+    fn fixed_statements_take_as_many_binds_as_they_say() {
+        for (sql, binds) in [
+            (INSERT_MESSAGE, 6),
+            (CANDIDATES, 1),
+            (RESCHEDULE, 5),
+            (LOCK_OWNED, 2),
+            (COPY_TO_DEAD, 2),
+            (DELETE_ONE, 1),
+            (PENDING, 3),
+            (DEAD_LETTERS, 3),
+            (PURGE, 1),
+            (INBOX_RECORD, 1),
+            (INBOX_SWEEP, 1),
+        ] {
+            assert_eq!(sql.matches('?').count(), binds, "{sql}");
+        }
+    }
+}

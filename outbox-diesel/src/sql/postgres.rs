@@ -1,0 +1,534 @@
+//! PostgreSQL's statements. Times are `timestamptz`, ids `uuid`, payloads `jsonb`; lists of ids
+//! and keys are bound as arrays, so every text here is fixed and kept prepared. The worker's own
+//! writes (claims, settlements) commit without waiting for the WAL flush, for that statement or
+//! transaction only: the relation [`ASYNC_COMMIT`] joined into a statement turns
+//! `synchronous_commit` off for its transaction. A database crash can then undo the last of
+//! them, which runs those messages again but loses none.
+
+use diesel::pg::{Pg, PgConnection};
+use diesel::sql_types::{Array, BigInt, Nullable, Text};
+use diesel::{Connection, QueryResult, RunQueryDsl};
+
+use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::{
+    Claim, ClaimRow, CountRow, DeadLetterRow, Filter, IdRow, PendingRow, Selection, Statements,
+    StatsRow,
+};
+use crate::enqueue::NewMessage;
+
+const STYLE: Placeholders = Placeholders::Numbered;
+
+/// Bind parameters one statement may carry.
+pub(crate) const MAX_BINDS: usize = 65_535;
+
+/// A one-row relation whose reading turns off `synchronous_commit` for the current
+/// transaction (`set_config(.., true)`), which for a single statement is the statement's own.
+macro_rules! async_commit {
+    () => {
+        "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+    };
+}
+
+/// The same, as a statement inside a settlement's transaction.
+pub(crate) const ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
+
+/// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
+/// ordering key, and not-before in µs since the epoch (NULL: now).
+pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
+     (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at) \
+     VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
+     COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', now()))";
+
+/// The VALUES tuple of one row of a batch insert, from its first placeholder's number.
+fn insert_values(first: usize) -> String {
+    let p = |i: usize| first + i;
+    format!(
+        "(${}::uuid, ${}, ${}::jsonb, ${}, ${}, \
+         COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', now()))",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5)
+    )
+}
+
+/// The claim, in one statement: read a few times the batch of due, unparked rows in due order
+/// (locking them, skipping those another claim locks), judge each a head of its key or not,
+/// park the others, keep the heads within the count and bytes, and lease them. Binds:
+/// candidates, count, bytes, whether an oversized first message may go alone, token, lease µs.
+pub const CLAIM: &str = concat!(
+    "WITH candidates AS (\
+        SELECT id, next_attempt_at, ordering_key, \
+            COALESCE(payload_bytes, octet_length(payload::text)) AS size \
+        FROM outbox_message \
+        WHERE NOT parked AND next_attempt_at <= now() \
+        ORDER BY next_attempt_at, id LIMIT $1 \
+        FOR UPDATE SKIP LOCKED), \
+     judged AS (\
+        SELECT c.*, (c.ordering_key IS NULL OR NOT EXISTS (\
+            SELECT 1 FROM outbox_message e \
+            WHERE e.ordering_key = c.ordering_key AND e.id < c.id)) AS head \
+        FROM candidates c), \
+     parked AS (\
+        UPDATE outbox_message o SET parked = TRUE \
+        FROM judged j WHERE o.id = j.id AND NOT j.head RETURNING o.id), \
+     sized AS (\
+        SELECT id, row_number() OVER w AS n, sum(size) OVER w AS upto \
+        FROM judged WHERE head \
+        WINDOW w AS (ORDER BY next_attempt_at, id)), \
+     chosen AS (\
+        SELECT id FROM sized WHERE n <= $2 AND (upto <= $3 OR (n = 1 AND $4))) \
+     UPDATE outbox_message o \
+     SET locked_by = $5::uuid, attempts = o.attempts + 1, \
+         next_attempt_at = now() + $6 * INTERVAL '1 microsecond' \
+     FROM chosen, ",
+    async_commit!(),
+    " WHERE o.id = chosen.id \
+     RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
+         o.payload::text AS payload, o.ordering_key, o.attempts, \
+         (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros"
+);
+
+/// Done messages of one claim removed, and the next message of each key promoted, in one
+/// statement: the promotion looks past the rows the DELETE removes (every part of the
+/// statement sees the table as it was before). Binds: token, ids, keys.
+pub(crate) const DELETE_DONE: &str = concat!(
+    "WITH gone AS (\
+        DELETE FROM outbox_message USING ",
+    async_commit!(),
+    " WHERE locked_by = $1::uuid AND id = ANY($2) RETURNING id), \
+     promoted AS (\
+        UPDATE outbox_message SET parked = FALSE \
+        WHERE parked AND id IN (\
+            SELECT min(id) FROM outbox_message \
+            WHERE ordering_key = ANY($3) AND id NOT IN (SELECT id FROM gone) \
+            GROUP BY ordering_key)) \
+     SELECT count(*) AS n FROM gone"
+);
+
+/// Messages given back undone, the attempt not counted. Binds: token, ids.
+pub(crate) const RELEASE: &str = "UPDATE outbox_message \
+     SET locked_by = NULL, next_attempt_at = now(), attempts = attempts - 1 \
+     WHERE locked_by = $1::uuid AND id = ANY($2)";
+
+/// One message scheduled for later with its last error. Binds: delay µs, text, attempts to
+/// take back (0 or 1), id, token.
+pub(crate) const RESCHEDULE: &str = "UPDATE outbox_message \
+     SET locked_by = NULL, next_attempt_at = now() + $1 * INTERVAL '1 microsecond', \
+         last_error = $2, attempts = attempts - $3 \
+     WHERE id = $4 AND locked_by = $5::uuid";
+
+/// One message moved to the dead letters in one statement: removed only if its claim holds
+/// it, so it is either moved whole or left alone (fenced). A dead letter already at its
+/// position (it cannot be, as re-queueing removes it; but a row edited by hand could) is
+/// replaced. Binds: id, token, error.
+pub(crate) const DEAD_LETTER: &str = "WITH moved AS (\
+        DELETE FROM outbox_message WHERE id = $1 AND locked_by = $2::uuid \
+        RETURNING id, message_id, message_type, payload, ordering_key, attempts, created_at) \
+     INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
+         last_error, created_at, failed_at) \
+     SELECT id, message_id, message_type, payload, ordering_key, attempts, $3, created_at, now() \
+     FROM moved \
+     ON CONFLICT (id) DO UPDATE SET message_id = EXCLUDED.message_id, \
+         message_type = EXCLUDED.message_type, payload = EXCLUDED.payload, \
+         ordering_key = EXCLUDED.ordering_key, attempts = EXCLUDED.attempts, \
+         last_error = EXCLUDED.last_error, created_at = EXCLUDED.created_at, \
+         failed_at = EXCLUDED.failed_at";
+
+/// The lowest pending message of each key unparked, if parked. Binds: keys.
+pub(crate) const PROMOTE_HEADS: &str = "UPDATE outbox_message SET parked = FALSE \
+     WHERE parked AND id IN (\
+        SELECT min(id) FROM outbox_message WHERE ordering_key = ANY($1) GROUP BY ordering_key)";
+
+/// Of some ids, those still in the outbox. Binds: ids.
+pub(crate) const PRESENT: &str = "SELECT id FROM outbox_message WHERE id = ANY($1)";
+
+/// Of some ids, those leased to another claim. Binds: ids, token.
+pub(crate) const HELD_BY_OTHERS: &str = "SELECT id FROM outbox_message \
+     WHERE id = ANY($1) AND locked_by IS NOT NULL AND locked_by <> $2::uuid";
+
+/// Leases renewed while the claim holds them. Binds: lease µs, token, ids.
+pub(crate) const EXTEND_LEASES: &str = "UPDATE outbox_message \
+     SET next_attempt_at = now() + $1 * INTERVAL '1 microsecond' \
+     WHERE locked_by = $2::uuid AND id = ANY($3) RETURNING id";
+
+/// The safety net of parking: the lowest parked message of each key with parked messages
+/// (found by a skip scan of the parked index: one probe per such key, not a read of every
+/// parked row), unparked if no lower position of its key is pending.
+pub(crate) const PROMOTE_STRANDED: &str = "WITH RECURSIVE parked_keys AS (\
+        (SELECT ordering_key, id FROM outbox_message WHERE parked \
+         ORDER BY ordering_key, id LIMIT 1) \
+        UNION ALL \
+        SELECT next.ordering_key, next.id FROM parked_keys p, LATERAL (\
+            SELECT ordering_key, id FROM outbox_message \
+            WHERE parked AND ordering_key > p.ordering_key \
+            ORDER BY ordering_key, id LIMIT 1) next) \
+     UPDATE outbox_message o SET parked = FALSE FROM parked_keys k \
+     WHERE o.id = k.id AND NOT EXISTS (\
+        SELECT 1 FROM outbox_message e WHERE e.ordering_key = k.ordering_key AND e.id < k.id)";
+
+/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const PENDING: &str = "SELECT id, message_id::text AS message_id, message_type, \
+         payload::text AS payload, ordering_key, attempts, \
+         (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_at, \
+         (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS next_attempt_at, \
+         CASE WHEN locked_by IS NOT NULL AND next_attempt_at > now() THEN 1 ELSE 0 END \
+             AS in_flight, \
+         CASE WHEN parked THEN 1 ELSE 0 END AS parked, last_error \
+     FROM outbox_message \
+     WHERE message_type = COALESCE($1::text, message_type) AND id >= $2 \
+     ORDER BY id LIMIT $3";
+
+/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const DEAD_LETTERS: &str = "SELECT id, message_id::text AS message_id, \
+         message_type, payload::text AS payload, ordering_key, attempts, last_error, \
+         (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_at, \
+         (EXTRACT(EPOCH FROM failed_at) * 1000000)::BIGINT AS failed_at \
+     FROM outbox_failure \
+     WHERE message_type = COALESCE($1::text, message_type) AND id >= $2 \
+     ORDER BY id LIMIT $3";
+
+/// The dead letters of a selection, locked for the move. Binds: type (NULL: every one).
+pub(crate) const SELECT_DEAD_FOR_UPDATE: &str = "SELECT id FROM outbox_failure \
+     WHERE message_type = COALESCE($1::text, message_type) ORDER BY id FOR UPDATE";
+
+/// Dead letters at some positions, locked for the move. Binds: ids.
+pub(crate) const SELECT_DEAD_AT_FOR_UPDATE: &str =
+    "SELECT id FROM outbox_failure WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+
+/// Dead letters moved back into the outbox at their positions, as first attempts, keeping
+/// their ids. Binds: ids.
+pub(crate) const REQUEUE: &str = "WITH moved AS (\
+        DELETE FROM outbox_failure WHERE id = ANY($1) \
+        RETURNING id, message_id, message_type, payload, ordering_key, created_at, last_error) \
+     INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
+         ordering_key, attempts, created_at, next_attempt_at, last_error) \
+     SELECT id, message_id, message_type, payload, octet_length(payload::text), ordering_key, \
+         0, created_at, now(), last_error \
+     FROM moved";
+
+/// Dead letters deleted. Binds: ids.
+pub(crate) const PURGE_AT: &str = "DELETE FROM outbox_failure WHERE id = ANY($1)";
+
+/// Dead letters of a type deleted (NULL: every one). Binds: type.
+pub(crate) const PURGE: &str =
+    "DELETE FROM outbox_failure WHERE message_type = COALESCE($1::text, message_type)";
+
+/// Pending and in-flight counts and the oldest enqueue time, by type.
+pub(crate) const STATS_PENDING: &str = "SELECT message_type, COUNT(*) AS total, \
+         COUNT(CASE WHEN locked_by IS NOT NULL AND next_attempt_at > now() THEN 1 END) \
+             AS in_flight, \
+         (EXTRACT(EPOCH FROM MIN(created_at)) * 1000000)::BIGINT AS oldest \
+     FROM outbox_message GROUP BY message_type";
+
+/// Dead-letter counts by type (COUNT of nothing is a BIGINT zero, as the row type wants).
+pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
+         COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL::bigint AS oldest \
+     FROM outbox_failure GROUP BY message_type";
+
+/// A received webhook id recorded unless recorded. Binds: id.
+pub(crate) const INBOX_RECORD: &str =
+    "INSERT INTO outbox_inbox (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING";
+
+/// Inbox ids older than some age deleted. Binds: age µs.
+pub(crate) const INBOX_SWEEP: &str =
+    "DELETE FROM outbox_inbox WHERE received_at < now() - $1 * INTERVAL '1 microsecond'";
+
+fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+    Prepared::new(sql, STYLE, binds).execute(c)
+}
+
+fn filter_binds<'a>(filter: &Filter<'a>) -> [Bind<'a>; 3] {
+    [
+        Bind::NullableText(filter.message_type),
+        Bind::BigInt(filter.position.unwrap_or(0)),
+        Bind::BigInt(filter.limit.map_or(i64::MAX, i64::from)),
+    ]
+}
+
+impl Statements for PgConnection {
+    fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
+        const BINDS: usize = 6;
+        for chunk in NewMessage::chunks(rows, MAX_BINDS / BINDS) {
+            if let [row] = chunk {
+                // The common case has one text: prepared once per connection.
+                run(self, INSERT_MESSAGE, &row.binds())?;
+                continue;
+            }
+            let values: Vec<String> = (0..chunk.len())
+                .map(|i| insert_values(i * BINDS + 1))
+                .collect();
+            let sql = format!(
+                "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
+                 ordering_key, next_attempt_at) VALUES {}",
+                values.join(", ")
+            );
+            let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds).collect();
+            dynamic::<Pg>(&sql, &binds).execute(self)?;
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, claim: &Claim<'_>) -> QueryResult<Vec<ClaimRow>> {
+        Prepared::new(
+            CLAIM,
+            STYLE,
+            &[
+                Bind::BigInt(claim.candidates()),
+                Bind::BigInt(super::to_i64(claim.limit.messages)),
+                Bind::BigInt(claim.bytes()),
+                Bind::Bool(claim.limit.oversized_alone),
+                Bind::Text(claim.token),
+                Bind::BigInt(claim.lease_micros),
+            ],
+        )
+        .load(self)
+    }
+
+    fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
+        let mut deleted = 0;
+        for (token, ids) in claims {
+            let rows: Vec<CountRow> = diesel::sql_query(DELETE_DONE)
+                .bind::<Text, _>(token)
+                .bind::<Array<BigInt>, _>(ids)
+                .bind::<Array<Text>, _>(keys)
+                .load(self)?;
+            deleted += rows
+                .first()
+                .map_or(0, |row| row.n.max(0).unsigned_abs() as usize);
+        }
+        Ok(deleted)
+    }
+
+    fn release(&mut self, token: &str, ids: &[i64]) -> QueryResult<usize> {
+        diesel::sql_query(RELEASE)
+            .bind::<Text, _>(token)
+            .bind::<Array<BigInt>, _>(ids)
+            .execute(self)
+    }
+
+    fn reschedule(
+        &mut self,
+        token: &str,
+        id: i64,
+        delay_micros: i64,
+        text: &str,
+        count_attempt: bool,
+    ) -> QueryResult<bool> {
+        let binds = [
+            Bind::BigInt(delay_micros),
+            Bind::Text(text),
+            Bind::BigInt(i64::from(!count_attempt)),
+            Bind::BigInt(id),
+            Bind::Text(token),
+        ];
+        Ok(run(self, RESCHEDULE, &binds)? == 1)
+    }
+
+    fn dead_letter(&mut self, token: &str, id: i64, error: &str) -> QueryResult<bool> {
+        let binds = [Bind::BigInt(id), Bind::Text(token), Bind::Text(error)];
+        Ok(run(self, DEAD_LETTER, &binds)? == 1)
+    }
+
+    fn promote_heads(&mut self, keys: &[&str]) -> QueryResult<()> {
+        diesel::sql_query(PROMOTE_HEADS)
+            .bind::<Array<Text>, _>(keys)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn present(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {
+        let rows: Vec<IdRow> = diesel::sql_query(PRESENT)
+            .bind::<Array<BigInt>, _>(ids)
+            .load(self)?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
+    }
+
+    fn held_by_others(&mut self, token: &str, ids: &[i64]) -> QueryResult<Vec<i64>> {
+        let rows: Vec<IdRow> = diesel::sql_query(HELD_BY_OTHERS)
+            .bind::<Array<BigInt>, _>(ids)
+            .bind::<Text, _>(token)
+            .load(self)?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
+    }
+
+    fn extend_leases(
+        &mut self,
+        token: &str,
+        ids: &[i64],
+        lease_micros: i64,
+    ) -> QueryResult<Vec<i64>> {
+        let rows: Vec<IdRow> = diesel::sql_query(EXTEND_LEASES)
+            .bind::<BigInt, _>(lease_micros)
+            .bind::<Text, _>(token)
+            .bind::<Array<BigInt>, _>(ids)
+            .load(self)?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
+    }
+
+    fn promote_stranded(&mut self) -> QueryResult<usize> {
+        run(self, PROMOTE_STRANDED, &[])
+    }
+
+    fn settle_transaction<T>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> QueryResult<T>,
+    ) -> QueryResult<T> {
+        self.transaction(|c| {
+            run(c, ASYNC_COMMIT, &[])?;
+            body(c)
+        })
+    }
+
+    fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
+        Prepared::new(PENDING, STYLE, &filter_binds(filter)).load(self)
+    }
+
+    fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
+        Prepared::new(DEAD_LETTERS, STYLE, &filter_binds(filter)).load(self)
+    }
+
+    fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
+        self.transaction(|c| {
+            let rows: Vec<IdRow> = match selection {
+                Selection::Positions(ids) => diesel::sql_query(SELECT_DEAD_AT_FOR_UPDATE)
+                    .bind::<Array<BigInt>, _>(*ids)
+                    .load(c)?,
+                Selection::MessageType(t) => diesel::sql_query(SELECT_DEAD_FOR_UPDATE)
+                    .bind::<Nullable<Text>, _>(Some(*t))
+                    .load(c)?,
+                Selection::All => diesel::sql_query(SELECT_DEAD_FOR_UPDATE)
+                    .bind::<Nullable<Text>, _>(None::<&str>)
+                    .load(c)?,
+            };
+            let ids: Vec<i64> = rows.into_iter().map(|row| row.id).collect();
+            if !ids.is_empty() {
+                diesel::sql_query(REQUEUE)
+                    .bind::<Array<BigInt>, _>(&ids)
+                    .execute(c)?;
+            }
+            Ok(ids)
+        })
+    }
+
+    fn purge(&mut self, selection: &Selection<'_>) -> QueryResult<usize> {
+        match selection {
+            Selection::Positions(ids) => diesel::sql_query(PURGE_AT)
+                .bind::<Array<BigInt>, _>(*ids)
+                .execute(self),
+            Selection::MessageType(t) => run(self, PURGE, &[Bind::NullableText(Some(t))]),
+            Selection::All => run(self, PURGE, &[Bind::NullableText(None)]),
+        }
+    }
+
+    fn stats(&mut self) -> QueryResult<(Vec<StatsRow>, Vec<StatsRow>)> {
+        Ok((
+            Prepared::new(STATS_PENDING, STYLE, &[]).load(self)?,
+            Prepared::new(STATS_DEAD, STYLE, &[]).load(self)?,
+        ))
+    }
+
+    fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
+        Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
+    }
+
+    fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize> {
+        run(self, INBOX_SWEEP, &[Bind::BigInt(older_than_micros)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use diesel::debug_query;
+
+    use super::super::bind::{pieces, Placeholders};
+    use super::*;
+
+    /// Every fixed statement numbers its placeholders 1, 2, … in order, each once: how
+    /// `Prepared` binds them.
+    #[test]
+    fn placeholders_are_numbered_in_order() {
+        for sql in [
+            INSERT_MESSAGE,
+            CLAIM,
+            DELETE_DONE,
+            RELEASE,
+            RESCHEDULE,
+            DEAD_LETTER,
+            PROMOTE_HEADS,
+            PRESENT,
+            HELD_BY_OTHERS,
+            EXTEND_LEASES,
+            PROMOTE_STRANDED,
+            PENDING,
+            DEAD_LETTERS,
+            REQUEUE,
+            PURGE,
+            INBOX_RECORD,
+            INBOX_SWEEP,
+        ] {
+            let mut expected = 1;
+            let mut rest = sql;
+            while let Some(at) = rest.find('$') {
+                let digits: String = rest[at + 1..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                let n: usize = digits.parse().unwrap();
+                assert_eq!(n, expected, "${n} out of order in {sql}");
+                expected += 1;
+                rest = &rest[at + 1..];
+            }
+            assert_eq!(pieces(sql, Placeholders::Numbered).len(), expected);
+        }
+    }
+
+    #[test]
+    fn the_claim_binds_everything_and_reads_only_unparked_due_rows() {
+        let claim = Claim {
+            token: "0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d",
+            limit: outbox_core::store::ClaimLimit {
+                messages: 64,
+                bytes: 1 << 20,
+                oversized_alone: true,
+            },
+            lease_micros: 60_000_000,
+        };
+        let binds = [
+            Bind::BigInt(claim.candidates()),
+            Bind::BigInt(64),
+            Bind::BigInt(claim.bytes()),
+            Bind::Bool(true),
+            Bind::Text(claim.token),
+            Bind::BigInt(claim.lease_micros),
+        ];
+        let shown = debug_query::<Pg, _>(&Prepared::new(CLAIM, STYLE, &binds)).to_string();
+        assert!(
+            shown.contains("WHERE NOT parked AND next_attempt_at <= now()"),
+            "{shown}"
+        );
+        assert!(shown.contains("LIMIT $1 FOR UPDATE SKIP LOCKED"), "{shown}");
+        assert!(shown.contains("SET locked_by = $5::uuid"), "{shown}");
+        assert!(
+            shown.ends_with(
+                "-- binds: [256, 64, 1048576, true, \"0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d\", 60000000]"
+            ),
+            "{shown}"
+        );
+        assert!(
+            !shown.contains("'0192f0c4"),
+            "the token is bound, not inlined"
+        );
+    }
+
+    #[test]
+    fn a_batch_insert_numbers_six_binds_per_row() {
+        assert_eq!(
+            insert_values(7),
+            "($7::uuid, $8, $9::jsonb, $10, $11, \
+             COALESCE(TIMESTAMPTZ 'epoch' + $12 * INTERVAL '1 microsecond', now()))"
+        );
+    }
+}

@@ -1,0 +1,611 @@
+//! SQLite's statements. Times are UTC text `YYYY-MM-DD HH:MM:SS.SSS`, which sorts in time
+//! order; lists of ids take one bind each. SQLite has one writer at a time: the worker's
+//! transactions take the write lock at once (`BEGIN IMMEDIATE`), so they wait for the busy
+//! timeout instead of failing on a lock upgrade, and what they read stays true until they
+//! commit.
+
+use diesel::sqlite::{Sqlite, SqliteConnection};
+use diesel::{Connection, QueryResult, RunQueryDsl};
+
+use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::{
+    placeholders, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, PendingRow, Selection, Statements,
+    StatsRow, ID_CHUNK,
+};
+use crate::enqueue::NewMessage;
+
+const STYLE: Placeholders = Placeholders::Question;
+
+/// Bind parameters one statement may carry (`SQLITE_MAX_VARIABLE_NUMBER` of the bundled
+/// library, 3.32+).
+pub(crate) const MAX_BINDS: usize = 32_766;
+
+/// Now, as the time columns hold it.
+macro_rules! now {
+    () => {
+        "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    };
+}
+
+/// Now plus the microseconds of a bind.
+macro_rules! now_plus_bind {
+    () => {
+        "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', ? / 1000000.0))"
+    };
+}
+
+/// A time column as microseconds since the epoch.
+macro_rules! micros_of {
+    ($column:literal) => {
+        concat!(
+            "CAST(ROUND((julianday(",
+            $column,
+            ") - 2440587.5) * 86400000.0) AS INTEGER) * 1000"
+        )
+    };
+}
+
+/// The VALUES tuple of one inserted message.
+macro_rules! insert_values {
+    () => {
+        concat!(
+            "(?, ?, ?, ?, ?, COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), ",
+            now!(),
+            "))"
+        )
+    };
+}
+
+/// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
+/// ordering key, and not-before in µs since the epoch (NULL: now).
+pub(crate) const INSERT_MESSAGE: &str = concat!(
+    "INSERT INTO outbox_message \
+     (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at) \
+     VALUES ",
+    insert_values!()
+);
+
+/// The claim's candidates, in due order: a few times the batch of due, unparked rows, each
+/// judged a head of its key or not (an index probe), with its payload size. Binds: candidates.
+pub const CANDIDATES: &str = concat!(
+    "SELECT id, \
+         CASE WHEN ordering_key IS NULL OR NOT EXISTS (\
+             SELECT 1 FROM outbox_message e \
+             WHERE e.ordering_key = m.ordering_key AND e.id < m.id) THEN 1 ELSE 0 END AS head, \
+         COALESCE(payload_bytes, length(CAST(payload AS BLOB))) AS size \
+     FROM outbox_message m \
+     WHERE parked = 0 AND next_attempt_at <= ",
+    now!(),
+    " ORDER BY next_attempt_at, id LIMIT ?"
+);
+
+/// Candidates behind the head of their key, parked. Binds: ids.
+fn park(n: usize) -> String {
+    format!(
+        "UPDATE outbox_message SET parked = 1 WHERE id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// The chosen heads leased and read. Binds: token, lease µs, ids.
+fn lease(n: usize) -> String {
+    format!(
+        concat!(
+            "UPDATE outbox_message SET locked_by = ?, attempts = attempts + 1, \
+             next_attempt_at = ",
+            now_plus_bind!(),
+            " WHERE id IN ({}) \
+             RETURNING id, message_id, message_type, payload, ordering_key, attempts, ",
+            micros_of!("created_at"),
+            " AS created_micros"
+        ),
+        placeholders(n)
+    )
+}
+
+/// Done messages removed if still leased under their claims, one `(token, ids)` group per
+/// claim. Binds: per group, token and ids.
+fn delete_done(groups: &[(String, Vec<i64>)]) -> String {
+    let owned: Vec<String> = groups
+        .iter()
+        .map(|(_, ids)| format!("(locked_by = ? AND id IN ({}))", placeholders(ids.len())))
+        .collect();
+    format!("DELETE FROM outbox_message WHERE {}", owned.join(" OR "))
+}
+
+/// Messages given back undone, the attempt not counted. Binds: token, ids.
+fn release(n: usize) -> String {
+    format!(
+        concat!(
+            "UPDATE outbox_message SET locked_by = NULL, next_attempt_at = ",
+            now!(),
+            ", attempts = attempts - 1 WHERE locked_by = ? AND id IN ({})"
+        ),
+        placeholders(n)
+    )
+}
+
+/// One message scheduled for later with its last error. Binds: delay µs, text, attempts to
+/// take back (0 or 1), id, token.
+pub(crate) const RESCHEDULE: &str = concat!(
+    "UPDATE outbox_message SET locked_by = NULL, next_attempt_at = ",
+    now_plus_bind!(),
+    ", last_error = ?, attempts = attempts - ? WHERE id = ? AND locked_by = ?"
+);
+
+/// One message copied to the dead letters if its claim holds it (replacing a dead letter at its
+/// position, which only a row edited by hand could leave). Binds: error, id, token.
+pub(crate) const COPY_TO_DEAD: &str = concat!(
+    "INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
+         last_error, created_at, failed_at) \
+     SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, ",
+    now!(),
+    " FROM outbox_message WHERE id = ? AND locked_by = ? \
+     ON CONFLICT (id) DO UPDATE SET message_id = excluded.message_id, \
+         message_type = excluded.message_type, payload = excluded.payload, \
+         ordering_key = excluded.ordering_key, attempts = excluded.attempts, \
+         last_error = excluded.last_error, created_at = excluded.created_at, \
+         failed_at = excluded.failed_at"
+);
+
+/// The copied message removed, in the same write transaction as the copy. Binds: id, token.
+pub(crate) const DELETE_OWNED: &str = "DELETE FROM outbox_message WHERE id = ? AND locked_by = ?";
+
+/// The lowest pending message of each key unparked, if parked. Binds: keys.
+fn promote_heads(n: usize) -> String {
+    format!(
+        "UPDATE outbox_message SET parked = 0 WHERE parked = 1 AND id IN (\
+            SELECT min(id) FROM outbox_message WHERE ordering_key IN ({}) \
+            GROUP BY ordering_key)",
+        placeholders(n)
+    )
+}
+
+/// Of some ids, those still in the outbox. Binds: ids.
+fn present(n: usize) -> String {
+    format!(
+        "SELECT id FROM outbox_message WHERE id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Of some ids, those leased to another claim. Binds: token, ids.
+fn held_by_others(n: usize) -> String {
+    format!(
+        "SELECT id FROM outbox_message \
+         WHERE locked_by IS NOT NULL AND locked_by <> ? AND id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Leases renewed while the claim holds them. Binds: lease µs, token, ids.
+fn extend_leases(n: usize) -> String {
+    format!(
+        concat!(
+            "UPDATE outbox_message SET next_attempt_at = ",
+            now_plus_bind!(),
+            " WHERE locked_by = ? AND id IN ({}) RETURNING id"
+        ),
+        placeholders(n)
+    )
+}
+
+/// The safety net of parking: the lowest parked message of each key with parked messages (from
+/// the parked rows' own index), unparked if no lower position of its key is pending.
+pub(crate) const PROMOTE_STRANDED: &str = "UPDATE outbox_message SET parked = 0 \
+     WHERE id IN (SELECT min(id) FROM outbox_message WHERE parked = 1 GROUP BY ordering_key) \
+     AND NOT EXISTS (SELECT 1 FROM outbox_message e \
+         WHERE e.ordering_key = outbox_message.ordering_key AND e.id < outbox_message.id)";
+
+/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const PENDING: &str = concat!(
+    "SELECT id, message_id, message_type, payload, ordering_key, attempts, ",
+    micros_of!("created_at"),
+    " AS created_at, ",
+    micros_of!("next_attempt_at"),
+    " AS next_attempt_at, \
+     CASE WHEN locked_by IS NOT NULL AND next_attempt_at > ",
+    now!(),
+    " THEN 1 ELSE 0 END AS in_flight, parked, last_error \
+     FROM outbox_message \
+     WHERE message_type = COALESCE(?, message_type) AND id >= ? \
+     ORDER BY id LIMIT ?"
+);
+
+/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const DEAD_LETTERS: &str = concat!(
+    "SELECT id, message_id, message_type, payload, ordering_key, attempts, last_error, ",
+    micros_of!("created_at"),
+    " AS created_at, ",
+    micros_of!("failed_at"),
+    " AS failed_at \
+     FROM outbox_failure \
+     WHERE message_type = COALESCE(?, message_type) AND id >= ? \
+     ORDER BY id LIMIT ?"
+);
+
+/// The dead letters of a selection (the write transaction holds them). Binds: type (NULL:
+/// every one).
+pub(crate) const SELECT_DEAD: &str = "SELECT id FROM outbox_failure \
+     WHERE message_type = COALESCE(?, message_type) ORDER BY id";
+
+/// Dead letters at some positions. Binds: ids.
+fn select_dead_at(n: usize) -> String {
+    format!(
+        "SELECT id FROM outbox_failure WHERE id IN ({}) ORDER BY id",
+        placeholders(n)
+    )
+}
+
+/// Dead letters copied back into the outbox at their positions, as first attempts. Binds: ids.
+fn requeue(n: usize) -> String {
+    format!(
+        concat!(
+            "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
+                 ordering_key, attempts, created_at, next_attempt_at, last_error) \
+             SELECT id, message_id, message_type, payload, length(CAST(payload AS BLOB)), \
+                 ordering_key, 0, created_at, ",
+            now!(),
+            ", last_error FROM outbox_failure WHERE id IN ({}) ORDER BY id"
+        ),
+        placeholders(n)
+    )
+}
+
+/// Dead letters deleted. Binds: ids.
+fn purge_at(n: usize) -> String {
+    format!(
+        "DELETE FROM outbox_failure WHERE id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Dead letters of a type deleted (NULL: every one). Binds: type.
+pub(crate) const PURGE: &str =
+    "DELETE FROM outbox_failure WHERE message_type = COALESCE(?, message_type)";
+
+/// Pending and in-flight counts and the oldest enqueue time, by type.
+pub(crate) const STATS_PENDING: &str = concat!(
+    "SELECT message_type, COUNT(*) AS total, \
+         COUNT(CASE WHEN locked_by IS NOT NULL AND next_attempt_at > ",
+    now!(),
+    " THEN 1 END) AS in_flight, ",
+    micros_of!("MIN(created_at)"),
+    " AS oldest FROM outbox_message GROUP BY message_type"
+);
+
+/// Dead-letter counts by type.
+pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
+         COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL AS oldest \
+     FROM outbox_failure GROUP BY message_type";
+
+/// A received webhook id recorded unless recorded. Binds: id.
+pub(crate) const INBOX_RECORD: &str = "INSERT OR IGNORE INTO outbox_inbox (webhook_id) VALUES (?)";
+
+/// Inbox ids older than some age deleted. Binds: age µs.
+pub(crate) const INBOX_SWEEP: &str = concat!(
+    "DELETE FROM outbox_inbox WHERE received_at < \
+     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0))"
+);
+
+fn run(c: &mut SqliteConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+    Prepared::new(sql, STYLE, binds).execute(c)
+}
+
+fn ids_bound(ids: &[i64]) -> Vec<Bind<'_>> {
+    ids.iter().map(|id| Bind::BigInt(*id)).collect()
+}
+
+/// `binds` followed by one bind per id.
+fn with_ids<'a>(binds: &[Bind<'a>], ids: &[i64]) -> Vec<Bind<'a>> {
+    let mut all = binds.to_vec();
+    all.extend(ids.iter().map(|id| Bind::BigInt(*id)));
+    all
+}
+
+fn load_ids(c: &mut SqliteConnection, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<i64>> {
+    let rows: Vec<IdRow> = dynamic::<Sqlite>(sql, binds).load(c)?;
+    Ok(rows.into_iter().map(|row| row.id).collect())
+}
+
+/// A write transaction: `BEGIN IMMEDIATE`, or a savepoint inside an open transaction.
+fn write<T>(
+    c: &mut SqliteConnection,
+    body: impl FnOnce(&mut SqliteConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    if AnsiTransactionManager::transaction_manager_status_mut(c)
+        .transaction_depth()?
+        .is_some()
+    {
+        c.transaction(body)
+    } else {
+        c.immediate_transaction(body)
+    }
+}
+
+/// A claim candidate: its position, whether it heads its key, its payload size.
+#[derive(diesel::QueryableByName)]
+struct Candidate {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    head: i32,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    size: i64,
+}
+
+impl Statements for SqliteConnection {
+    fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
+        const BINDS: usize = 6;
+        for chunk in NewMessage::chunks(rows, MAX_BINDS / BINDS) {
+            if let [row] = chunk {
+                run(self, INSERT_MESSAGE, &row.binds())?;
+                continue;
+            }
+            let sql = format!(
+                "{INSERT_MESSAGE}{}",
+                concat!(", ", insert_values!()).repeat(chunk.len() - 1)
+            );
+            let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds).collect();
+            dynamic::<Sqlite>(&sql, &binds).execute(self)?;
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, claim: &Claim<'_>) -> QueryResult<Vec<ClaimRow>> {
+        write(self, |c| {
+            let candidates: Vec<Candidate> =
+                Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(claim.candidates())]).load(c)?;
+            let behind: Vec<i64> = candidates
+                .iter()
+                .filter(|cand| cand.head == 0)
+                .map(|cand| cand.id)
+                .collect();
+            if !behind.is_empty() {
+                dynamic::<Sqlite>(&park(behind.len()), &ids_bound(&behind)).execute(c)?;
+            }
+            let heads: Vec<&Candidate> = candidates.iter().filter(|cand| cand.head != 0).collect();
+            let take = claim.limit.take(
+                heads
+                    .iter()
+                    .map(|h| usize::try_from(h.size).unwrap_or(usize::MAX)),
+            );
+            let chosen: Vec<i64> = heads.iter().take(take).map(|h| h.id).collect();
+            if chosen.is_empty() {
+                return Ok(Vec::new());
+            }
+            let binds = with_ids(
+                &[Bind::Text(claim.token), Bind::BigInt(claim.lease_micros)],
+                &chosen,
+            );
+            dynamic::<Sqlite>(&lease(chosen.len()), &binds).load(c)
+        })
+    }
+
+    fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
+        let mut binds = Vec::new();
+        for (token, ids) in claims {
+            binds.push(Bind::Text(token));
+            binds.extend(ids.iter().map(|id| Bind::BigInt(*id)));
+        }
+        let sql = delete_done(claims);
+        if keys.is_empty() {
+            return dynamic::<Sqlite>(&sql, &binds).execute(self);
+        }
+        write(self, |c| {
+            let deleted = dynamic::<Sqlite>(&sql, &binds).execute(c)?;
+            c.promote_heads(keys)?;
+            Ok(deleted)
+        })
+    }
+
+    fn release(&mut self, token: &str, ids: &[i64]) -> QueryResult<usize> {
+        dynamic::<Sqlite>(&release(ids.len()), &with_ids(&[Bind::Text(token)], ids)).execute(self)
+    }
+
+    fn reschedule(
+        &mut self,
+        token: &str,
+        id: i64,
+        delay_micros: i64,
+        text: &str,
+        count_attempt: bool,
+    ) -> QueryResult<bool> {
+        let binds = [
+            Bind::BigInt(delay_micros),
+            Bind::Text(text),
+            Bind::BigInt(i64::from(!count_attempt)),
+            Bind::BigInt(id),
+            Bind::Text(token),
+        ];
+        Ok(run(self, RESCHEDULE, &binds)? == 1)
+    }
+
+    fn dead_letter(&mut self, token: &str, id: i64, error: &str) -> QueryResult<bool> {
+        write(self, |c| {
+            let copied = run(
+                c,
+                COPY_TO_DEAD,
+                &[Bind::Text(error), Bind::BigInt(id), Bind::Text(token)],
+            )?;
+            if copied == 0 {
+                return Ok(false);
+            }
+            run(c, DELETE_OWNED, &[Bind::BigInt(id), Bind::Text(token)])?;
+            Ok(true)
+        })
+    }
+
+    fn promote_heads(&mut self, keys: &[&str]) -> QueryResult<()> {
+        for chunk in keys.chunks(ID_CHUNK) {
+            let binds: Vec<Bind<'_>> = chunk.iter().map(|key| Bind::Text(key)).collect();
+            dynamic::<Sqlite>(&promote_heads(chunk.len()), &binds).execute(self)?;
+        }
+        Ok(())
+    }
+
+    fn present(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {
+        let mut found = Vec::new();
+        for chunk in ids.chunks(ID_CHUNK) {
+            found.extend(load_ids(self, &present(chunk.len()), &ids_bound(chunk))?);
+        }
+        Ok(found)
+    }
+
+    fn held_by_others(&mut self, token: &str, ids: &[i64]) -> QueryResult<Vec<i64>> {
+        load_ids(
+            self,
+            &held_by_others(ids.len()),
+            &with_ids(&[Bind::Text(token)], ids),
+        )
+    }
+
+    fn extend_leases(
+        &mut self,
+        token: &str,
+        ids: &[i64],
+        lease_micros: i64,
+    ) -> QueryResult<Vec<i64>> {
+        let binds = with_ids(&[Bind::BigInt(lease_micros), Bind::Text(token)], ids);
+        load_ids(self, &extend_leases(ids.len()), &binds)
+    }
+
+    fn promote_stranded(&mut self) -> QueryResult<usize> {
+        run(self, PROMOTE_STRANDED, &[])
+    }
+
+    fn settle_transaction<T>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> QueryResult<T>,
+    ) -> QueryResult<T> {
+        write(self, body)
+    }
+
+    fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
+        Prepared::new(PENDING, STYLE, &filter_binds(filter)).load(self)
+    }
+
+    fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
+        Prepared::new(DEAD_LETTERS, STYLE, &filter_binds(filter)).load(self)
+    }
+
+    fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
+        write(self, |c| {
+            let ids = match selection {
+                Selection::Positions(ids) => {
+                    let mut found = Vec::new();
+                    for chunk in ids.chunks(ID_CHUNK) {
+                        found.extend(load_ids(
+                            c,
+                            &select_dead_at(chunk.len()),
+                            &ids_bound(chunk),
+                        )?);
+                    }
+                    found
+                }
+                Selection::MessageType(t) => {
+                    load_ids(c, SELECT_DEAD, &[Bind::NullableText(Some(t))])?
+                }
+                Selection::All => load_ids(c, SELECT_DEAD, &[Bind::NullableText(None)])?,
+            };
+            for chunk in ids.chunks(ID_CHUNK) {
+                dynamic::<Sqlite>(&requeue(chunk.len()), &ids_bound(chunk)).execute(c)?;
+                dynamic::<Sqlite>(&purge_at(chunk.len()), &ids_bound(chunk)).execute(c)?;
+            }
+            Ok(ids)
+        })
+    }
+
+    fn purge(&mut self, selection: &Selection<'_>) -> QueryResult<usize> {
+        match selection {
+            Selection::Positions(ids) => write(self, |c| {
+                let mut purged = 0;
+                for chunk in ids.chunks(ID_CHUNK) {
+                    purged +=
+                        dynamic::<Sqlite>(&purge_at(chunk.len()), &ids_bound(chunk)).execute(c)?;
+                }
+                Ok(purged)
+            }),
+            Selection::MessageType(t) => run(self, PURGE, &[Bind::NullableText(Some(t))]),
+            Selection::All => run(self, PURGE, &[Bind::NullableText(None)]),
+        }
+    }
+
+    fn stats(&mut self) -> QueryResult<(Vec<StatsRow>, Vec<StatsRow>)> {
+        Ok((
+            Prepared::new(STATS_PENDING, STYLE, &[]).load(self)?,
+            Prepared::new(STATS_DEAD, STYLE, &[]).load(self)?,
+        ))
+    }
+
+    fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
+        Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
+    }
+
+    fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize> {
+        run(self, INBOX_SWEEP, &[Bind::BigInt(older_than_micros)])
+    }
+}
+
+fn filter_binds<'a>(filter: &Filter<'a>) -> [Bind<'a>; 3] {
+    [
+        Bind::NullableText(filter.message_type),
+        Bind::BigInt(filter.position.unwrap_or(0)),
+        Bind::BigInt(filter.limit.map_or(i64::MAX, i64::from)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use diesel::debug_query;
+
+    use super::*;
+
+    #[test]
+    fn the_claim_reads_only_unparked_due_rows_and_binds_its_limit() {
+        let query = Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(256)]);
+        let shown = debug_query::<Sqlite, _>(&query).to_string();
+        assert!(
+            shown.contains(
+                "WHERE parked = 0 AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 ORDER BY next_attempt_at, id LIMIT ?"
+            ),
+            "{shown}"
+        );
+        assert!(shown.ends_with("-- binds: [256]"), "{shown}");
+    }
+
+    #[test]
+    fn leasing_binds_the_token_the_lease_and_each_id() {
+        let ids = [4_i64, 9];
+        let binds = with_ids(&[Bind::Text("t"), Bind::BigInt(60_000_000)], &ids);
+        let sql = lease(ids.len());
+        let query = dynamic::<Sqlite>(&sql, &binds);
+        let shown = debug_query::<Sqlite, _>(&query).to_string();
+        assert!(shown.contains("WHERE id IN (?, ?) RETURNING id"), "{shown}");
+        assert!(
+            shown.ends_with("-- binds: [\"t\", 60000000, 4, 9]"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn fixed_statements_take_as_many_binds_as_they_say() {
+        for (sql, binds) in [
+            (INSERT_MESSAGE, 6),
+            (CANDIDATES, 1),
+            (RESCHEDULE, 5),
+            (COPY_TO_DEAD, 3),
+            (DELETE_OWNED, 2),
+            (PROMOTE_STRANDED, 0),
+            (PENDING, 3),
+            (DEAD_LETTERS, 3),
+            (PURGE, 1),
+            (INBOX_RECORD, 1),
+            (INBOX_SWEEP, 1),
+        ] {
+            assert_eq!(sql.matches('?').count(), binds, "{sql}");
+        }
+    }
+}

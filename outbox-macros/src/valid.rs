@@ -1,0 +1,97 @@
+//! What makes an `#[outbox_handler]` valid: one string literal the tables can store, on a
+//! struct the worker can deserialize into.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::{Item, LitStr};
+
+use crate::parse::Input;
+
+/// The longest type string the outbox tables store.
+const MAX_TYPE_LEN: usize = 255;
+
+/// A valid handler: the checked type string and the struct's name.
+pub struct Handler {
+    pub message_type: LitStr,
+    pub ident: syn::Ident,
+}
+
+impl Handler {
+    /// Checks the input; the error points at the offending token.
+    pub fn validate(input: &Input) -> syn::Result<Handler> {
+        let message_type = message_type(input)?;
+        let ident = message_struct(&input.item)?;
+        Ok(Handler {
+            message_type,
+            ident,
+        })
+    }
+}
+
+fn message_type(input: &Input) -> syn::Result<LitStr> {
+    if input.args.is_empty() {
+        return Err(syn::Error::new(
+            Span::call_site(),
+            "#[outbox_handler] needs the message type string, e.g. #[outbox_handler(\"comment.thankYou\")]",
+        ));
+    }
+    let Some(lit) = &input.message_type else {
+        return Err(syn::Error::new_spanned(
+            &input.args,
+            "expected the message type as one string literal, e.g. #[outbox_handler(\"comment.thankYou\")]",
+        ));
+    };
+    let value = lit.value();
+    if value.is_empty() {
+        return Err(syn::Error::new_spanned(
+            lit,
+            "the message type must not be empty",
+        ));
+    }
+    if value.len() > MAX_TYPE_LEN {
+        return Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "the message type is {} bytes long; the outbox stores at most {MAX_TYPE_LEN}",
+                value.len()
+            ),
+        ));
+    }
+    if let Some(bad) = value.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "the message type must not contain whitespace or control characters (found {bad:?})"
+            ),
+        ));
+    }
+    Ok(lit.clone())
+}
+
+fn message_struct(item: &Item) -> syn::Result<syn::Ident> {
+    match item {
+        Item::Struct(item) => {
+            if !item.generics.params.is_empty() {
+                return Err(syn::Error::new_spanned(
+                    &item.generics,
+                    "#[outbox_handler] structs cannot be generic: the worker must know the one \
+                     concrete type to deserialize each stored message into",
+                ));
+            }
+            Ok(item.ident.clone())
+        }
+        Item::Enum(item) => Err(not_a_struct(item.enum_token.span(), "an enum")),
+        Item::Fn(item) => Err(not_a_struct(item.sig.fn_token.span(), "a function")),
+        other => Err(not_a_struct(other.span(), "this item")),
+    }
+}
+
+fn not_a_struct(span: Span, what: &str) -> syn::Error {
+    syn::Error::new(
+        span,
+        format!(
+            "#[outbox_handler] goes on the struct that is the message, not on {what}; \
+             wrap the data in a struct deriving Serialize and Deserialize"
+        ),
+    )
+}

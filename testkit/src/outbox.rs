@@ -1,0 +1,56 @@
+//! Outbox helpers the tests share: the test signing secret, an endpoint that may dial
+//! 127.0.0.1, and everything pending or dead in a pool's database.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use diesel::r2d2::{ManageConnection, Pool};
+use outbox_diesel::admin::{
+    dead_letters, pending_messages, DeadLetter, ListOptions, PendingMessage,
+};
+use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
+use outbox_diesel::OutboxConnection;
+
+/// The secret every test endpoint signs with (the Standard Webhooks test vector's).
+pub const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+/// [`SECRET`] as a value.
+pub fn secret() -> WebhookSecret {
+    WebhookSecret::parse(SECRET).expect("the test secret parses")
+}
+
+/// An endpoint at `url` signed with [`SECRET`] that may dial 127.0.0.1, with `timeout`.
+pub fn endpoint(url: &str, timeout: Duration) -> WebhookEndpoint {
+    WebhookEndpoint::builder(url)
+        .secret(secret())
+        .timeout(timeout)
+        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .build()
+        .expect("building the test endpoint")
+}
+
+/// Every pending message in the pool's database.
+pub fn pending<M>(pool: &Pool<M>) -> Vec<PendingMessage>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    pending_messages(
+        &mut pool.get().expect("a connection"),
+        &ListOptions::new().limit(1_000_000),
+    )
+    .expect("listing pending messages")
+}
+
+/// Every dead letter in the pool's database.
+pub fn dead<M>(pool: &Pool<M>) -> Vec<DeadLetter>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    dead_letters(
+        &mut pool.get().expect("a connection"),
+        &ListOptions::new().limit(1_000_000),
+    )
+    .expect("listing dead letters")
+}

@@ -1,0 +1,488 @@
+//! Per-key order with parked messages, on every backend: what a claim parks, what a settlement
+//! promotes, where re-queued and delayed messages stand in their key, the safety net for a key
+//! left without a head, concurrent enqueues while two workers drain, and a database upgraded to
+//! parking with a keyed backlog in it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::Connection;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use outbox_diesel::admin::{
+    pending_messages, requeue_dead_letters, DeadLetterSelection, ListOptions, PendingMessage,
+};
+use outbox_diesel::prelude::*;
+use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
+use outbox_diesel::{
+    outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, OutboxManager,
+    ProcessError, Worker,
+};
+use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb, TestPool};
+use serde::{Deserialize, Serialize};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+const LEASE: Duration = Duration::from_secs(30);
+
+/// `n`-th message of `key` (if any) from enqueuer `from` in test run `run`.
+#[outbox_handler("ordering.step")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Step {
+    run: u64,
+    from: u32,
+    key: Option<String>,
+    n: u32,
+}
+
+/// What the handler saw, in processing order: (run, from, key, n).
+static SEEN: Mutex<Vec<(u64, u32, Option<String>, u32)>> = Mutex::new(Vec::new());
+
+impl Handler for Step {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        SEEN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((self.run, self.from, self.key, self.n));
+        Ok(())
+    }
+}
+
+/// A run id no other test of this binary (they run at once, on three backends) shares.
+fn new_run() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::SeqCst)
+}
+
+fn seen(run: u64) -> Vec<(u32, Option<String>, u32)> {
+    SEEN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|s| s.0 == run)
+        .map(|s| (s.1, s.2.clone(), s.3))
+        .collect()
+}
+
+struct Fixture<C: TestConnection> {
+    pool: TestPool<C>,
+    store: DieselStore<OutboxManager<C>>,
+    run: u64,
+}
+
+impl<C: TestConnection> Fixture<C> {
+    fn new(db: &TestDb) -> Self {
+        let pool = db.pool::<C>(4);
+        Fixture {
+            store: DieselStore::new(pool.clone()),
+            pool,
+            run: new_run(),
+        }
+    }
+
+    fn enqueue_with(&self, key: Option<&str>, n: u32, options: EnqueueOptions) -> i64 {
+        let options = match key {
+            Some(key) => options.ordering_key(key),
+            None => options,
+        };
+        let id = Step {
+            run: self.run,
+            from: 0,
+            key: key.map(str::to_owned),
+            n,
+        }
+        .enqueue_with(&mut self.pool.get().unwrap(), &options)
+        .unwrap();
+        self.rows()
+            .into_iter()
+            .find(|m| m.message_id == id)
+            .unwrap()
+            .position
+    }
+
+    fn enqueue(&self, key: Option<&str>, n: u32) -> i64 {
+        self.enqueue_with(key, n, EnqueueOptions::new())
+    }
+
+    fn rows(&self) -> Vec<PendingMessage> {
+        pending_messages(
+            &mut self.pool.get().unwrap(),
+            &ListOptions::new().limit(100_000),
+        )
+        .unwrap()
+    }
+
+    fn parked(&self) -> Vec<i64> {
+        self.rows()
+            .into_iter()
+            .filter(|m| m.parked)
+            .map(|m| m.position)
+            .collect()
+    }
+
+    fn claim(&self, count: usize) -> (ClaimToken, Vec<ClaimedMessage>) {
+        let token = ClaimToken::new();
+        let claimed = self
+            .store
+            .claim(token, ClaimLimit::messages(count), LEASE)
+            .unwrap();
+        (token, claimed)
+    }
+
+    fn settle(&self, token: ClaimToken, claimed: &[ClaimedMessage], settlement: Settlement) {
+        let outcomes: Vec<Outcome> = claimed
+            .iter()
+            .map(|m| Outcome {
+                token,
+                position: m.position,
+                message_id: m.message_id,
+                ordering_key: m.ordering_key.clone(),
+                settlement: settlement.clone(),
+            })
+            .collect();
+        let fenced = self.store.settle(&outcomes).unwrap();
+        assert!(fenced.is_empty(), "{fenced:?}");
+    }
+}
+
+fn positions(claimed: &[ClaimedMessage]) -> Vec<i64> {
+    claimed.iter().map(|m| m.position).collect()
+}
+
+/// A claim keeps the heads and parks what waits behind them; settling a head (done or dead)
+/// promotes the next of its key, a retry keeps it the head.
+fn a_claim_parks_what_waits_behind_the_heads<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let a: Vec<i64> = (0..3).map(|n| f.enqueue(Some("a"), n)).collect();
+    let b: Vec<i64> = (0..3).map(|n| f.enqueue(Some("b"), n)).collect();
+    let free = f.enqueue(None, 0);
+    assert!(f.parked().is_empty(), "the enqueue parks nothing");
+
+    let (token, first) = f.claim(10);
+    assert_eq!(positions(&first), [a[0], b[0], free]);
+    assert_eq!(f.parked(), [a[1], a[2], b[1], b[2]]);
+
+    f.settle(token, &first[..1], Settlement::Done);
+    assert_eq!(f.parked(), [a[2], b[1], b[2]], "a's next is promoted");
+    f.settle(
+        token,
+        &first[1..2],
+        Settlement::Retry {
+            delay: Duration::ZERO,
+            error: "try again".into(),
+        },
+    );
+    assert_eq!(
+        f.parked(),
+        [a[2], b[1], b[2]],
+        "a retried head stays the head"
+    );
+    let (token, second) = f.claim(10);
+    assert_eq!(positions(&second), [a[1], b[0]]);
+
+    f.settle(
+        token,
+        &second[1..],
+        Settlement::DeadLetter {
+            error: "gone".into(),
+        },
+    );
+    assert_eq!(
+        f.parked(),
+        [a[2], b[2]],
+        "a dead-lettered head promotes too"
+    );
+    let (_, third) = f.claim(10);
+    assert_eq!(positions(&third), [b[1]], "a[1] is still leased");
+}
+
+/// Claim after claim, a keyed backlog comes out one head per key per claim, each key in order,
+/// every message once.
+fn a_keyed_backlog_drains_in_order<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let keys = ["k0", "k1", "k2", "k3"];
+    let mut expected: HashMap<Option<String>, Vec<i64>> = HashMap::new();
+    let mut batch = outbox_diesel::Batch::new();
+    let mut rng = fastrand::Rng::with_seed(7);
+    for n in 0..240u32 {
+        let key = (rng.u32(0..5) < 4).then(|| keys[rng.usize(0..keys.len())]);
+        let step = Step {
+            run: f.run,
+            from: 0,
+            key: key.map(str::to_owned),
+            n,
+        };
+        let options = key.map_or_else(EnqueueOptions::new, |k| {
+            EnqueueOptions::new().ordering_key(k)
+        });
+        batch.push_with(&step, &options).unwrap();
+    }
+    batch.enqueue(&mut f.pool.get().unwrap()).unwrap();
+    for row in f.rows() {
+        expected
+            .entry(row.ordering_key.clone())
+            .or_default()
+            .push(row.position);
+    }
+
+    let mut delivered: HashMap<Option<String>, Vec<i64>> = HashMap::new();
+    let mut claims = 0;
+    loop {
+        let (token, claimed) = f.claim(16);
+        if claimed.is_empty() {
+            break;
+        }
+        claims += 1;
+        assert!(claims <= 240, "the drain does not end");
+        let mut keys_in_claim: Vec<&str> = claimed
+            .iter()
+            .filter_map(|m| m.ordering_key.as_deref())
+            .collect();
+        let before = keys_in_claim.len();
+        keys_in_claim.dedup();
+        keys_in_claim.sort_unstable();
+        keys_in_claim.dedup();
+        assert_eq!(keys_in_claim.len(), before, "one head per key per claim");
+        for m in &claimed {
+            delivered
+                .entry(m.ordering_key.clone())
+                .or_default()
+                .push(m.position);
+        }
+        f.settle(token, &claimed, Settlement::Done);
+    }
+    assert!(
+        f.rows().is_empty(),
+        "nothing is left behind: {:?}",
+        f.rows()
+    );
+    assert_eq!(delivered, expected, "each key in order, every message once");
+}
+
+/// A re-queued dead letter goes back to its position: it runs before the later messages of its
+/// key that have not started.
+fn a_requeued_dead_letter_runs_before_the_rest_of_its_key<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let k: Vec<i64> = (0..3).map(|n| f.enqueue(Some("k"), n)).collect();
+    let (token, first) = f.claim(10);
+    assert_eq!(positions(&first), [k[0]]);
+    f.settle(
+        token,
+        &first,
+        Settlement::DeadLetter {
+            error: "bad".into(),
+        },
+    );
+    let requeued = requeue_dead_letters(
+        &mut f.pool.get().unwrap(),
+        &DeadLetterSelection::Positions(vec![k[0]]),
+    )
+    .unwrap();
+    assert_eq!(requeued, [k[0]], "it keeps its position");
+
+    let mut order = Vec::new();
+    loop {
+        let (token, claimed) = f.claim(10);
+        if claimed.is_empty() {
+            break;
+        }
+        assert_eq!(claimed.len(), 1, "one at a time: {claimed:?}");
+        order.push(claimed[0].position);
+        f.settle(token, &claimed, Settlement::Done);
+    }
+    assert_eq!(order, k, "the re-queued message first, then the rest");
+    assert!(f.rows().is_empty());
+}
+
+/// A keyed message enqueued with a delay keeps its place: the later messages of its key wait
+/// for it, other keys and unkeyed messages do not.
+fn a_delayed_keyed_message_holds_its_key<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let delay = Duration::from_millis(1_500);
+    let late = f.enqueue_with(Some("k"), 0, EnqueueOptions::new().delay(delay));
+    let after = f.enqueue(Some("k"), 1);
+    let other = f.enqueue(Some("other"), 0);
+    let free = f.enqueue(None, 0);
+    let (token, first) = f.claim(10);
+    assert_eq!(positions(&first), [other, free]);
+    f.settle(token, &first, Settlement::Done);
+    assert!(f.claim(10).1.is_empty(), "k waits for its delayed head");
+
+    std::thread::sleep(delay + Duration::from_millis(500));
+    let (token, due) = f.claim(10);
+    assert_eq!(positions(&due), [late]);
+    f.settle(token, &due, Settlement::Done);
+    assert_eq!(positions(&f.claim(10).1), [after]);
+}
+
+/// A key whose head vanished without promoting the next (what a race between a claim and a
+/// settlement can leave) is promoted by the periodic sweep, and only that key.
+fn a_key_left_without_a_head_is_promoted_by_the_sweep<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let k: Vec<i64> = (0..3).map(|n| f.enqueue(Some("k"), n)).collect();
+    let j: Vec<i64> = (0..2).map(|n| f.enqueue(Some("j"), n)).collect();
+    let (_, first) = f.claim(10);
+    assert_eq!(positions(&first), [k[0], j[0]]);
+    assert_eq!(f.parked(), [k[1], k[2], j[1]]);
+
+    // The head goes without a settlement, so nothing promotes its successor.
+    f.pool
+        .get()
+        .unwrap()
+        .batch_execute(&format!("DELETE FROM outbox_message WHERE id = {}", k[0]))
+        .unwrap();
+    assert!(f.claim(10).1.is_empty(), "k[1] is stranded");
+
+    assert_eq!(f.store.promote_stranded().unwrap(), 1);
+    assert_eq!(
+        f.parked(),
+        [k[2], j[1]],
+        "j's head is alive: j stays as it is"
+    );
+    assert_eq!(positions(&f.claim(10).1), [k[1]]);
+    assert_eq!(
+        f.store.promote_stranded().unwrap(),
+        0,
+        "nothing left to promote"
+    );
+}
+
+/// Enqueuers racing each other and two workers: every message is processed, each enqueuer's
+/// messages of a key in the order it committed them, and no message stays parked.
+fn concurrent_enqueues_and_two_workers_keep_every_key_in_order<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let worker = |threads| {
+        Worker::builder(DieselStore::new(db.pool::<C>(6)))
+            .handler_threads(threads)
+            .batch_size(8)
+            .poll_interval(Duration::from_millis(20))
+            .spawn()
+            .unwrap()
+    };
+    let workers = [worker(2), worker(3)];
+    const ENQUEUERS: u32 = 4;
+    const EACH: u32 = 150;
+    std::thread::scope(|scope| {
+        for from in 0..ENQUEUERS {
+            let pool = f.pool.clone();
+            let run = f.run;
+            scope.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(u64::from(from));
+                for n in 0..EACH {
+                    // Few keys, shared by every enqueuer, so heads change hands all the time.
+                    let key = format!("key-{}", rng.u32(0..3));
+                    let step = Step {
+                        run,
+                        from,
+                        key: Some(key.clone()),
+                        n,
+                    };
+                    let options = EnqueueOptions::new().ordering_key(key);
+                    step.enqueue_with(&mut pool.get().unwrap(), &options)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let total = (ENQUEUERS * EACH) as usize;
+    assert!(
+        eventually(PATIENCE, || seen(f.run).len() >= total),
+        "{} of {total} processed; pending: {:?}",
+        seen(f.run).len(),
+        f.rows().first()
+    );
+    for worker in workers {
+        worker.shutdown(Duration::from_secs(20)).unwrap();
+    }
+    let seen = seen(f.run);
+    assert_eq!(seen.len(), total, "each once");
+    let mut last: HashMap<(u32, Option<String>), u32> = HashMap::new();
+    for (from, key, n) in seen {
+        if let Some(previous) = last.insert((from, key.clone()), n) {
+            assert!(previous < n, "{key:?} from {from}: {n} after {previous}");
+        }
+    }
+    assert!(f.rows().is_empty());
+}
+
+const POSTGRES: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/postgres");
+const MYSQL: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/mysql");
+const SQLITE: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/sqlite");
+
+/// A database at the schema before parking, with a keyed backlog in it, upgrades and drains in
+/// order.
+fn a_keyed_backlog_from_before_parking_upgrades_and_drains_in_order<C>(db: &TestDb)
+where
+    C: TestConnection + MigrationHarness<<C as Connection>::Backend>,
+{
+    let run = new_run();
+    let mut conn = db.connect::<C>();
+    // Every migration but the last, the parking one.
+    let source = || match db.backend() {
+        Backend::Postgres => POSTGRES,
+        Backend::Mysql => MYSQL,
+        Backend::Sqlite => SQLITE,
+    };
+    let before_parking = match db.backend() {
+        Backend::Postgres => 4,
+        Backend::Mysql | Backend::Sqlite => 3,
+    };
+    for _ in 0..before_parking {
+        conn.run_next_migration(source()).unwrap();
+    }
+    assert!(conn.has_pending_migration(source()).unwrap());
+    let keys = ["a", "b", "c"];
+    for n in 0..90u32 {
+        let key = keys[(n % 3) as usize];
+        Step {
+            run,
+            from: 0,
+            key: Some(key.to_owned()),
+            n,
+        }
+        .enqueue_with(&mut conn, &EnqueueOptions::new().ordering_key(key))
+        .unwrap();
+    }
+    let refused = Worker::builder(DieselStore::new(db.bare_pool::<C>(4)))
+        .spawn()
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("out of date") && refused.contains("run_migrations"),
+        "a worker refuses the old schema: {refused}"
+    );
+    assert_eq!(
+        run_migrations(&mut conn).unwrap().len(),
+        1,
+        "the parking one"
+    );
+
+    let pool = db.pool::<C>(4);
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .handler_threads(2)
+        .poll_interval(Duration::from_millis(20))
+        .spawn()
+        .unwrap();
+    assert!(eventually(PATIENCE, || seen(run).len() >= 90));
+    worker.shutdown(Duration::from_secs(20)).unwrap();
+    let mut by_key: HashMap<Option<String>, Vec<u32>> = HashMap::new();
+    for (_, key, n) in seen(run) {
+        by_key.entry(key).or_default().push(n);
+    }
+    for (key, ns) in by_key {
+        assert!(ns.windows(2).all(|w| w[0] < w[1]), "{key:?}: {ns:?}");
+        assert_eq!(ns.len(), 30);
+    }
+    let left = pending_messages(&mut conn, &ListOptions::new()).unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+backend_tests!(
+    a_claim_parks_what_waits_behind_the_heads,
+    a_keyed_backlog_drains_in_order,
+    a_requeued_dead_letter_runs_before_the_rest_of_its_key,
+    a_delayed_keyed_message_holds_its_key,
+    a_key_left_without_a_head_is_promoted_by_the_sweep,
+    concurrent_enqueues_and_two_workers_keep_every_key_in_order,
+    a_keyed_backlog_from_before_parking_upgrades_and_drains_in_order,
+);

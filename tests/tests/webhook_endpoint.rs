@@ -1,0 +1,363 @@
+//! `WebhookEndpoint` against a real HTTP receiver on 127.0.0.1: what it sends, and how it
+//! classifies every kind of answer (and of no answer).
+
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::time::{Duration, Instant};
+
+use outbox_diesel::webhook::{
+    verify, WebhookEndpoint, WebhookEndpointBuilder, WebhookError, WebhookHeaders as _,
+    WebhookSecret, DEFAULT_TOLERANCE,
+};
+use outbox_diesel::{Context, Delivery, FailureKind, MessageId, ProcessError, Resources};
+use outbox_testkit::http::{Receiver, Reply, Request};
+use outbox_testkit::outbox::secret;
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+const PATIENCE: Duration = Duration::from_secs(5);
+
+/// A complete answer, as raw bytes, after which the receiver closes the connection.
+fn raw(status_line: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut text = format!(
+        "HTTP/1.1 {status_line}\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    text.push_str("\r\n");
+    text.push_str(body);
+    Reply::Raw(text.into_bytes())
+}
+
+/// A receiver that plays `replies` in order (and resets any request after them).
+fn serve(replies: Vec<Reply>) -> Receiver {
+    Receiver::start(move |_, n| replies.get(n).cloned().unwrap_or(Reply::Reset))
+}
+
+/// The `n`-th request (from 1) the receiver got, once it has.
+fn nth(receiver: &Receiver, n: usize) -> Request {
+    assert!(receiver.wait_for(n, PATIENCE), "request {n} never came");
+    receiver.requests().swap_remove(n - 1)
+}
+
+fn delivery() -> Delivery {
+    Delivery {
+        message_id: MessageId::new(),
+        message_type: "order.shipped".into(),
+        attempt: 1,
+    }
+}
+
+fn to(receiver: &Receiver) -> WebhookEndpointBuilder {
+    WebhookEndpoint::builder(receiver.url("/hook"))
+        .secret(secret())
+        .allow_address(LOCALHOST)
+}
+
+fn deliver_to(endpoint: &WebhookEndpoint) -> Result<(), ProcessError> {
+    let delivery = delivery();
+    let resources = Resources::new();
+    endpoint.deliver(
+        &Context::new(&delivery, &resources),
+        &serde_json::json!({"order_id": 7}),
+    )
+}
+
+/// Whether a connection is waiting on `listener` (nothing ever accepts from it).
+fn was_dialled(listener: &TcpListener) -> bool {
+    listener.set_nonblocking(true).unwrap();
+    match listener.accept() {
+        Ok(_) => true,
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(error) => panic!("{error}"),
+    }
+}
+
+#[test]
+fn delivers_a_signed_envelope_the_receiver_can_verify() {
+    let receiver = serve(vec![
+        raw("200 OK", &[], "thanks"),
+        raw("204 No Content", &[], ""),
+    ]);
+    let rotated = WebhookSecret::from_bytes(*b"the key being rotated out").unwrap();
+    let endpoint = to(&receiver)
+        .secret(rotated.clone())
+        .header("X-Tenant", "acme")
+        .build()
+        .unwrap();
+    let delivery = delivery();
+    let resources = Resources::new();
+    let ctx = Context::new(&delivery, &resources);
+
+    endpoint
+        .deliver(&ctx, &serde_json::json!({"order_id": 7}))
+        .unwrap();
+    let seen = nth(&receiver, 1);
+    assert_eq!(
+        (seen.method.as_str(), seen.path.as_str()),
+        ("POST", "/hook")
+    );
+    let verified = verify(&[secret()], &seen.headers, &seen.body, DEFAULT_TOLERANCE).unwrap();
+    assert_eq!(verified.id, delivery.message_id.to_string());
+    // Each secret signs, so a receiver that only knows the second one accepts too.
+    assert!(verify(&[rotated], &seen.headers, &seen.body, DEFAULT_TOLERANCE).is_ok());
+    assert_eq!(
+        seen.headers
+            .header("webhook-signature")
+            .unwrap()
+            .matches("v1,")
+            .count(),
+        2
+    );
+    assert_eq!(seen.header("content-type"), Some("application/json"));
+    assert_eq!(seen.header("x-tenant"), Some("acme"));
+    assert_eq!(
+        seen.json(),
+        serde_json::json!({
+            "id": delivery.message_id.to_string(),
+            "type": "order.shipped",
+            "data": {"order_id": 7},
+        })
+    );
+
+    endpoint.send_json(&ctx, br#"{"made":"by hand"}"#).unwrap();
+    let seen = nth(&receiver, 2);
+    assert_eq!(seen.body, br#"{"made":"by hand"}"#);
+    let again = verify(&[secret()], &seen.headers, &seen.body, DEFAULT_TOLERANCE).unwrap();
+    assert_eq!(
+        again.id, verified.id,
+        "the webhook-id is the message's stable id"
+    );
+}
+
+#[test]
+fn server_errors_are_retryable_with_status_and_excerpt() {
+    let receiver = serve(vec![raw(
+        "500 Internal Server Error",
+        &[],
+        "database\nis down",
+    )]);
+    let endpoint = to(&receiver).build().unwrap();
+    let err = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(err.kind(), FailureKind::Retryable);
+    assert_eq!(
+        err.reason(),
+        format!(
+            "webhook http://{}/… answered 500 Internal Server Error: database is down",
+            receiver.addr()
+        )
+    );
+    assert_eq!(err.retry_after(), None);
+}
+
+#[test]
+fn retry_after_is_honoured_and_clamped() {
+    let receiver = serve(vec![
+        raw("429 Too Many Requests", &[("Retry-After", "2")], ""),
+        raw("503 Service Unavailable", &[("Retry-After", "999999")], ""),
+    ]);
+    let endpoint = to(&receiver)
+        .max_retry_after(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let err = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(err.kind(), FailureKind::Retryable);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
+    assert!(err.reason().contains("429 Too Many Requests"), "{err}");
+    let err = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(err.kind(), FailureKind::Retryable);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(60)));
+}
+
+#[test]
+fn client_errors_are_permanent() {
+    let receiver = serve(vec![
+        raw("410 Gone", &[], "no such hook"),
+        raw("400 Bad Request", &[("Retry-After", "5")], ""),
+    ]);
+    let endpoint = to(&receiver).build().unwrap();
+    let gone = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(gone.kind(), FailureKind::Permanent);
+    assert!(gone.reason().ends_with("410 Gone: no such hook"), "{gone}");
+    let bad = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(bad.kind(), FailureKind::Permanent);
+    assert!(bad.reason().contains("400 Bad Request"), "{bad}");
+    assert_eq!(bad.retry_after(), None);
+}
+
+#[test]
+fn redirects_are_permanent_and_not_followed() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let elsewhere = format!("http://{}/moved", listener.local_addr().unwrap());
+    let receiver = serve(vec![
+        raw("308 Permanent Redirect", &[("Location", &elsewhere)], ""),
+        raw("200 OK", &[], ""),
+    ]);
+    let endpoint = to(&receiver).build().unwrap();
+    let err = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(err.kind(), FailureKind::Permanent);
+    assert!(err.reason().contains("308 Permanent Redirect"), "{err}");
+    assert!(err.reason().contains("redirects are not followed"), "{err}");
+    assert!(err.reason().contains(&elsewhere), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(receiver.count(), 1, "the receiver saw a second request");
+    assert!(!was_dialled(&listener), "the redirect target was dialled");
+}
+
+#[test]
+fn a_silent_receiver_times_out_as_retryable() {
+    let receiver = serve(vec![Reply::Hang(Duration::from_secs(3))]);
+    let endpoint = to(&receiver)
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = deliver_to(&endpoint).unwrap_err();
+    let elapsed = started.elapsed();
+    assert_eq!(err.kind(), FailureKind::Retryable);
+    assert!(
+        err.reason().contains("did not answer within 300ms"),
+        "{err}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(2),
+        "{elapsed:?}"
+    );
+}
+
+#[test]
+fn connection_failures_are_retryable() {
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", closed.local_addr().unwrap());
+    drop(closed);
+    let endpoint = WebhookEndpoint::builder(url)
+        .secret(secret())
+        .allow_address(LOCALHOST)
+        .build()
+        .unwrap();
+    let refused = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(refused.kind(), FailureKind::Retryable);
+    assert!(
+        refused.reason().starts_with("could not connect to webhook"),
+        "{refused}"
+    );
+
+    let receiver = serve(vec![Reply::Reset]);
+    let endpoint = to(&receiver).build().unwrap();
+    let hung_up = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(hung_up.kind(), FailureKind::Retryable);
+    assert!(
+        hung_up.reason().contains(&receiver.addr().to_string()),
+        "{hung_up}"
+    );
+    assert!(
+        !hung_up.reason().contains("/hook"),
+        "the path may hold a token: {hung_up}"
+    );
+}
+
+#[test]
+fn a_huge_answer_is_read_only_up_to_the_cap() {
+    let receiver = serve(vec![Reply::Huge {
+        status: 500,
+        len: 10 * 1024 * 1024,
+    }]);
+    let endpoint = to(&receiver).build().unwrap();
+    let response = endpoint.post("msg_1", b"{}").unwrap();
+    assert_eq!(response.status(), 500);
+    assert_eq!(response.body().len(), 64 * 1024);
+    let err = response.error_for_status().unwrap_err();
+    let WebhookError::Status { excerpt, .. } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(excerpt.chars().count(), 201);
+    assert!(excerpt.ends_with('…'));
+    assert!(err.into_process_error().reason().len() < 400);
+}
+
+#[test]
+fn an_allowed_address_is_reachable_by_name_too() {
+    let receiver = serve(vec![raw("200 OK", &[], "")]);
+    let url = format!("http://localhost:{}/hook", receiver.addr().port());
+    let endpoint = WebhookEndpoint::builder(url)
+        .secret(secret())
+        .allow_address(LOCALHOST)
+        .build()
+        .unwrap();
+    deliver_to(&endpoint).unwrap();
+    assert_eq!(nth(&receiver, 1).path, "/hook");
+}
+
+#[test]
+fn special_purpose_addresses_are_refused_before_connecting() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    for url in [
+        format!("http://127.0.0.1:{port}/hook"),
+        format!("http://[::ffff:127.0.0.1]:{port}/hook"),
+        format!("http://localhost:{port}/hook"),
+    ] {
+        let endpoint = WebhookEndpoint::builder(&url)
+            .secret(secret())
+            .build()
+            .unwrap();
+        let err = deliver_to(&endpoint).unwrap_err();
+        assert_eq!(err.kind(), FailureKind::Permanent, "{url}: {err}");
+        assert!(err.reason().contains("allow_address"), "{url}: {err}");
+        let err = endpoint.post("msg_1", b"{}").unwrap_err();
+        assert!(
+            matches!(err, WebhookError::BlockedAddress { ref addresses, .. }
+                if addresses.iter().all(|ip| ip.to_canonical().is_loopback())),
+            "{url}: {err}"
+        );
+    }
+    assert!(
+        !was_dialled(&listener),
+        "a refused address was connected to"
+    );
+    let err = WebhookEndpoint::builder(format!("http://localhost:{port}/hook"))
+        .secret(secret())
+        .build()
+        .unwrap()
+        .post("msg_1", b"{}")
+        .unwrap_err();
+    assert!(err.to_string().contains("host `localhost`"), "{err}");
+}
+
+#[test]
+fn an_endpoint_is_built_and_dropped_inside_an_async_runtime() {
+    // As in a Rocket handler: the blocking HTTP client must neither be made nor dropped on a
+    // runtime's thread.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let endpoint = WebhookEndpoint::builder("http://127.0.0.1:9/hook")
+            .secret(secret())
+            .build()
+            .unwrap();
+        let clone = endpoint.clone();
+        drop(endpoint);
+        drop(clone);
+    });
+}
+
+#[test]
+fn a_trickled_answer_is_cut_at_the_endpoint_timeout_and_retried() {
+    // One byte every 100 ms never stalls a single read for long, yet the whole answer would
+    // take 100 s.
+    let receiver = serve(vec![Reply::TrickleBody {
+        every: Duration::from_millis(100),
+        bytes: 1000,
+    }]);
+    let endpoint = to(&receiver)
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = deliver_to(&endpoint).unwrap_err();
+    let elapsed = started.elapsed();
+    assert_eq!(err.kind(), FailureKind::Retryable, "{err}");
+    assert!(err.reason().contains("within 1s"), "{err}");
+    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
+}
