@@ -36,8 +36,11 @@ struct Step {
     n: u32,
 }
 
-/// What the handler saw, in processing order: (run, from, key, n).
-static SEEN: Mutex<Vec<(u64, u32, Option<String>, u32)>> = Mutex::new(Vec::new());
+/// One processing the handler saw: (run, from, key, n).
+type Seen = (u64, u32, Option<String>, u32);
+
+/// What the handler saw, in processing order.
+static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
 
 impl Handler for Step {
     fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {

@@ -37,12 +37,15 @@ fn authors<C: TestConnection>(pool: &TestPool<C>) -> Vec<String> {
     by
 }
 
+/// The body a transaction runs.
+type Body<'a, T> = &'a mut dyn FnMut(&mut T) -> Result<(), Error>;
+
 /// Runs `transaction` on `conn`: it reads the outbox, lets another connection enqueue, waits a
 /// little, then enqueues itself. Returns the transaction's result.
 fn read_then_write_around_another_commit<C, T>(
     pool: &TestPool<C>,
     conn: &mut T,
-    transaction: fn(&mut T, &mut dyn FnMut(&mut T) -> Result<(), Error>) -> Result<(), Error>,
+    transaction: fn(&mut T, Body<'_, T>) -> Result<(), Error>,
 ) -> Result<(), Error>
 where
     C: TestConnection,
@@ -69,14 +72,14 @@ where
 
 fn with_write_transaction<T: OutboxConnection + Connection>(
     conn: &mut T,
-    body: &mut dyn FnMut(&mut T) -> Result<(), Error>,
+    body: Body<'_, T>,
 ) -> Result<(), Error> {
     write_transaction(conn, |conn| body(conn))
 }
 
 fn with_plain_transaction<T: OutboxConnection + Connection>(
     conn: &mut T,
-    body: &mut dyn FnMut(&mut T) -> Result<(), Error>,
+    body: Body<'_, T>,
 ) -> Result<(), Error> {
     conn.transaction(|conn| body(conn))
 }

@@ -283,10 +283,8 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
 pub(crate) const INBOX_RECORD: &str = "INSERT OR IGNORE INTO outbox_inbox (webhook_id) VALUES (?)";
 
 /// Inbox ids older than some age deleted. Binds: age µs.
-pub(crate) const INBOX_SWEEP: &str = concat!(
-    "DELETE FROM outbox_inbox WHERE received_at < \
-     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0))"
-);
+pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox WHERE received_at < \
+     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0))";
 
 fn run(c: &mut SqliteConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
