@@ -93,7 +93,8 @@ pub const CLAIM: &str = concat!(
 
 /// Done messages of one claim removed, and the next message of each key promoted, in one
 /// statement: the promotion looks past the rows the DELETE removes (every part of the
-/// statement sees the table as it was before). Binds: token, ids, keys.
+/// statement sees the table as it was before), one probe of the ordering index per key.
+/// Binds: token, ids, keys.
 pub(crate) const DELETE_DONE: &str = concat!(
     "WITH gone AS (\
         DELETE FROM outbox_message USING ",
@@ -102,9 +103,10 @@ pub(crate) const DELETE_DONE: &str = concat!(
      promoted AS (\
         UPDATE outbox_message SET parked = FALSE \
         WHERE parked AND id IN (\
-            SELECT min(id) FROM outbox_message \
-            WHERE ordering_key = ANY($3) AND id NOT IN (SELECT id FROM gone) \
-            GROUP BY ordering_key)) \
+            SELECT next.id FROM unnest($3::text[]) AS k(ordering_key), LATERAL (\
+                SELECT id FROM outbox_message m \
+                WHERE m.ordering_key = k.ordering_key AND m.id NOT IN (SELECT id FROM gone) \
+                ORDER BY m.id LIMIT 1) next)) \
      SELECT count(*) AS n FROM gone"
 );
 
@@ -137,10 +139,13 @@ pub(crate) const DEAD_LETTER: &str = "WITH moved AS (\
          last_error = EXCLUDED.last_error, created_at = EXCLUDED.created_at, \
          failed_at = EXCLUDED.failed_at";
 
-/// The lowest pending message of each key unparked, if parked. Binds: keys.
+/// The lowest pending message of each key unparked, if parked: one probe of the ordering
+/// index per key (`min(..) GROUP BY` would read every pending row of the keys). Binds: keys.
 pub(crate) const PROMOTE_HEADS: &str = "UPDATE outbox_message SET parked = FALSE \
      WHERE parked AND id IN (\
-        SELECT min(id) FROM outbox_message WHERE ordering_key = ANY($1) GROUP BY ordering_key)";
+        SELECT next.id FROM unnest($1::text[]) AS k(ordering_key), LATERAL (\
+            SELECT id FROM outbox_message m WHERE m.ordering_key = k.ordering_key \
+            ORDER BY m.id LIMIT 1) next)";
 
 /// Of some ids, those still in the outbox. Binds: ids.
 pub(crate) const PRESENT: &str = "SELECT id FROM outbox_message WHERE id = ANY($1)";

@@ -151,13 +151,15 @@ pub(crate) const COPY_TO_DEAD: &str = concat!(
 /// The copied message removed, in the same write transaction as the copy. Binds: id, token.
 pub(crate) const DELETE_OWNED: &str = "DELETE FROM outbox_message WHERE id = ? AND locked_by = ?";
 
-/// The lowest pending message of each key unparked, if parked. Binds: keys.
+/// The lowest pending message of each key unparked, if parked: a `min` per key, which SQLite
+/// reads off the ordering index in one probe (`min(..) GROUP BY` would read every pending row
+/// of the keys). Binds: keys.
 fn promote_heads(n: usize) -> String {
     format!(
         "UPDATE outbox_message SET parked = 0 WHERE parked = 1 AND id IN (\
-            SELECT min(id) FROM outbox_message WHERE ordering_key IN ({}) \
-            GROUP BY ordering_key)",
-        placeholders(n)
+            SELECT (SELECT min(m.id) FROM outbox_message m WHERE m.ordering_key = k.column1) \
+            FROM (VALUES {}) AS k)",
+        vec!["(?)"; n].join(", ")
     )
 }
 
