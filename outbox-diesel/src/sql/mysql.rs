@@ -60,25 +60,27 @@ fn statement_logging_refuses_claims(log_bin: bool, binlog_format: &str) -> Optio
 }
 
 /// The claim's candidates, read without locks in due order: a few times the batch of due,
-/// unparked rows, each judged a head of its key or not (an index probe). A locking read
-/// would also lock (and, skipping locked rows, skip) the rows the probe looks at. Binds:
-/// candidates.
-pub const CANDIDATES: &str = "SELECT id, \
-         CASE WHEN ordering_key IS NULL OR NOT EXISTS (\
-             SELECT 1 FROM outbox_message e \
-             WHERE e.ordering_key = m.ordering_key AND e.id < m.id) THEN 1 ELSE 0 END AS head \
+/// unparked rows, each with the head of its key (itself if it is the head or has no key). The
+/// head is read as `ORDER BY … LIMIT 1`, one index entry: MariaDB runs `NOT EXISTS (… e.id <
+/// m.id)` as a lookup of the whole key, every pending message of it. A locking read would also
+/// lock (and, skipping locked rows, skip) the rows the probe looks at. Binds: candidates.
+pub const CANDIDATES: &str = "SELECT id, COALESCE((\
+             SELECT e.id FROM outbox_message e WHERE e.ordering_key = m.ordering_key \
+             ORDER BY e.ordering_key, e.id LIMIT 1), id) AS head_id \
      FROM outbox_message m \
      WHERE parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
      ORDER BY next_attempt_at, id LIMIT ?";
 
-/// Candidates found behind the head of their key, parked, if still behind one (a self-join:
-/// MySQL updates a table it also reads only that way). Binds: ids.
-fn park(n: usize) -> String {
+/// Candidates found behind the head of their key, parked, if that head is still pending (a
+/// self-join: MySQL updates a table it also reads only that way; the heads by position, so
+/// the join reads one row per head). Binds: candidate ids, head ids.
+fn park(behind: usize, heads: usize) -> String {
     format!(
         "UPDATE outbox_message o JOIN outbox_message e \
              ON e.ordering_key = o.ordering_key AND e.id < o.id \
-         SET o.parked = 1 WHERE o.parked = 0 AND o.id IN ({})",
-        placeholders(n)
+         SET o.parked = 1 WHERE o.parked = 0 AND o.id IN ({}) AND e.id IN ({})",
+        placeholders(behind),
+        placeholders(heads)
     )
 }
 
@@ -331,8 +333,8 @@ fn load_ids(c: &mut MysqlConnection, sql: &str, binds: &[Bind<'_>]) -> QueryResu
 struct Candidate {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     id: i64,
-    #[diesel(sql_type = diesel::sql_types::Integer)]
-    head: i32,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    head_id: i64,
 }
 
 /// A locked head: its position and payload size.
@@ -368,19 +370,21 @@ impl Statements for MysqlConnection {
         self.transaction(|c| {
             let candidates: Vec<Candidate> =
                 Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(claim.candidates())]).load(c)?;
-            let behind: Vec<i64> = candidates
-                .iter()
-                .filter(|cand| cand.head == 0)
-                .map(|cand| cand.id)
-                .collect();
-            if !behind.is_empty() {
-                dynamic::<Mysql>(&park(behind.len()), &ids_bound(&behind)).execute(c)?;
+            let (heads, behind): (Vec<&Candidate>, Vec<&Candidate>) =
+                candidates.iter().partition(|cand| cand.head_id == cand.id);
+            for chunk in behind.chunks(ID_CHUNK / 2) {
+                let ids: Vec<i64> = chunk.iter().map(|cand| cand.id).collect();
+                let mut their_heads: Vec<i64> = chunk.iter().map(|cand| cand.head_id).collect();
+                their_heads.sort_unstable();
+                their_heads.dedup();
+                let binds: Vec<Bind<'_>> = ids
+                    .iter()
+                    .chain(&their_heads)
+                    .map(|id| Bind::BigInt(*id))
+                    .collect();
+                dynamic::<Mysql>(&park(ids.len(), their_heads.len()), &binds).execute(c)?;
             }
-            let heads: Vec<i64> = candidates
-                .iter()
-                .filter(|cand| cand.head != 0)
-                .map(|cand| cand.id)
-                .collect();
+            let heads: Vec<i64> = heads.iter().map(|cand| cand.id).collect();
             // Locked a limit at a time: a worker claiming at the same moment reads the same
             // oldest heads and locks the first of them (a locking read locks every row of its
             // IN list); this claim then takes the next ones instead of coming back empty.
