@@ -62,11 +62,13 @@ fn statement_logging_refuses_claims(log_bin: bool, binlog_format: &str) -> Optio
 /// The claim's candidates, read without locks in due order: a few times the batch of due,
 /// unparked rows, each with the head of its key (itself if it is the head or has no key). The
 /// head is read as `ORDER BY … LIMIT 1`, one index entry: MariaDB runs `NOT EXISTS (… e.id <
-/// m.id)` as a lookup of the whole key, every pending message of it. A locking read would also
+/// m.id)` as a lookup of the whole key, every pending message of it. The `CASE` is needed, not
+/// style: with a large table MariaDB may run the probe null-safe (`<=>`), which would make every
+/// message without a key "behind" the lowest one. A locking read would also
 /// lock (and, skipping locked rows, skip) the rows the probe looks at. Binds: candidates.
-pub const CANDIDATES: &str = "SELECT id, COALESCE((\
+pub const CANDIDATES: &str = "SELECT id, CASE WHEN ordering_key IS NULL THEN id ELSE (\
              SELECT e.id FROM outbox_message e WHERE e.ordering_key = m.ordering_key \
-             ORDER BY e.ordering_key, e.id LIMIT 1), id) AS head_id \
+             ORDER BY e.ordering_key, e.id LIMIT 1) END AS head_id \
      FROM outbox_message m \
      WHERE parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
      ORDER BY next_attempt_at, id LIMIT ?";
