@@ -1,5 +1,5 @@
 //! Outbox helpers the tests share: the test signing secret, an endpoint that may dial
-//! 127.0.0.1, and everything pending or dead in a pool's database.
+//! 127.0.0.1, everything pending or dead in a pool's database, and outcomes for store tests.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -8,6 +8,7 @@ use diesel::r2d2::{ManageConnection, Pool};
 use outbox_diesel::admin::{
     dead_letters, pending_messages, DeadLetter, ListOptions, PendingMessage,
 };
+use outbox_diesel::store::{ClaimToken, ClaimedMessage, Outcome, Settlement};
 use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
 use outbox_diesel::OutboxConnection;
 
@@ -53,4 +54,15 @@ where
         &ListOptions::new().limit(1_000_000),
     )
     .expect("listing dead letters")
+}
+
+/// The outcome `settlement` of `message`, claimed under `token`.
+pub fn outcome(token: ClaimToken, message: &ClaimedMessage, settlement: Settlement) -> Outcome {
+    Outcome {
+        token,
+        position: message.position,
+        message_id: message.message_id,
+        ordering_key: message.ordering_key.clone(),
+        settlement,
+    }
 }

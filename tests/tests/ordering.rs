@@ -20,6 +20,7 @@ use outbox_diesel::{
     outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, OutboxManager,
     ProcessError, Worker,
 };
+use outbox_testkit::outbox::outcome;
 use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
@@ -134,13 +135,7 @@ impl<C: TestConnection> Fixture<C> {
     fn settle(&self, token: ClaimToken, claimed: &[ClaimedMessage], settlement: Settlement) {
         let outcomes: Vec<Outcome> = claimed
             .iter()
-            .map(|m| Outcome {
-                token,
-                position: m.position,
-                message_id: m.message_id,
-                ordering_key: m.ordering_key.clone(),
-                settlement: settlement.clone(),
-            })
+            .map(|m| outcome(token, m, settlement.clone()))
             .collect();
         let fenced = self.store.settle(&outcomes).unwrap();
         assert!(fenced.is_empty(), "{fenced:?}");

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use outbox_core::testing::MemoryStore;
 use outbox_diesel::admin::{dead_letters, pending_messages, ListOptions};
-use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Settlement, Store};
 use outbox_diesel::{DieselStore, Enqueue, EnqueueOptions, Message, OutboxManager};
+use outbox_testkit::outbox::outcome;
 use outbox_testkit::{TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
@@ -160,16 +161,6 @@ fn claim(h: &impl Harness, token: ClaimToken, limit: ClaimLimit) -> Vec<ClaimedM
 
 fn positions(claimed: &[ClaimedMessage]) -> Vec<i64> {
     claimed.iter().map(|m| m.position).collect()
-}
-
-fn outcome(token: ClaimToken, message: &ClaimedMessage, settlement: Settlement) -> Outcome {
-    Outcome {
-        token,
-        position: message.position,
-        message_id: message.message_id,
-        ordering_key: message.ordering_key.clone(),
-        settlement,
-    }
 }
 
 /// Claims take due messages in order, only the head of each key, within the count.

@@ -6,8 +6,9 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use diesel::{QueryableByName, RunQueryDsl};
 use outbox_diesel::admin::{dead_letters, pending_messages, ListOptions};
-use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, Settlement, Store};
 use outbox_diesel::{DieselStore, Enqueue, EnqueueOptions, Error, Message};
+use outbox_testkit::outbox::outcome;
 use outbox_testkit::{backend_tests, with_connection, Backend, TestConnection, TestDb};
 use serde::{Deserialize, Serialize};
 
@@ -24,16 +25,6 @@ impl Message for Item {
 struct Reason {
     #[diesel(sql_type = diesel::sql_types::Text)]
     last_error: String,
-}
-
-fn outcome(token: ClaimToken, message: &ClaimedMessage, settlement: Settlement) -> Outcome {
-    Outcome {
-        token,
-        position: message.position,
-        message_id: message.message_id,
-        ordering_key: message.ordering_key.clone(),
-        settlement,
-    }
 }
 
 /// One bad row is dead-lettered alone with the reason; the rest of the claim is delivered, and

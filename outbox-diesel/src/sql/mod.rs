@@ -49,6 +49,7 @@ use diesel::{QueryResult, QueryableByName};
 use outbox_core::store::{ClaimLimit, Outcome, Settlement};
 
 use crate::enqueue::NewMessage;
+use bind::Bind;
 
 /// The columns every reading of a message row selects: claims, listings, dead letters.
 #[derive(QueryableByName, Debug)]
@@ -140,6 +141,17 @@ pub(crate) struct Filter<'a> {
     pub message_type: Option<&'a str>,
     pub position: Option<i64>,
     pub limit: Option<u32>,
+}
+
+impl<'a> Filter<'a> {
+    /// The binds of every listing: type (NULL: any), from position, limit.
+    pub fn binds(&self) -> [Bind<'a>; 3] {
+        [
+            Bind::NullableText(self.message_type),
+            Bind::BigInt(self.position.unwrap_or(0)),
+            Bind::BigInt(self.limit.map_or(i64::MAX, i64::from)),
+        ]
+    }
 }
 
 /// A claim as the statements take it.

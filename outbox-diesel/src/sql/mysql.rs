@@ -545,11 +545,11 @@ impl Statements for MysqlConnection {
     }
 
     fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        Prepared::new(PENDING, STYLE, &filter_binds(filter)).load(self)
+        Prepared::new(PENDING, STYLE, &filter.binds()).load(self)
     }
 
     fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
-        Prepared::new(DEAD_LETTERS, STYLE, &filter_binds(filter)).load(self)
+        Prepared::new(DEAD_LETTERS, STYLE, &filter.binds()).load(self)
     }
 
     fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
@@ -608,14 +608,6 @@ impl Statements for MysqlConnection {
     fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize> {
         run(self, INBOX_SWEEP, &[Bind::BigInt(older_than_micros)])
     }
-}
-
-fn filter_binds<'a>(filter: &Filter<'a>) -> [Bind<'a>; 3] {
-    [
-        Bind::NullableText(filter.message_type),
-        Bind::BigInt(filter.position.unwrap_or(0)),
-        Bind::BigInt(filter.limit.map_or(i64::MAX, i64::from)),
-    ]
 }
 
 #[cfg(test)]

@@ -245,14 +245,6 @@ fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResu
     Prepared::new(sql, STYLE, binds).execute(c)
 }
 
-fn filter_binds<'a>(filter: &Filter<'a>) -> [Bind<'a>; 3] {
-    [
-        Bind::NullableText(filter.message_type),
-        Bind::BigInt(filter.position.unwrap_or(0)),
-        Bind::BigInt(filter.limit.map_or(i64::MAX, i64::from)),
-    ]
-}
-
 impl Statements for PgConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
         const BINDS: usize = 6;
@@ -388,11 +380,11 @@ impl Statements for PgConnection {
     }
 
     fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        Prepared::new(PENDING, STYLE, &filter_binds(filter)).load(self)
+        Prepared::new(PENDING, STYLE, &filter.binds()).load(self)
     }
 
     fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
-        Prepared::new(DEAD_LETTERS, STYLE, &filter_binds(filter)).load(self)
+        Prepared::new(DEAD_LETTERS, STYLE, &filter.binds()).load(self)
     }
 
     fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
