@@ -226,6 +226,13 @@ pub trait Store: Send + Sync + 'static {
         Ok(0)
     }
 
+    /// Forgets idempotency keys whose window has passed (a store that records them), a
+    /// bounded amount of work per call. The worker calls it every few seconds; returns how
+    /// many keys were forgotten.
+    fn expire_idempotency_keys(&self) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+
     /// Whether [`listen`](Store::listen) gives a listener, which then holds a connection of its
     /// own (counted by the worker before it calls [`check`](Store::check)).
     fn listens(&self) -> bool {

@@ -16,6 +16,7 @@ use crate::admin::{parse_message_id, time_from_micros};
 use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
 use crate::database::ensure_busy_timeout;
+use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::sql::{self, micros, Claim, ClaimRow, Statements};
 
 /// The longest the worker waits for a connection from the pool: it retries after logging, and a
@@ -40,6 +41,8 @@ pub struct DieselStore<M: ManageConnection> {
     // Held, not checked out per call: a checkout costs a validation round trip (r2d2 pings).
     claim_connection: Mutex<Option<PooledConnection<M>>>,
     settle_connection: Mutex<Option<PooledConnection<M>>>,
+    idempotency_window: Duration,
+    idempotency_sweep: Mutex<SweepCursor>,
 }
 
 impl<M: ManageConnection> fmt::Debug for DieselStore<M> {
@@ -62,7 +65,17 @@ where
             backend: OnceLock::new(),
             claim_connection: Mutex::new(None),
             settle_connection: Mutex::new(None),
+            idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
+            idempotency_sweep: Mutex::new(SweepCursor::default()),
         }
+    }
+
+    /// How long an idempotency key is remembered after its message settled (default
+    /// [`DEFAULT_IDEMPOTENCY_WINDOW`], a day; at most a hundred years). The worker forgets keys
+    /// past it; see [`idempotency`](crate::idempotency).
+    pub fn idempotency_window(mut self, window: Duration) -> Self {
+        self.idempotency_window = window;
+        self
     }
 
     /// Runs `work` on the connection held in `slot`, taking one from the pool if there is none;
@@ -192,6 +205,22 @@ where
         )
     }
 
+    fn expire_idempotency_keys(&self) -> Result<usize, StoreError> {
+        let mut cursor = self
+            .idempotency_sweep
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.with_held(
+            &self.claim_connection,
+            "expiring idempotency keys",
+            |conn| {
+                with_backend!(conn.backend_connection(), c => {
+                    idempotency::sweep(c, &mut cursor, self.idempotency_window)
+                })
+            },
+        )
+    }
+
     fn extend_leases(
         &self,
         leases: &[(ClaimToken, i64)],
@@ -224,9 +253,15 @@ where
             ));
         }
         let mut conn = self.connection()?;
-        // The newest column: a schema that has it is current.
+        // The newest table and column: a schema that has them is current.
         execute_batch(&mut *conn, "SELECT parked FROM outbox_message WHERE 1 = 0")
             .and_then(|_| execute_batch(&mut *conn, "SELECT 1 FROM outbox_failure WHERE 1 = 0"))
+            .and_then(|_| {
+                execute_batch(
+                    &mut *conn,
+                    "SELECT settled_at FROM outbox_idempotency WHERE 1 = 0",
+                )
+            })
             .map_err(|e| {
                 StoreError::new(
                     "the outbox tables are missing, out of date or unreadable (run \

@@ -36,6 +36,7 @@ enum NotBefore {
 #[derive(Debug, Clone)]
 pub struct EnqueueOptions {
     ordering_key: Option<String>,
+    idempotency_key: Option<String>,
     not_before: NotBefore,
     max_payload_bytes: usize,
 }
@@ -44,6 +45,7 @@ impl Default for EnqueueOptions {
     fn default() -> Self {
         EnqueueOptions {
             ordering_key: None,
+            idempotency_key: None,
             not_before: NotBefore::Now,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
@@ -60,6 +62,15 @@ impl EnqueueOptions {
     /// events of one order or one member. At most 255 bytes.
     pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
         self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Enqueued once per key: a later enqueue with the same key, while the first message is
+    /// pending or dead-lettered and for a window after it settled, writes nothing and returns
+    /// the first message's id (see [`idempotency`](crate::idempotency)). 1 to 255 bytes, without
+    /// U+0000; compared byte for byte.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
         self
     }
 
@@ -94,6 +105,7 @@ pub(crate) struct NewMessage {
     message_type: &'static str,
     payload: String,
     ordering_key: Option<String>,
+    idempotency_key: Option<String>,
     not_before_micros: Option<i64>,
 }
 
@@ -111,6 +123,17 @@ impl NewMessage {
                     what: "ordering key",
                     len: key.len(),
                 });
+            }
+        }
+        if let Some(key) = &options.idempotency_key {
+            if key.len() > MAX_KEY_LEN {
+                return Err(Error::TooLong {
+                    what: "idempotency key",
+                    len: key.len(),
+                });
+            }
+            if key.is_empty() || key.contains('\0') {
+                return Err(Error::InvalidIdempotencyKey);
             }
         }
         let payload = serde_json::to_string(message).map_err(|source| Error::Serialize {
@@ -143,9 +166,22 @@ impl NewMessage {
             message_type: M::MESSAGE_TYPE,
             payload,
             ordering_key: options.ordering_key.clone(),
+            idempotency_key: options.idempotency_key.clone(),
             not_before_micros,
         };
         Ok((id, row))
+    }
+
+    pub(crate) fn id(&self) -> MessageId {
+        self.id
+    }
+
+    pub(crate) fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    pub(crate) fn idempotency_key(&self) -> Option<&str> {
+        self.idempotency_key.as_deref()
     }
 }
 
@@ -184,16 +220,20 @@ pub trait Enqueue: Message {
         self.enqueue_with(conn, &EnqueueOptions::new())
     }
 
-    /// Enqueues this message with an ordering key or a delay.
+    /// Enqueues this message with an ordering key, a delay or an idempotency key. Returns its
+    /// id; with an idempotency key already recorded, the id of the message first enqueued
+    /// with it (and nothing is written).
     fn enqueue_with<C: OutboxConnection>(
         &self,
         conn: &mut C,
         options: &EnqueueOptions,
     ) -> Result<MessageId> {
-        let (id, row) = NewMessage::new(self, options)?;
-        insert(conn, std::slice::from_ref(&row))?;
+        let (_, row) = NewMessage::new(self, options)?;
+        let ids = insert(conn, std::slice::from_ref(&row))?;
         outbox_core::__private::notify_enqueued();
-        Ok(id)
+        ids.into_iter()
+            .next()
+            .ok_or(Error::Database(diesel::result::Error::NotFound))
     }
 }
 
@@ -230,7 +270,9 @@ impl Batch {
         self.push_with(message, &EnqueueOptions::new())
     }
 
-    /// Adds a message with an ordering key or a delay.
+    /// Adds a message with an ordering key, a delay or an idempotency key. The id returned is
+    /// the one the message gets if its idempotency key (if any) is new; [`Batch::enqueue`]
+    /// returns the ids as they turned out.
     pub fn push_with<M: Message>(
         &mut self,
         message: &M,
@@ -251,14 +293,16 @@ impl Batch {
         self.rows.is_empty()
     }
 
-    /// Inserts every message of the batch through `conn`, returning their ids in push order.
+    /// Inserts every message of the batch through `conn`, returning their ids in push order
+    /// (for a message whose idempotency key was recorded, the first message's id).
     ///
     /// Use it inside `conn.transaction(..)`: a batch too large for one statement is split into
-    /// several, and only a transaction makes them all-or-nothing.
+    /// several, and only a transaction makes them all-or-nothing. Messages with an idempotency
+    /// key cost a few statements each, not a share of one.
     pub fn enqueue<C: OutboxConnection>(self, conn: &mut C) -> Result<Vec<MessageId>> {
-        insert(conn, &self.rows)?;
+        let ids = insert(conn, &self.rows)?;
         outbox_core::__private::notify_enqueued();
-        Ok(self.rows.iter().map(|row| row.id).collect())
+        Ok(ids)
     }
 }
 
@@ -315,9 +359,14 @@ impl NewMessage {
     }
 }
 
-fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<()> {
-    with_backend!(conn.backend_connection(), c => c.insert_messages(rows))?;
-    Ok(())
+/// Inserts `rows`; returns their ids, or for rows whose idempotency key was recorded, the
+/// first message's.
+fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<Vec<MessageId>> {
+    if rows.iter().all(|row| row.idempotency_key.is_none()) {
+        with_backend!(conn.backend_connection(), c => c.insert_messages(rows))?;
+        return Ok(rows.iter().map(|row| row.id).collect());
+    }
+    Ok(with_backend!(conn.backend_connection(), c => crate::idempotency::insert(c, rows))?)
 }
 
 #[cfg(test)]

@@ -39,6 +39,13 @@ pub enum Error {
         len: usize,
     },
 
+    /// An idempotency key is empty or contains U+0000.
+    #[error(
+        "the idempotency key is empty or contains the character U+0000 (NUL); use 1 to 255 \
+         bytes of text without NUL"
+    )]
+    InvalidIdempotencyKey,
+
     /// The message's JSON is larger than allowed, so nothing was written. Put large content in
     /// your own tables and send a reference, or raise `EnqueueOptions::max_payload_bytes`.
     #[error(
@@ -130,7 +137,12 @@ pub enum Error {
 }
 
 /// The outbox's tables, as a missing-table error names them.
-const OUTBOX_TABLES: [&str; 3] = ["outbox_message", "outbox_failure", "outbox_inbox"];
+const OUTBOX_TABLES: [&str; 4] = [
+    "outbox_message",
+    "outbox_failure",
+    "outbox_inbox",
+    "outbox_idempotency",
+];
 
 impl From<diesel::result::Error> for Error {
     fn from(error: diesel::result::Error) -> Self {

@@ -99,6 +99,7 @@ mod database;
 mod diesel_store;
 mod enqueue;
 mod error;
+pub mod idempotency;
 #[cfg(feature = "webhook")]
 pub mod inbox;
 mod migrations;

@@ -164,7 +164,8 @@ impl Claimer {
 }
 
 impl Claimer {
-    /// Runs the store's safety net for per-key order every few seconds.
+    /// Runs the store's safety net for per-key order and its expiry of idempotency keys every
+    /// few seconds.
     fn promote_stranded(&mut self) {
         if Instant::now() < self.next_promotion {
             return;
@@ -177,6 +178,11 @@ impl Claimer {
                  it parked); promoted"
             ),
             Err(error) => log::warn!("outbox: promoting stranded ordering keys failed: {error}"),
+        }
+        match self.shared.store.expire_idempotency_keys() {
+            Ok(0) => {}
+            Ok(n) => log::debug!("outbox: forgot {n} expired idempotency keys"),
+            Err(error) => log::warn!("outbox: expiring idempotency keys failed: {error}"),
         }
     }
 }

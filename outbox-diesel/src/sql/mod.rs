@@ -120,6 +120,13 @@ pub(crate) struct StatsRow {
     pub(crate) oldest: Option<i64>,
 }
 
+/// A row of one text column named `message_id`.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct MessageIdRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) message_id: String,
+}
+
 /// A row of one BIGINT column named `id`.
 #[derive(QueryableByName, Debug)]
 pub(crate) struct IdRow {
@@ -289,6 +296,28 @@ pub(crate) trait Statements: Sized {
     fn refusing_setting(&mut self) -> QueryResult<Option<String>> {
         Ok(None)
     }
+
+    /// Records `key` for the message `message_id` unless recorded; whether it was new. An
+    /// enqueue in another transaction with the same key waits until this one ends.
+    fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool>;
+
+    /// The message id recorded with `key`, as committed (whatever snapshot the transaction
+    /// holds, where the backend allows).
+    fn idempotent_message(&mut self, key: &str) -> QueryResult<Option<String>>;
+
+    /// Stores with `key` the position of the message this connection inserted last.
+    fn set_idempotency_position(&mut self, key: &str) -> QueryResult<()>;
+
+    /// The positions of up to `limit` keys not stamped settled, after `after`, in order.
+    fn unsettled_idempotency_keys(&mut self, after: i64, limit: i64) -> QueryResult<Vec<i64>>;
+
+    /// Stamps settled the keys at `positions` whose message has left the outbox and the dead
+    /// letters (at most [`ID_CHUNK`] positions); returns how many.
+    fn settle_idempotency_keys(&mut self, positions: &[i64]) -> QueryResult<usize>;
+
+    /// Deletes up to `limit` keys stamped settled more than `window_micros` ago; returns how
+    /// many.
+    fn expire_idempotency_keys(&mut self, window_micros: i64, limit: i64) -> QueryResult<usize>;
 
     /// Records a received webhook id unless recorded; whether it was new.
     #[cfg_attr(not(feature = "webhook"), allow(dead_code))]

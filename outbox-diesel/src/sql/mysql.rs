@@ -9,8 +9,8 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    placeholders, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, PendingRow, Selection, Statements,
-    StatsRow, ID_CHUNK,
+    placeholders, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, MessageIdRow, PendingRow,
+    Selection, Statements, StatsRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -310,6 +310,44 @@ pub(crate) const INBOX_RECORD: &str =
 pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox \
      WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6))";
 
+/// An idempotency key recorded for a message unless recorded: an enqueue in another
+/// transaction with the same key waits on the primary key until the first one ends. (IGNORE
+/// would also turn a too-long key into a warning; the enqueue checks lengths first.) Binds:
+/// key, message id.
+pub(crate) const RESERVE_KEY: &str = "INSERT IGNORE INTO outbox_idempotency \
+     (idempotency_key, message_id, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))";
+
+/// The message an idempotency key was recorded for, read as committed: a locking read, since
+/// under REPEATABLE READ a plain one would read the transaction's older snapshot, where the
+/// key the reservation waited for is missing. Binds: key.
+pub(crate) const KEYED_MESSAGE: &str = "SELECT message_id FROM outbox_idempotency \
+     WHERE idempotency_key = ? LOCK IN SHARE MODE";
+
+/// The position of the message this session inserted last, stored with its key. Binds: key.
+pub(crate) const SET_KEY_POSITION: &str = "UPDATE outbox_idempotency \
+     SET message_position = LAST_INSERT_ID() WHERE idempotency_key = ?";
+
+/// Keys not stamped settled, by their message's position, from a position on. Binds: after,
+/// limit.
+pub(crate) const UNSETTLED_KEYS: &str = "SELECT message_position AS id FROM outbox_idempotency \
+     WHERE settled_at IS NULL AND message_position > ? ORDER BY message_position LIMIT ?";
+
+/// Keys stamped settled whose message has left the outbox and the dead letters (a dead letter
+/// may still be re-queued). Binds: positions.
+fn settle_keys(n: usize) -> String {
+    format!(
+        "UPDATE outbox_idempotency k SET settled_at = UTC_TIMESTAMP(6) \
+         WHERE settled_at IS NULL AND message_position IN ({}) \
+         AND NOT EXISTS (SELECT 1 FROM outbox_message m WHERE m.id = k.message_position) \
+         AND NOT EXISTS (SELECT 1 FROM outbox_failure f WHERE f.id = k.message_position)",
+        placeholders(n)
+    )
+}
+
+/// Keys settled longer ago than the window deleted, at most a batch. Binds: window µs, limit.
+pub(crate) const EXPIRE_KEYS: &str = "DELETE FROM outbox_idempotency \
+     WHERE settled_at <= TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) LIMIT ?";
+
 fn run(c: &mut MysqlConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -601,6 +639,46 @@ impl Statements for MysqlConnection {
         ))
     }
 
+    fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool> {
+        Ok(run(
+            self,
+            RESERVE_KEY,
+            &[Bind::Text(key), Bind::Text(message_id)],
+        )? == 1)
+    }
+
+    fn idempotent_message(&mut self, key: &str) -> QueryResult<Option<String>> {
+        let rows: Vec<MessageIdRow> =
+            Prepared::new(KEYED_MESSAGE, STYLE, &[Bind::Text(key)]).load(self)?;
+        Ok(rows.into_iter().next().map(|row| row.message_id))
+    }
+
+    fn set_idempotency_position(&mut self, key: &str) -> QueryResult<()> {
+        run(self, SET_KEY_POSITION, &[Bind::Text(key)]).map(drop)
+    }
+
+    fn unsettled_idempotency_keys(&mut self, after: i64, limit: i64) -> QueryResult<Vec<i64>> {
+        let rows: Vec<IdRow> = Prepared::new(
+            UNSETTLED_KEYS,
+            STYLE,
+            &[Bind::BigInt(after), Bind::BigInt(limit)],
+        )
+        .load(self)?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
+    }
+
+    fn settle_idempotency_keys(&mut self, positions: &[i64]) -> QueryResult<usize> {
+        dynamic::<Mysql>(&settle_keys(positions.len()), &ids_bound(positions)).execute(self)
+    }
+
+    fn expire_idempotency_keys(&mut self, window_micros: i64, limit: i64) -> QueryResult<usize> {
+        run(
+            self,
+            EXPIRE_KEYS,
+            &[Bind::BigInt(window_micros), Bind::BigInt(limit)],
+        )
+    }
+
     fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
         Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
     }
@@ -670,6 +748,11 @@ mod tests {
             (PURGE, 1),
             (INBOX_RECORD, 1),
             (INBOX_SWEEP, 1),
+            (RESERVE_KEY, 2),
+            (KEYED_MESSAGE, 1),
+            (SET_KEY_POSITION, 1),
+            (UNSETTLED_KEYS, 2),
+            (EXPIRE_KEYS, 2),
         ] {
             assert_eq!(sql.matches('?').count(), binds, "{sql}");
         }

@@ -11,8 +11,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    Claim, ClaimRow, CountRow, DeadLetterRow, Filter, IdRow, PendingRow, Selection, Statements,
-    StatsRow,
+    Claim, ClaimRow, CountRow, DeadLetterRow, Filter, IdRow, MessageIdRow, PendingRow, Selection,
+    Statements, StatsRow,
 };
 use crate::enqueue::NewMessage;
 
@@ -241,6 +241,39 @@ pub(crate) const INBOX_RECORD: &str =
 pub(crate) const INBOX_SWEEP: &str =
     "DELETE FROM outbox_inbox WHERE received_at < now() - $1 * INTERVAL '1 microsecond'";
 
+/// An idempotency key recorded for a message unless recorded: an enqueue in another
+/// transaction with the same key waits on the primary key until the first one ends. Binds:
+/// key, message id.
+pub(crate) const RESERVE_KEY: &str =
+    "INSERT INTO outbox_idempotency (idempotency_key, message_id) \
+     VALUES ($1, $2::uuid) ON CONFLICT DO NOTHING";
+
+/// The message an idempotency key was recorded for. Binds: key.
+pub(crate) const KEYED_MESSAGE: &str = "SELECT message_id::text AS message_id \
+     FROM outbox_idempotency WHERE idempotency_key = $1";
+
+/// The position of the message this session inserted last, stored with its key. Binds: key.
+pub(crate) const SET_KEY_POSITION: &str = "UPDATE outbox_idempotency \
+     SET message_position = currval(pg_get_serial_sequence('outbox_message', 'id')) \
+     WHERE idempotency_key = $1";
+
+/// Keys not stamped settled, by their message's position, from a position on. Binds: after,
+/// limit.
+pub(crate) const UNSETTLED_KEYS: &str = "SELECT message_position AS id FROM outbox_idempotency \
+     WHERE settled_at IS NULL AND message_position > $1 ORDER BY message_position LIMIT $2";
+
+/// Keys stamped settled whose message has left the outbox and the dead letters (a dead letter
+/// may still be re-queued). Binds: positions.
+pub(crate) const SETTLE_KEYS: &str = "UPDATE outbox_idempotency k SET settled_at = now() \
+     WHERE settled_at IS NULL AND message_position = ANY($1) \
+     AND NOT EXISTS (SELECT 1 FROM outbox_message m WHERE m.id = k.message_position) \
+     AND NOT EXISTS (SELECT 1 FROM outbox_failure f WHERE f.id = k.message_position)";
+
+/// Keys settled longer ago than the window deleted, at most a batch. Binds: window µs, limit.
+pub(crate) const EXPIRE_KEYS: &str = "DELETE FROM outbox_idempotency WHERE idempotency_key IN (\
+     SELECT idempotency_key FROM outbox_idempotency \
+     WHERE settled_at <= now() - $1 * INTERVAL '1 microsecond' LIMIT $2)";
+
 fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -427,6 +460,51 @@ impl Statements for PgConnection {
         ))
     }
 
+    fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool> {
+        Ok(run(
+            self,
+            RESERVE_KEY,
+            &[Bind::Text(key), Bind::Text(message_id)],
+        )? == 1)
+    }
+
+    fn idempotent_message(&mut self, key: &str) -> QueryResult<Option<String>> {
+        // READ COMMITTED takes a new snapshot per statement, so the row the reservation waited
+        // for is seen; REPEATABLE READ and SERIALIZABLE fail the reservation instead (a
+        // serialization error the application retries, as it does for those levels).
+        let rows: Vec<MessageIdRow> =
+            Prepared::new(KEYED_MESSAGE, STYLE, &[Bind::Text(key)]).load(self)?;
+        Ok(rows.into_iter().next().map(|row| row.message_id))
+    }
+
+    fn set_idempotency_position(&mut self, key: &str) -> QueryResult<()> {
+        run(self, SET_KEY_POSITION, &[Bind::Text(key)]).map(drop)
+    }
+
+    fn unsettled_idempotency_keys(&mut self, after: i64, limit: i64) -> QueryResult<Vec<i64>> {
+        let rows: Vec<IdRow> = Prepared::new(
+            UNSETTLED_KEYS,
+            STYLE,
+            &[Bind::BigInt(after), Bind::BigInt(limit)],
+        )
+        .load(self)?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
+    }
+
+    fn settle_idempotency_keys(&mut self, positions: &[i64]) -> QueryResult<usize> {
+        diesel::sql_query(SETTLE_KEYS)
+            .bind::<Array<BigInt>, _>(positions)
+            .execute(self)
+    }
+
+    fn expire_idempotency_keys(&mut self, window_micros: i64, limit: i64) -> QueryResult<usize> {
+        run(
+            self,
+            EXPIRE_KEYS,
+            &[Bind::BigInt(window_micros), Bind::BigInt(limit)],
+        )
+    }
+
     fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
         Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
     }
@@ -465,6 +543,12 @@ mod tests {
             PURGE,
             INBOX_RECORD,
             INBOX_SWEEP,
+            RESERVE_KEY,
+            KEYED_MESSAGE,
+            SET_KEY_POSITION,
+            UNSETTLED_KEYS,
+            SETTLE_KEYS,
+            EXPIRE_KEYS,
         ] {
             let mut expected = 1;
             let mut rest = sql;
