@@ -64,11 +64,22 @@ pub struct Delivery {
     pub attempt: u32,
 }
 
+/// How a worker settles the message of a context inside a transaction (see
+/// [`Context::settle_within`]).
+pub(crate) trait SettleWithin {
+    fn settle_within(
+        &self,
+        work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError>;
+}
+
 /// What a handler receives besides its message: facts about the delivery and the application's
 /// shared [`Resources`].
 pub struct Context<'a> {
     delivery: &'a Delivery,
     resources: &'a Resources,
+    settle: Option<&'a dyn SettleWithin>,
+    settled_within: bool,
 }
 
 impl<'a> Context<'a> {
@@ -77,7 +88,54 @@ impl<'a> Context<'a> {
         Context {
             delivery,
             resources,
+            settle: None,
+            settled_within: false,
         }
+    }
+
+    /// A context whose message the worker can settle inside a transaction.
+    pub(crate) fn in_worker(
+        delivery: &'a Delivery,
+        resources: &'a Resources,
+        settle: &'a dyn SettleWithin,
+    ) -> Self {
+        Context {
+            settle: Some(settle),
+            ..Context::new(delivery, resources)
+        }
+    }
+
+    /// Runs `work` in one database transaction that also settles this message as done: both
+    /// commit or neither does, so the work's effect happens exactly once even across crashes.
+    /// `work` gets the store's connection as `&mut dyn Any`; call it through
+    /// `outbox_diesel::exactly_once`, which gives it its type.
+    ///
+    /// Nothing runs if the worker no longer holds the message (its lease passed to another
+    /// claim): that is a retryable error, and the claim that holds it now does the work. Once
+    /// it has committed, the attempt counts as succeeded whatever the handler returns after.
+    pub fn settle_within(
+        &mut self,
+        work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError> {
+        let settle = self.settle.ok_or_else(|| {
+            ProcessError::permanent(
+                "this context was not made by a worker, so there is no claimed message to \
+                 settle in a transaction",
+            )
+        })?;
+        if self.settled_within {
+            return Err(ProcessError::permanent(
+                "this message was settled in a transaction already; a handler settles it once",
+            ));
+        }
+        settle.settle_within(work)?;
+        self.settled_within = true;
+        Ok(())
+    }
+
+    /// Whether the handler settled its message in a transaction.
+    pub(crate) fn was_settled_within(&self) -> bool {
+        self.settled_within
     }
 
     /// The message's stable id, the same on every attempt.

@@ -4,9 +4,11 @@
 //! [`MemoryStore`](crate::testing::MemoryStore) (feature `testing`) in memory, with faults
 //! on demand.
 
+use std::any::Any;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use crate::error::ProcessError;
 use crate::message::MessageId;
 
 /// Identifies one claim: the worker that made it writes it into the rows it leases, and every
@@ -179,6 +181,17 @@ pub struct Outcome {
     pub settlement: Settlement,
 }
 
+/// The message a [`Store::settle_within`] settles: its claim, position and ordering key.
+#[derive(Debug, Clone, Copy)]
+pub struct SettleTarget<'a> {
+    /// The claim that holds it now.
+    pub token: ClaimToken,
+    /// Its position.
+    pub position: i64,
+    /// Its ordering key, whose next message the settlement promotes.
+    pub ordering_key: Option<&'a str>,
+}
+
 /// Where the worker's messages live. `outbox-diesel` implements it for PostgreSQL, MySQL and
 /// SQLite; it is public so that other storage can be plugged in. The conformance suite in the
 /// workspace's tests (`tests/tests/store_conformance.rs`) states the contract as tests.
@@ -224,6 +237,24 @@ pub trait Store: Send + Sync + 'static {
     /// behind a key's head). The worker calls it every few seconds; returns how many.
     fn promote_stranded(&self) -> Result<usize, StoreError> {
         Ok(0)
+    }
+
+    /// Settles a claimed message as done in one database transaction with `work`, which gets
+    /// the store's connection (as `&mut dyn Any`; `outbox-diesel`'s `exactly_once` gives it its
+    /// type): the message is removed (only if `token` still holds it) and the work's writes
+    /// commit together, or neither does. Returns the work's error after rolling back, a
+    /// retryable error if the claim no longer holds the message (nothing ran) or the database
+    /// failed. A store without transactions refuses (the default).
+    fn settle_within(
+        &self,
+        message: &SettleTarget<'_>,
+        work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError> {
+        let _ = (message, work);
+        Err(ProcessError::permanent(
+            "this worker's store cannot settle a message inside a transaction; exactly-once \
+             handlers need outbox-diesel's DieselStore",
+        ))
     }
 
     /// Forgets idempotency keys whose window has passed (a store that records them), a

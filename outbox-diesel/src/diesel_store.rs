@@ -1,15 +1,17 @@
 //! The worker's storage on Diesel: claims with leases, batched settlements, `LISTEN`.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
-use diesel::QueryResult;
+use diesel::{Connection, QueryResult};
 use outbox_core::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Settlement, Store, StoreError,
+    ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, SettleTarget, Settlement, Store,
+    StoreError,
 };
-use outbox_core::MessageId;
+use outbox_core::{MessageId, ProcessError};
 
 use crate::admin::{parse_message_id, time_from_micros};
 #[cfg(feature = "postgres")]
@@ -124,7 +126,7 @@ where
 impl<M> Store for DieselStore<M>
 where
     M: ManageConnection,
-    M::Connection: OutboxConnection + Send,
+    M::Connection: OutboxConnection + Connection + Send,
 {
     fn claim(
         &self,
@@ -203,6 +205,49 @@ where
             "promoting stranded ordering keys",
             |conn| with_backend!(conn.backend_connection(), c => c.promote_stranded()),
         )
+    }
+
+    fn settle_within(
+        &self,
+        message: &SettleTarget<'_>,
+        work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError> {
+        let mut conn = self.connection().map_err(|error| {
+            ProcessError::retryable(format!(
+                "{error}; an exactly-once handler takes a connection of its own while it runs, \
+                 so the pool needs one per handler thread beside the worker's own"
+            ))
+        })?;
+        let claims = [(message.token.to_string(), vec![message.position])];
+        let keys: Vec<&str> = message.ordering_key.into_iter().collect();
+        let mut outcome = Ok(());
+        let committed = Connection::transaction::<_, diesel::result::Error, _>(&mut *conn, |c| {
+            // Removed first, fenced by the claim: a worker whose lease passed on runs nothing.
+            let removed = with_backend!(c.backend_connection(), b => {
+                let removed = b.delete_done(&claims, &keys)?;
+                b.keep_commit_durable()?;
+                removed
+            });
+            if removed == 0 {
+                outcome = Err(ProcessError::retryable(
+                    "the lease on this message passed to another claim before its transaction \
+                     began; nothing ran, and the claim that holds it now does the work",
+                ));
+                return Err(diesel::result::Error::RollbackTransaction);
+            }
+            outcome = work(c);
+            match outcome {
+                Ok(()) => Ok(()),
+                Err(_) => Err(diesel::result::Error::RollbackTransaction),
+            }
+        });
+        match committed {
+            Ok(()) => Ok(()),
+            Err(diesel::result::Error::RollbackTransaction) if outcome.is_err() => outcome,
+            Err(error) => Err(ProcessError::retryable(format!(
+                "the handler's transaction failed and rolled back: {error}"
+            ))),
+        }
     }
 
     fn expire_idempotency_keys(&self) -> Result<usize, StoreError> {

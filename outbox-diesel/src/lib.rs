@@ -83,7 +83,9 @@
 //! At-least-once delivery: every committed message is processed successfully or moved to the
 //! dead-letter table (`outbox_failure`) with the reason. Without faults, each message is
 //! processed once even with many workers; after a crash only messages that were in flight may
-//! run again, so receivers should drop duplicates by [`Context::message_id`]. Messages sharing an
+//! run again, so receivers should drop duplicates by [`Context::message_id`], and handlers whose
+//! effect is a write to the same database can make it happen exactly once with [`exactly_once`].
+//! A message enqueued with an [idempotency key](idempotency) is written once. Messages sharing an
 //! [ordering key](EnqueueOptions::ordering_key) are processed one at a time, in order. See the
 //! README for the full statement and the worker's defaults.
 #![forbid(unsafe_code)]
@@ -99,6 +101,7 @@ mod database;
 mod diesel_store;
 mod enqueue;
 mod error;
+pub mod exactly_once;
 pub mod idempotency;
 #[cfg(feature = "webhook")]
 pub mod inbox;
@@ -113,6 +116,7 @@ pub use database::{
 pub use diesel_store::DieselStore;
 pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use error::{Error, Result};
+pub use exactly_once::exactly_once;
 pub use migrations::run_migrations;
 pub use outbox_core::{
     Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, Message,

@@ -1,7 +1,14 @@
 //! Handlers shared by the test binaries and the test worker process.
 
+use std::time::Duration;
+
+use diesel::sql_types::{Integer, Text};
+use diesel::RunQueryDsl;
 use outbox_diesel::webhook::WebhookEndpoint;
-use outbox_diesel::{outbox_handler, Context, Handler, ProcessError};
+use outbox_diesel::{
+    exactly_once, outbox_handler, Backend, Context, Enqueue, Handler, ProcessError,
+};
+use outbox_testkit::with_connection;
 use serde::{Deserialize, Serialize};
 
 /// Delivers itself to the worker's webhook endpoint.
@@ -45,5 +52,65 @@ impl Handler for Stall {
             return Err(ProcessError::retryable("stalled on purpose"));
         }
         ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self.hook)
+    }
+}
+
+/// The table [`Effect`] writes to: one row per effect, with no unique key, so that an effect
+/// applied twice shows as two rows.
+pub const EFFECT_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS test_effect (message_id VARCHAR(64) NOT NULL, n INTEGER NOT NULL)";
+
+/// Writes a row to `test_effect` inside its settlement's transaction ([`exactly_once`]), then
+/// holds the transaction open for `pause_ms` (so a kill lands inside it). Needs the worker's
+/// [`Backend`] as a resource.
+#[outbox_handler("test.effect")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Effect {
+    /// Which effect.
+    pub n: i32,
+    /// How long the transaction stays open after the write.
+    pub pause_ms: u64,
+    /// Fail the first attempt after writing (the write must roll back).
+    pub fail_first: bool,
+    /// Enqueue this effect next, in the same transaction.
+    pub then: Option<i32>,
+}
+
+impl Effect {
+    /// An effect that succeeds at once.
+    pub fn new(n: i32) -> Effect {
+        Effect {
+            n,
+            pause_ms: 0,
+            fail_first: false,
+            then: None,
+        }
+    }
+}
+
+impl Handler for Effect {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let backend = *ctx.resource::<Backend>()?;
+        let id = ctx.message_id().to_string();
+        let fail = self.fail_first && ctx.attempt() == 1;
+        let insert = match backend {
+            Backend::Postgres => "INSERT INTO test_effect (message_id, n) VALUES ($1, $2)",
+            _ => "INSERT INTO test_effect (message_id, n) VALUES (?, ?)",
+        };
+        with_connection!(backend, C => exactly_once(ctx, |conn: &mut C| {
+            diesel::sql_query(insert)
+                .bind::<Text, _>(&id)
+                .bind::<Integer, _>(self.n)
+                .execute(conn)
+                .map_err(ProcessError::retryable)?;
+            if let Some(next) = self.then {
+                Effect::new(next).enqueue(conn).map_err(ProcessError::retryable)?;
+            }
+            std::thread::sleep(Duration::from_millis(self.pause_ms));
+            if fail {
+                return Err(ProcessError::retryable("failing the first attempt on purpose"));
+            }
+            Ok(())
+        }))
     }
 }

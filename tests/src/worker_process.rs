@@ -1,5 +1,5 @@
 //! A worker process for tests and drills that kill it: it runs until killed, delivering
-//! `test.hook` messages to a webhook.
+//! `test.hook` messages to a webhook and applying `test.effect` messages exactly once.
 //!
 //! Configured by environment: `OUTBOX_WORKER_DATABASE_URL` (a postgres:// or mysql:// URL, or
 //! an SQLite file path), `OUTBOX_WORKER_WEBHOOK_URL` (on 127.0.0.1), and optionally
@@ -28,8 +28,10 @@ fn number(name: &str, default: u64) -> u64 {
 }
 
 fn run<C: TestConnection>(url: &str) -> ! {
+    let threads = number("OUTBOX_WORKER_THREADS", 8);
+    // The worker's own connections, and one per handler thread for exactly-once handlers.
     let pool = Pool::builder()
-        .max_size(4)
+        .max_size(4 + threads as u32)
         .connection_timeout(Duration::from_secs(5))
         .build_unchecked(OutboxManager::<C>::new(url).expect("a database URL"));
     let timeout = Duration::from_millis(number("OUTBOX_WORKER_TIMEOUT_MS", 1000));
@@ -40,8 +42,10 @@ fn run<C: TestConnection>(url: &str) -> ! {
         .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
         .build()
         .expect("an endpoint");
+    let backend = Backend::from_url(url).expect("a database URL");
     let _worker = Worker::builder(DieselStore::new(pool))
-        .handler_threads(number("OUTBOX_WORKER_THREADS", 8) as usize)
+        .resource(backend)
+        .handler_threads(threads as usize)
         .batch_size(number("OUTBOX_WORKER_BATCH", 16) as usize)
         .poll_interval(Duration::from_millis(100))
         .webhook(endpoint)

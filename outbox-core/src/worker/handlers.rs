@@ -9,11 +9,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::context::{Context, Delivery};
+use crate::context::{Context, Delivery, SettleWithin};
 use crate::error::{FailureKind, ProcessError};
 use crate::registry::DispatchError;
 use crate::retry::RetryPolicy;
-use crate::store::{ClaimedMessage, Outcome, Settlement};
+use crate::store::{ClaimedMessage, Outcome, SettleTarget, Settlement};
 
 use super::held::JobId;
 use super::shared::{panic_text, Shared};
@@ -134,9 +134,42 @@ pub(crate) fn policy_for(shared: &Shared, message_type: &str) -> RetryPolicy {
         .unwrap_or_else(|| shared.config.retry_policy.clone())
 }
 
+/// A running job's way to settle its message inside the handler's transaction, under the claim
+/// that holds it at that moment.
+struct JobSettle<'a> {
+    shared: &'a Shared,
+    position: i64,
+    job: JobId,
+    ordering_key: Option<&'a str>,
+}
+
+impl SettleWithin for JobSettle<'_> {
+    fn settle_within(
+        &self,
+        work: &mut dyn FnMut(&mut dyn std::any::Any) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError> {
+        let token = self
+            .shared
+            .held
+            .token(self.position, self.job)
+            .ok_or_else(|| {
+                ProcessError::retryable(
+                    "the worker gave up on this attempt (it ran past handler_timeout), so it \
+                     settles nothing; a later attempt does the work",
+                )
+            })?;
+        let target = SettleTarget {
+            token,
+            position: self.position,
+            ordering_key: self.ordering_key,
+        };
+        self.shared.store.settle_within(&target, work)
+    }
+}
+
 /// Runs one message's handler and decides its settlement. The payload is taken out of the
 /// message: the handler's struct replaces it while the handler runs.
-pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage) -> Settlement {
+pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId) -> Settlement {
     let Some(registration) = shared.registry.get(&message.message_type) else {
         return settle_unknown_type(
             message,
@@ -165,11 +198,30 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage) -> Settleme
         message_type: message.message_type.clone(),
         attempt: message.attempt,
     };
-    let mut ctx = Context::new(&delivery, &shared.resources);
+    let payload = std::mem::take(&mut message.payload);
+    let settle = JobSettle {
+        shared,
+        position: message.position,
+        job,
+        ordering_key: message.ordering_key.as_deref(),
+    };
+    let mut ctx = Context::in_worker(&delivery, &shared.resources, &settle);
     let started = Instant::now();
-    let attempt = match catch_unwind(AssertUnwindSafe(|| {
-        registration.dispatch(std::mem::take(&mut message.payload), &mut ctx)
-    })) {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        registration.dispatch(payload, &mut ctx)
+    }));
+    if ctx.was_settled_within() && !matches!(result, Ok(Ok(()))) {
+        // The message left the outbox with the handler's transaction: what failed after the
+        // commit cannot undo it.
+        log::warn!(
+            "outbox: message {} ({}) was settled in its handler's transaction, but the handler \
+             then failed; the attempt counts as succeeded",
+            message.message_id,
+            message.message_type
+        );
+        return Settlement::Done;
+    }
+    let attempt = match result {
         Ok(Ok(())) => {
             log::debug!(
                 "outbox: message {} ({}) attempt {} processed in {:?}",
@@ -292,7 +344,7 @@ fn run(shared: &Shared, jobs: &Receiver<Job>, outcomes: &Sender<Outcome>, thread
             );
             Settlement::Release
         } else {
-            catch_unwind(AssertUnwindSafe(|| process(shared, &mut message))).unwrap_or_else(
+            catch_unwind(AssertUnwindSafe(|| process(shared, &mut message, job))).unwrap_or_else(
                 |panic| {
                     shared.vitals.panicked();
                     let text = panic_text(panic.as_ref());

@@ -143,6 +143,24 @@ impl Held {
         Some(entry.lease_ends)
     }
 
+    /// The claim `job` is leased under now, while it runs (not once the watchdog gave up on
+    /// it).
+    pub fn token(&self, position: i64, job: JobId) -> Option<ClaimToken> {
+        let state = self.state();
+        if state
+            .stuck
+            .get(&position)
+            .is_some_and(|(stuck, _)| *stuck == job)
+        {
+            return None;
+        }
+        state
+            .entries
+            .get(&position)
+            .filter(|e| e.job == job)
+            .map(|e| e.token)
+    }
+
     /// A handler thread finished `job`: the claim to settle it under, or `None` if the
     /// watchdog gave up on it meanwhile (its outcome is then dropped: another was settled).
     pub fn finish(&self, position: i64, job: JobId) -> Option<ClaimToken> {

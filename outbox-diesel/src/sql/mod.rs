@@ -229,6 +229,13 @@ pub(crate) trait Statements: Sized {
     /// each of `keys`; returns how many were deleted. One statement where the backend allows.
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize>;
 
+    /// Undoes what [`delete_done`](Statements::delete_done) does to the durability of the
+    /// transaction it runs in (PostgreSQL commits the worker's own settlements without waiting
+    /// for the log flush), for a transaction that also holds an application's writes.
+    fn keep_commit_durable(&mut self) -> QueryResult<()> {
+        Ok(())
+    }
+
     /// Gives messages back undone, not counting the attempt; returns how many.
     fn release(&mut self, token: &str, ids: &[i64]) -> QueryResult<usize>;
 

@@ -32,6 +32,10 @@ macro_rules! async_commit {
 /// The same, as a statement inside a settlement's transaction.
 pub(crate) const ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
 
+/// Back to the setting the session would have had without any SET (the server's, database's or
+/// role's), undoing [`ASYNC_COMMIT`] for a transaction that holds an application's writes.
+pub(crate) const DURABLE_COMMIT: &str = "SET LOCAL synchronous_commit TO DEFAULT";
+
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, and not-before in µs since the epoch (NULL: now).
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
@@ -458,6 +462,10 @@ impl Statements for PgConnection {
             Prepared::new(STATS_PENDING, STYLE, &[]).load(self)?,
             Prepared::new(STATS_DEAD, STYLE, &[]).load(self)?,
         ))
+    }
+
+    fn keep_commit_durable(&mut self) -> QueryResult<()> {
+        diesel::connection::SimpleConnection::batch_execute(self, DURABLE_COMMIT)
     }
 
     fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool> {
