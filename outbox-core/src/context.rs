@@ -110,9 +110,10 @@ impl<'a> Context<'a> {
     /// `work` gets the store's connection as `&mut dyn Any`; call it through
     /// `outbox_diesel::exactly_once`, which gives it its type.
     ///
-    /// Nothing runs if the worker no longer holds the message (its lease passed to another
-    /// claim): that is a retryable error, and the claim that holds it now does the work. Once
-    /// it has committed, the attempt counts as succeeded whatever the handler returns after.
+    /// If the worker no longer holds the message when the transaction ends (its lease passed
+    /// to another claim), the work rolls back and this is a retryable error: the claim that
+    /// holds it now does the work. Once it has committed, the attempt counts as succeeded
+    /// whatever the handler returns after.
     pub fn settle_within(
         &mut self,
         work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,

@@ -241,10 +241,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Settles a claimed message as done in one database transaction with `work`, which gets
     /// the store's connection (as `&mut dyn Any`; `outbox-diesel`'s `exactly_once` gives it its
-    /// type): the message is removed (only if `token` still holds it) and the work's writes
-    /// commit together, or neither does. Returns the work's error after rolling back, a
-    /// retryable error if the claim no longer holds the message (nothing ran) or the database
-    /// failed. A store without transactions refuses (the default).
+    /// type): the work's writes and the message's removal (only if `token` still holds it)
+    /// commit together, or neither does. The removal comes last, so that the transaction locks
+    /// the message's row only at its end. Returns the work's error after rolling back, a
+    /// retryable error if the claim no longer holds the message (the work rolled back) or the
+    /// database failed. A store without transactions refuses (the default).
     fn settle_within(
         &self,
         message: &SettleTarget<'_>,

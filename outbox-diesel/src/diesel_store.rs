@@ -222,7 +222,14 @@ where
         let keys: Vec<&str> = message.ordering_key.into_iter().collect();
         let mut outcome = Ok(());
         let committed = Connection::transaction::<_, diesel::result::Error, _>(&mut *conn, |c| {
-            // Removed first, fenced by the claim: a worker whose lease passed on runs nothing.
+            outcome = work(c);
+            if outcome.is_err() {
+                return Err(diesel::result::Error::RollbackTransaction);
+            }
+            // Removed last, fenced by the claim: while the work runs, the transaction holds no
+            // lock on the message's row, so the worker's heartbeat and a watchdog's settlement
+            // of a hung attempt never wait on it; a claim that lost its lease meanwhile removes
+            // nothing, and its work rolls back.
             let removed = with_backend!(c.backend_connection(), b => {
                 let removed = b.delete_done(&claims, &keys)?;
                 b.keep_commit_durable()?;
@@ -230,16 +237,13 @@ where
             });
             if removed == 0 {
                 outcome = Err(ProcessError::retryable(
-                    "the lease on this message passed to another claim before its transaction \
-                     began; nothing ran, and the claim that holds it now does the work",
+                    "the lease on this message passed to another claim while the handler \
+                     worked; its transaction rolled back, and the claim that holds the message \
+                     now does the work",
                 ));
                 return Err(diesel::result::Error::RollbackTransaction);
             }
-            outcome = work(c);
-            match outcome {
-                Ok(()) => Ok(()),
-                Err(_) => Err(diesel::result::Error::RollbackTransaction),
-            }
+            Ok(())
         });
         match committed {
             Ok(()) => Ok(()),

@@ -4,8 +4,8 @@
 //! Delivery is at least once: a worker that dies after a handler's effect but before the
 //! message is settled runs the handler again. When the effect is a change in the same database
 //! as the outbox (a counter, a row, the next message of a chain), [`exactly_once`] makes the
-//! two one transaction: the message is removed (only if this worker's claim still holds it)
-//! and the handler's writes made, then both commit, or neither does. A crash before the commit
+//! two one transaction: the handler's writes are made, then the message is removed (only if
+//! this worker's claim still holds it), then both commit, or neither does. A crash before the commit
 //! undoes both, and the next attempt does the work; after it, the message is gone. So the
 //! effect happens once, whatever crashes.
 //!
@@ -54,8 +54,12 @@
 //! Things to know:
 //! - Each call takes a connection from the worker's pool for the length of the transaction, so
 //!   give the pool one connection per handler thread beside the worker's own.
-//! - Keep slow calls (HTTP, brokers) out of the closure: the transaction holds the message's
-//!   row locked (and on SQLite, the database's write lock) until it ends.
+//! - Keep slow calls (HTTP, brokers) out of the closure: the transaction holds the locks of
+//!   what it wrote until it ends (on SQLite, the database's write lock, which every other
+//!   writer, the worker included, waits for). It does not lock the message's row until its
+//!   last statement, so a hung closure does not hold up the worker on PostgreSQL and MySQL:
+//!   past `handler_timeout` the attempt counts as timed out, and whatever it does later rolls
+//!   back when it finds its claim gone.
 //! - A handler calls it once per attempt. If the handler fails after it committed, the attempt
 //!   counts as succeeded anyway (the message is gone); an error returned by the closure rolls
 //!   everything back and is the attempt's failure, retried or dead-lettered as usual.

@@ -60,6 +60,14 @@ impl Handler for Stall {
 pub const EFFECT_TABLE: &str =
     "CREATE TABLE IF NOT EXISTS test_effect (message_id VARCHAR(64) NOT NULL, n INTEGER NOT NULL)";
 
+/// The statement that records an effect: binds message id, n.
+pub fn insert_effect(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => "INSERT INTO test_effect (message_id, n) VALUES ($1, $2)",
+        _ => "INSERT INTO test_effect (message_id, n) VALUES (?, ?)",
+    }
+}
+
 /// Writes a row to `test_effect` inside its settlement's transaction ([`exactly_once`]), then
 /// holds the transaction open for `pause_ms` (so a kill lands inside it). Needs the worker's
 /// [`Backend`] as a resource.
@@ -74,6 +82,8 @@ pub struct Effect {
     pub fail_first: bool,
     /// Enqueue this effect next, in the same transaction.
     pub then: Option<i32>,
+    /// How long the first attempt hangs inside its transaction, after the write.
+    pub hang_first_ms: u64,
 }
 
 impl Effect {
@@ -84,6 +94,7 @@ impl Effect {
             pause_ms: 0,
             fail_first: false,
             then: None,
+            hang_first_ms: 0,
         }
     }
 }
@@ -92,13 +103,11 @@ impl Handler for Effect {
     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
         let backend = *ctx.resource::<Backend>()?;
         let id = ctx.message_id().to_string();
-        let fail = self.fail_first && ctx.attempt() == 1;
-        let insert = match backend {
-            Backend::Postgres => "INSERT INTO test_effect (message_id, n) VALUES ($1, $2)",
-            _ => "INSERT INTO test_effect (message_id, n) VALUES (?, ?)",
-        };
+        let first = ctx.attempt() == 1;
+        let fail = self.fail_first && first;
+        let hang = if first { self.hang_first_ms } else { 0 };
         with_connection!(backend, C => exactly_once(ctx, |conn: &mut C| {
-            diesel::sql_query(insert)
+            diesel::sql_query(insert_effect(backend))
                 .bind::<Text, _>(&id)
                 .bind::<Integer, _>(self.n)
                 .execute(conn)
@@ -106,7 +115,7 @@ impl Handler for Effect {
             if let Some(next) = self.then {
                 Effect::new(next).enqueue(conn).map_err(ProcessError::retryable)?;
             }
-            std::thread::sleep(Duration::from_millis(self.pause_ms));
+            std::thread::sleep(Duration::from_millis(self.pause_ms + hang));
             if fail {
                 return Err(ProcessError::retryable("failing the first attempt on purpose"));
             }

@@ -1,26 +1,28 @@
 //! Exactly-once handlers on every backend: the handler's write and its message's removal
 //! commit together. A failed attempt leaves no write; a chain's next message commits with the
-//! work; a claim that lost its lease runs nothing; and a worker process killed with SIGKILL
+//! work; a claim that lost its lease commits nothing; a handler hung inside its transaction
+//! holds up neither the heartbeat nor the watchdog; and a worker process killed with SIGKILL
 //! while handlers hold their transactions open leaves each effect applied exactly once (counted
 //! by the delivery checker: no effect lost, none twice).
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::{Integer, Text};
 use diesel::{QueryableByName, RunQueryDsl};
 use outbox_diesel::store::{ClaimLimit, ClaimToken, SettleTarget, Store};
-use outbox_diesel::{enqueue_all, DieselStore, MessageId, ProcessError, Worker, WorkerHandle};
+use outbox_diesel::{
+    enqueue_all, DieselStore, MessageId, OutboxManager, ProcessError, Worker, WorkerHandle,
+};
 use outbox_testkit::http::Receiver;
 use outbox_testkit::outbox::{dead, pending};
 use outbox_testkit::{
     backend_tests, eventually, with_connection, TestConnection, TestDb, TestPool,
 };
 use outbox_tests::checker::{check, Arrival, Ledger};
-use outbox_tests::handlers::{Effect, EFFECT_TABLE};
+use outbox_tests::handlers::{insert_effect, Effect, EFFECT_TABLE};
 
 #[derive(QueryableByName, Debug)]
 struct EffectRow {
@@ -105,7 +107,32 @@ fn effects_happen_once_failures_leave_nothing_and_chains_commit_together<C: Test
     );
 }
 
-fn a_claim_that_lost_its_lease_runs_nothing<C: TestConnection>(db: &TestDb) {
+/// Settles `target` with work that records effect `n`; the store's answer.
+fn settle_recording<C: TestConnection>(
+    db: &TestDb,
+    store: &DieselStore<OutboxManager<C>>,
+    target: &SettleTarget<'_>,
+    n: i32,
+    fail: bool,
+) -> Result<(), ProcessError> {
+    let backend = db.backend();
+    store.settle_within(target, &mut |conn| {
+        with_connection!(backend, D => {
+            let conn = conn.downcast_mut::<D>().expect("the store lends the pool's connection");
+            diesel::sql_query(insert_effect(backend))
+                .bind::<Text, _>("settle_within")
+                .bind::<Integer, _>(n)
+                .execute(conn)
+                .map_err(ProcessError::retryable)?;
+        });
+        if fail {
+            return Err(ProcessError::retryable("no"));
+        }
+        Ok(())
+    })
+}
+
+fn a_claim_that_lost_its_lease_commits_nothing<C: TestConnection>(db: &TestDb) {
     let pool = prepare::<C>(db, 4);
     let store = DieselStore::new(pool.clone());
     enqueue_all(&mut pool.get().unwrap(), &[Effect::new(1)]).unwrap();
@@ -113,49 +140,82 @@ fn a_claim_that_lost_its_lease_runs_nothing<C: TestConnection>(db: &TestDb) {
     let claimed = store
         .claim(token, ClaimLimit::messages(1), Duration::from_secs(60))
         .unwrap();
-    let position = claimed[0].position;
-    let ran = AtomicUsize::new(0);
-    let mut work = |_: &mut dyn std::any::Any| -> Result<(), ProcessError> {
-        ran.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    };
-
-    let stale = SettleTarget {
-        token: ClaimToken::new(),
-        position,
+    let target = |token| SettleTarget {
+        token,
+        position: claimed[0].position,
         ordering_key: None,
     };
-    let refused = store.settle_within(&stale, &mut work).unwrap_err();
+
+    let refused = settle_recording(db, &store, &target(ClaimToken::new()), 1, false).unwrap_err();
     assert!(refused.reason().contains("lease"), "{}", refused.reason());
-    assert_eq!(ran.load(Ordering::SeqCst), 0, "a fenced claim ran its work");
+    assert!(effects(db).is_empty(), "a fenced claim's work rolled back");
     assert_eq!(pending(&pool).len(), 1);
 
-    let failing = store
-        .settle_within(
-            &SettleTarget {
-                token,
-                position,
-                ordering_key: None,
-            },
-            &mut |_| Err(ProcessError::retryable("no")),
-        )
-        .unwrap_err();
+    let failing = settle_recording(db, &store, &target(token), 2, true).unwrap_err();
     assert_eq!(failing.reason(), "no");
-    assert_eq!(pending(&pool).len(), 1, "a failed work keeps its message");
+    assert!(effects(db).is_empty(), "a failed work rolled back");
+    assert_eq!(pending(&pool).len(), 1, "and kept its message");
 
-    let holder = SettleTarget {
-        token,
-        position,
-        ordering_key: None,
-    };
-    store.settle_within(&holder, &mut work).unwrap();
-    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    settle_recording(db, &store, &target(token), 3, false).unwrap();
+    assert_eq!(effects(db).iter().map(|e| e.n).collect::<Vec<_>>(), [3]);
     assert!(pending(&pool).is_empty());
     assert!(
-        store.settle_within(&holder, &mut work).is_err(),
+        settle_recording(db, &store, &target(token), 4, false).is_err(),
         "settled once"
     );
-    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(effects(db).len(), 1);
+}
+
+/// A handler hanging inside its transaction past `handler_timeout` holds up neither the
+/// heartbeat nor the watchdog's settlement of its attempt (the transaction locks the message's
+/// row only at its end); its late commit finds its claim gone and rolls back, and a later
+/// attempt applies the effect once.
+fn a_hung_transaction_holds_up_nothing_and_commits_nothing<C: TestConnection>(db: &TestDb) {
+    if db.backend() == outbox_testkit::Backend::Sqlite {
+        // SQLite's one writer: a hung write transaction holds every writer (documented).
+        return;
+    }
+    let pool = prepare::<C>(db, 12);
+    let hung = Effect {
+        hang_first_ms: 8_000,
+        ..Effect::new(0)
+    };
+    let mut messages = vec![hung];
+    messages.extend((1..=20).map(Effect::new));
+    let ids = enqueue_all(&mut pool.get().unwrap(), &messages).unwrap();
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .resource(db.backend())
+        .handler_threads(4)
+        .poll_interval(Duration::from_millis(50))
+        .handler_timeout(Duration::from_secs(1))
+        // A heartbeat every second, while the hung transaction is open.
+        .lease(Duration::from_secs(3))
+        .retry_policy(
+            outbox_diesel::RetryPolicy::new()
+                .max_attempts(100)
+                .initial_backoff(Duration::from_millis(500))
+                .max_backoff(Duration::from_secs(1)),
+        )
+        .spawn()
+        .unwrap();
+    let timed_out = || {
+        pending(&pool)
+            .iter()
+            .any(|m| m.message_id == ids[0] && m.last_error.is_some())
+    };
+    assert!(
+        eventually(Duration::from_secs(6), timed_out),
+        "the watchdog's settlement of the hung attempt waited for its transaction"
+    );
+    assert!(
+        eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
+        "drained"
+    );
+    worker.shutdown(Duration::from_secs(10)).unwrap();
+    let mut ns: Vec<i32> = effects(db).iter().map(|e| e.n).collect();
+    ns.sort();
+    assert_eq!(ns, (0..=20).collect::<Vec<_>>(), "each effect once");
+    assert!(dead(&pool).is_empty());
 }
 
 const KILLED_MESSAGES: i32 = 300;
@@ -231,6 +291,7 @@ fn a_killed_worker_applies_each_effect_exactly_once<C: TestConnection>(db: &Test
 
 backend_tests!(
     effects_happen_once_failures_leave_nothing_and_chains_commit_together,
-    a_claim_that_lost_its_lease_runs_nothing,
+    a_claim_that_lost_its_lease_commits_nothing,
+    a_hung_transaction_holds_up_nothing_and_commits_nothing,
     a_killed_worker_applies_each_effect_exactly_once,
 );

@@ -414,7 +414,7 @@ where
 {
     let run = new_run();
     let mut conn = db.connect::<C>();
-    // Every migration but the last, the parking one.
+    // The migrations before the parking one.
     let source = || match db.backend() {
         Backend::Postgres => POSTGRES,
         Backend::Mysql => MYSQL,
