@@ -451,8 +451,8 @@ where
     );
     assert_eq!(
         run_migrations(&mut conn).unwrap().len(),
-        1,
-        "the parking one"
+        2,
+        "the parking one and the idempotency keys'"
     );
 
     let pool = db.pool::<C>(4);
