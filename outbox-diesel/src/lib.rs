@@ -84,7 +84,7 @@
 //! dead-letter table (`outbox_failure`) with the reason. Without faults, each message is
 //! processed once even with many workers; after a crash only messages that were in flight may
 //! run again, so receivers should drop duplicates by [`Context::message_id`], and handlers whose
-//! effect is a write to the same database can make it happen exactly once with [`exactly_once`].
+//! effect is a write to the same database can make it happen exactly once with [`exactly_once()`].
 //! A message enqueued with an [idempotency key](idempotency) is written once. Messages sharing an
 //! [ordering key](EnqueueOptions::ordering_key) are processed one at a time, in order. See the
 //! README for the full statement and the worker's defaults.

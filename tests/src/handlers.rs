@@ -68,7 +68,7 @@ pub fn insert_effect(backend: Backend) -> &'static str {
     }
 }
 
-/// Writes a row to `test_effect` inside its settlement's transaction ([`exactly_once`]), then
+/// Writes a row to `test_effect` inside its settlement's transaction ([`exactly_once()`]), then
 /// holds the transaction open for `pause_ms` (so a kill lands inside it). Needs the worker's
 /// [`Backend`] as a resource.
 #[outbox_handler("test.effect")]
