@@ -34,6 +34,54 @@
 //!   messages of their key still pending (those not yet started; one already running finishes
 //!   first). A re-queued head makes the current head a non-head, which the next claim parks.
 
+/// The methods of [`Statements`] that run one fixed statement each, the same on every
+/// backend but for the statement's text: expanded inside each backend's `impl Statements`, where
+/// `run`, `STYLE` and the statement constants of that backend's file are in scope.
+macro_rules! fixed_statement_methods {
+    () => {
+        fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool> {
+            Ok(run(
+                self,
+                RESERVE_KEY,
+                &[Bind::Text(key), Bind::Text(message_id)],
+            )? == 1)
+        }
+
+        fn idempotent_message(&mut self, key: &str) -> QueryResult<Option<String>> {
+            let rows: Vec<MessageIdRow> =
+                Prepared::new(KEYED_MESSAGE, STYLE, &[Bind::Text(key)]).load(self)?;
+            Ok(rows.into_iter().next().map(|row| row.message_id))
+        }
+
+        fn set_idempotency_position(&mut self, key: &str) -> QueryResult<()> {
+            run(self, SET_KEY_POSITION, &[Bind::Text(key)]).map(drop)
+        }
+
+        fn unsettled_idempotency_keys(&mut self, after: i64, limit: i64) -> QueryResult<Vec<i64>> {
+            let binds = [Bind::BigInt(after), Bind::BigInt(limit)];
+            let rows: Vec<IdRow> = Prepared::new(UNSETTLED_KEYS, STYLE, &binds).load(self)?;
+            Ok(rows.into_iter().map(|row| row.id).collect())
+        }
+
+        fn expire_idempotency_keys(
+            &mut self,
+            window_micros: i64,
+            limit: i64,
+        ) -> QueryResult<usize> {
+            let binds = [Bind::BigInt(window_micros), Bind::BigInt(limit)];
+            run(self, EXPIRE_KEYS, &binds)
+        }
+
+        fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
+            Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
+        }
+
+        fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize> {
+            run(self, INBOX_SWEEP, &[Bind::BigInt(older_than_micros)])
+        }
+    };
+}
+
 pub(crate) mod bind;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;

@@ -252,7 +252,9 @@ pub(crate) const RESERVE_KEY: &str =
     "INSERT INTO outbox_idempotency (idempotency_key, message_id) \
      VALUES ($1, $2::uuid) ON CONFLICT DO NOTHING";
 
-/// The message an idempotency key was recorded for. Binds: key.
+/// The message an idempotency key was recorded for: READ COMMITTED takes a new snapshot per
+/// statement, so the row the reservation waited for is seen (REPEATABLE READ and SERIALIZABLE
+/// fail the reservation with a serialization error instead). Binds: key.
 pub(crate) const KEYED_MESSAGE: &str = "SELECT message_id::text AS message_id \
      FROM outbox_idempotency WHERE idempotency_key = $1";
 
@@ -468,58 +470,13 @@ impl Statements for PgConnection {
         diesel::connection::SimpleConnection::batch_execute(self, DURABLE_COMMIT)
     }
 
-    fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool> {
-        Ok(run(
-            self,
-            RESERVE_KEY,
-            &[Bind::Text(key), Bind::Text(message_id)],
-        )? == 1)
-    }
-
-    fn idempotent_message(&mut self, key: &str) -> QueryResult<Option<String>> {
-        // READ COMMITTED takes a new snapshot per statement, so the row the reservation waited
-        // for is seen; REPEATABLE READ and SERIALIZABLE fail the reservation instead (a
-        // serialization error the application retries, as it does for those levels).
-        let rows: Vec<MessageIdRow> =
-            Prepared::new(KEYED_MESSAGE, STYLE, &[Bind::Text(key)]).load(self)?;
-        Ok(rows.into_iter().next().map(|row| row.message_id))
-    }
-
-    fn set_idempotency_position(&mut self, key: &str) -> QueryResult<()> {
-        run(self, SET_KEY_POSITION, &[Bind::Text(key)]).map(drop)
-    }
-
-    fn unsettled_idempotency_keys(&mut self, after: i64, limit: i64) -> QueryResult<Vec<i64>> {
-        let rows: Vec<IdRow> = Prepared::new(
-            UNSETTLED_KEYS,
-            STYLE,
-            &[Bind::BigInt(after), Bind::BigInt(limit)],
-        )
-        .load(self)?;
-        Ok(rows.into_iter().map(|row| row.id).collect())
-    }
-
     fn settle_idempotency_keys(&mut self, positions: &[i64]) -> QueryResult<usize> {
         diesel::sql_query(SETTLE_KEYS)
             .bind::<Array<BigInt>, _>(positions)
             .execute(self)
     }
 
-    fn expire_idempotency_keys(&mut self, window_micros: i64, limit: i64) -> QueryResult<usize> {
-        run(
-            self,
-            EXPIRE_KEYS,
-            &[Bind::BigInt(window_micros), Bind::BigInt(limit)],
-        )
-    }
-
-    fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
-        Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
-    }
-
-    fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize> {
-        run(self, INBOX_SWEEP, &[Bind::BigInt(older_than_micros)])
-    }
+    fixed_statement_methods!();
 }
 
 #[cfg(test)]

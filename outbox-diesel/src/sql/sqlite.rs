@@ -578,53 +578,11 @@ impl Statements for SqliteConnection {
         ))
     }
 
-    fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool> {
-        Ok(run(
-            self,
-            RESERVE_KEY,
-            &[Bind::Text(key), Bind::Text(message_id)],
-        )? == 1)
-    }
-
-    fn idempotent_message(&mut self, key: &str) -> QueryResult<Option<String>> {
-        let rows: Vec<MessageIdRow> =
-            Prepared::new(KEYED_MESSAGE, STYLE, &[Bind::Text(key)]).load(self)?;
-        Ok(rows.into_iter().next().map(|row| row.message_id))
-    }
-
-    fn set_idempotency_position(&mut self, key: &str) -> QueryResult<()> {
-        run(self, SET_KEY_POSITION, &[Bind::Text(key)]).map(drop)
-    }
-
-    fn unsettled_idempotency_keys(&mut self, after: i64, limit: i64) -> QueryResult<Vec<i64>> {
-        let rows: Vec<IdRow> = Prepared::new(
-            UNSETTLED_KEYS,
-            STYLE,
-            &[Bind::BigInt(after), Bind::BigInt(limit)],
-        )
-        .load(self)?;
-        Ok(rows.into_iter().map(|row| row.id).collect())
-    }
-
     fn settle_idempotency_keys(&mut self, positions: &[i64]) -> QueryResult<usize> {
         dynamic::<Sqlite>(&settle_keys(positions.len()), &ids_bound(positions)).execute(self)
     }
 
-    fn expire_idempotency_keys(&mut self, window_micros: i64, limit: i64) -> QueryResult<usize> {
-        run(
-            self,
-            EXPIRE_KEYS,
-            &[Bind::BigInt(window_micros), Bind::BigInt(limit)],
-        )
-    }
-
-    fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
-        Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
-    }
-
-    fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize> {
-        run(self, INBOX_SWEEP, &[Bind::BigInt(older_than_micros)])
-    }
+    fixed_statement_methods!();
 }
 
 #[cfg(test)]
