@@ -45,6 +45,7 @@
 mod context;
 mod error;
 mod message;
+pub mod metrics;
 mod registry;
 mod retry;
 pub mod store;

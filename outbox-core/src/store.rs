@@ -258,11 +258,19 @@ pub trait Store: Send + Sync + 'static {
         ))
     }
 
-    /// Forgets idempotency keys whose window has passed (a store that records them), a
-    /// bounded amount of work per call. The worker calls it every few seconds; returns how
-    /// many keys were forgotten.
-    fn expire_idempotency_keys(&self) -> Result<usize, StoreError> {
-        Ok(0)
+    /// Deletes what the store keeps only for a while and whose time has passed: idempotency
+    /// keys past their window, and, where the application configured a retention, old dead
+    /// letters and received webhook ids. A bounded amount of work per call; the worker calls it
+    /// every few seconds.
+    fn prune(&self) -> Result<Pruned, StoreError> {
+        Ok(Pruned::default())
+    }
+
+    /// How much waits in the store, for the worker's gauges (sampled every
+    /// [`backlog_interval`](crate::WorkerBuilder::backlog_interval)): one cheap query. `None`
+    /// if the store cannot tell (the default).
+    fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
+        Ok(None)
     }
 
     /// Whether [`listen`](Store::listen) gives a listener, which then holds a connection of its
@@ -282,6 +290,46 @@ pub trait Store: Send + Sync + 'static {
     /// comes before the commit and would only cost an empty claim.
     fn wants_local_wakeups(&self) -> bool {
         true
+    }
+}
+
+/// What one [`Store::prune`] call deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pruned {
+    /// Idempotency keys whose window had passed.
+    pub idempotency_keys: usize,
+    /// Dead letters older than their retention.
+    pub dead_letters: usize,
+    /// Received webhook ids older than their retention.
+    pub inbox_ids: usize,
+}
+
+impl Pruned {
+    /// Rows deleted in all.
+    pub fn total(&self) -> usize {
+        self.idempotency_keys + self.dead_letters + self.inbox_ids
+    }
+}
+
+/// How much waits in a store: [`Store::backlog`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Backlog {
+    /// Messages in the outbox: due, delayed, held by a worker, or parked behind their key.
+    pub pending: u64,
+    /// How long the oldest due message that no worker holds has waited since it became due;
+    /// zero when none waits. It stays near zero while the workers keep up.
+    pub oldest_due_age: Duration,
+}
+
+impl Backlog {
+    /// A backlog of `pending` messages whose oldest due one has waited `oldest_due_age`.
+    pub fn new(pending: u64, oldest_due_age: Duration) -> Self {
+        Backlog {
+            pending,
+            oldest_due_age,
+        }
     }
 }
 

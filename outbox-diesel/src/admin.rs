@@ -2,11 +2,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use outbox_core::store::Backlog;
 use outbox_core::MessageId;
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
-use crate::sql::{DeadLetterRow, Filter, PendingRow, Selection, Statements};
+use crate::sql::{BacklogRow, DeadLetterRow, Filter, PendingRow, Selection, Statements};
 
 /// Which messages a listing returns.
 #[derive(Debug, Clone)]
@@ -82,6 +83,34 @@ pub(crate) fn parse_message_id(table: &'static str, id: i64, text: &str) -> Resu
         id,
         reason: format!("message_id `{text}` is not a UUID"),
     })
+}
+
+/// How much waits in the outbox: the messages in it and how long the oldest due one has
+/// waited; what the worker's `outbox_pending_messages` and `outbox_oldest_due_age_seconds`
+/// gauges show. One query: a count of the outbox table and the first entry of its due index.
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let mut conn = SqliteConnection::establish(":memory:")?;
+/// # outbox_diesel::run_migrations(&mut conn)?;
+/// let backlog = outbox_diesel::admin::backlog(&mut conn)?;
+/// assert_eq!(backlog.pending, 0);
+/// assert_eq!(backlog.oldest_due_age, std::time::Duration::ZERO);
+/// # Ok(())
+/// # }
+/// ```
+pub fn backlog<C: OutboxConnection>(conn: &mut C) -> Result<Backlog> {
+    let row = with_backend!(conn.backend_connection(), c => c.backlog())?;
+    Ok(backlog_of(&row))
+}
+
+pub(crate) fn backlog_of(row: &BacklogRow) -> Backlog {
+    let waited = row.oldest_due_micros.unwrap_or(0).max(0).unsigned_abs();
+    Backlog::new(
+        row.pending.max(0).unsigned_abs(),
+        Duration::from_micros(waited),
+    )
 }
 
 /// Messages in the outbox, oldest first.

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
 use diesel::{Connection, QueryResult};
 use outbox_core::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, SettleTarget, Settlement, Store,
-    StoreError,
+    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Pruned, SettleTarget,
+    Settlement, Store, StoreError,
 };
 use outbox_core::{MessageId, ProcessError};
 
@@ -19,6 +19,7 @@ use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
 use crate::database::ensure_busy_timeout;
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
+use crate::retention::Retention;
 use crate::sql::{self, micros, Claim, ClaimRow, Statements};
 
 /// The longest the worker waits for a connection from the pool: it retries after logging, and a
@@ -45,6 +46,7 @@ pub struct DieselStore<M: ManageConnection> {
     settle_connection: Mutex<Option<PooledConnection<M>>>,
     idempotency_window: Duration,
     idempotency_sweep: Mutex<SweepCursor>,
+    retention: Retention,
 }
 
 impl<M: ManageConnection> fmt::Debug for DieselStore<M> {
@@ -69,6 +71,7 @@ where
             settle_connection: Mutex::new(None),
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_sweep: Mutex::new(SweepCursor::default()),
+            retention: Retention::default(),
         }
     }
 
@@ -77,6 +80,23 @@ where
     /// past it; see [`idempotency`](crate::idempotency).
     pub fn idempotency_window(mut self, window: Duration) -> Self {
         self.idempotency_window = window;
+        self
+    }
+
+    /// Lets the worker delete dead letters that failed more than `age` ago, oldest first, a
+    /// bounded number every few seconds (default: kept until an operator purges them; 30 days
+    /// is a reasonable setting). See [`retention`](crate::retention).
+    pub fn dead_letter_retention(mut self, age: Duration) -> Self {
+        self.retention.dead_letters = Some(age);
+        self
+    }
+
+    /// Lets the worker delete received webhook ids (the [inbox](crate::inbox)) recorded more
+    /// than `age` ago, a bounded number every few seconds (default: kept until
+    /// `sweep_inbox`; keep them longer than any sender retries, e.g. 7 days). See
+    /// [`retention`](crate::retention).
+    pub fn inbox_retention(mut self, age: Duration) -> Self {
+        self.retention.inbox_ids = Some(age);
         self
     }
 
@@ -254,20 +274,28 @@ where
         }
     }
 
-    fn expire_idempotency_keys(&self) -> Result<usize, StoreError> {
+    fn prune(&self) -> Result<Pruned, StoreError> {
         let mut cursor = self
             .idempotency_sweep
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.with_held(&self.claim_connection, "pruning expired rows", |conn| {
+            with_backend!(conn.backend_connection(), c => {
+                let mut pruned = self.retention.prune(c)?;
+                pruned.idempotency_keys =
+                    idempotency::sweep(c, &mut cursor, self.idempotency_window)?;
+                Ok(pruned)
+            })
+        })
+    }
+
+    fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
         self.with_held(
             &self.claim_connection,
-            "expiring idempotency keys",
-            |conn| {
-                with_backend!(conn.backend_connection(), c => {
-                    idempotency::sweep(c, &mut cursor, self.idempotency_window)
-                })
-            },
+            "sampling the backlog",
+            |conn| with_backend!(conn.backend_connection(), c => c.backlog()),
         )
+        .map(|row| Some(crate::admin::backlog_of(&row)))
     }
 
     fn extend_leases(

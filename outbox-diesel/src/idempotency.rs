@@ -59,7 +59,7 @@ use outbox_core::MessageId;
 use crate::connection::{with_backend, OutboxConnection};
 use crate::enqueue::NewMessage;
 use crate::error::{Error, Result};
-use crate::sql::{micros, Statements, ID_CHUNK};
+use crate::sql::{age_micros, delete_in_batches, Statements, ID_CHUNK, PRUNE_ROUNDS};
 
 /// How long a key is remembered after its message settled, unless configured otherwise: a day,
 /// longer than most clients retry a request.
@@ -67,11 +67,7 @@ pub const DEFAULT_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 60 * 6
 
 /// The longest window honoured (a hundred years: "forever"); longer ones are cut to it, which
 /// every backend's time arithmetic can take.
-pub const MAX_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-
-/// How many rounds of [`ID_CHUNK`] keys one sweep of the worker's stamps or deletes at most, so
-/// that it stays short whatever the table holds.
-const SWEEP_ROUNDS: usize = 10;
+pub const MAX_IDEMPOTENCY_WINDOW: Duration = crate::sql::LONGEST_AGE;
 
 /// Inserts `rows` in order, the keyed ones after recording their keys (skipping those whose key
 /// is recorded), in one transaction (a savepoint inside the caller's); returns each row's
@@ -127,7 +123,7 @@ fn insert_keyed<C: Statements>(c: &mut C, row: &NewMessage, key: &str) -> QueryR
 #[derive(Debug, Default)]
 pub(crate) struct SweepCursor(i64);
 
-/// One round of the worker: stamps settled the keys of up to [`SWEEP_ROUNDS`] pages from the
+/// One round of the worker: stamps settled the keys of up to [`PRUNE_ROUNDS`] pages from the
 /// cursor on (starting over at the end), then deletes up to as many batches of expired keys;
 /// returns how many were deleted.
 pub(crate) fn sweep<C: Statements>(
@@ -135,12 +131,12 @@ pub(crate) fn sweep<C: Statements>(
     cursor: &mut SweepCursor,
     window: Duration,
 ) -> QueryResult<usize> {
-    for _ in 0..SWEEP_ROUNDS {
+    for _ in 0..PRUNE_ROUNDS {
         if !stamp_page(c, cursor)? {
             break;
         }
     }
-    expire(c, window, SWEEP_ROUNDS)
+    expire(c, window, PRUNE_ROUNDS)
 }
 
 /// Stamps one page of keys; whether more follow (false: the cursor went back to the start).
@@ -164,17 +160,8 @@ fn stamp_page<C: Statements>(c: &mut C, cursor: &mut SweepCursor) -> QueryResult
 
 /// Deletes expired keys in batches, at most `rounds` of them; how many.
 fn expire<C: Statements>(c: &mut C, window: Duration, rounds: usize) -> QueryResult<usize> {
-    let window = micros(window.min(MAX_IDEMPOTENCY_WINDOW));
-    let batch = crate::sql::to_i64(ID_CHUNK);
-    let mut deleted = 0;
-    for _ in 0..rounds {
-        let n = c.expire_idempotency_keys(window, batch)?;
-        deleted += n;
-        if n < ID_CHUNK {
-            break;
-        }
-    }
-    Ok(deleted)
+    let window = age_micros(window);
+    delete_in_batches(rounds, |limit| c.expire_idempotency_keys(window, limit))
 }
 
 /// Stamps every key whose message has settled and deletes those settled more than `window`

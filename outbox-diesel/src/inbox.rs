@@ -163,6 +163,8 @@ fn record<C: OutboxConnection>(conn: &mut C, id: &str) -> diesel::QueryResult<bo
 /// Deletes inbox ids received more than `older_than` ago; returns how many. Run it now and then
 /// with a retention longer than any sender's retry horizon (see the module documentation).
 pub fn sweep_inbox<C: OutboxConnection>(conn: &mut C, older_than: Duration) -> Result<usize> {
-    let micros = crate::sql::micros(older_than);
-    Ok(with_backend!(conn.backend_connection(), c => c.inbox_sweep(micros))?)
+    let micros = crate::sql::age_micros(older_than);
+    Ok(with_backend!(conn.backend_connection(), c => {
+        crate::sql::delete_in_batches(usize::MAX, |limit| c.inbox_sweep(micros, limit))
+    })?)
 }

@@ -106,6 +106,7 @@ pub mod idempotency;
 #[cfg(feature = "webhook")]
 pub mod inbox;
 mod migrations;
+pub mod retention;
 mod sql;
 mod transaction;
 
@@ -118,6 +119,7 @@ pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions, DEFAULT_MAX_PAYLO
 pub use error::{Error, Result};
 pub use exactly_once::exactly_once;
 pub use migrations::run_migrations;
+pub use outbox_core::metrics;
 pub use outbox_core::{
     Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, Message,
     MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError, Resources, RetryPolicy,

@@ -451,8 +451,8 @@ where
     );
     assert_eq!(
         run_migrations(&mut conn).unwrap().len(),
-        2,
-        "the parking one and the idempotency keys'"
+        3,
+        "the parking one, the idempotency keys' and the dead letters' age index"
     );
 
     let pool = db.pool::<C>(4);

@@ -11,10 +11,11 @@
 //! ends. [`after_refusal`] is that policy.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use crate::metrics;
 use crate::store::{Outcome, Settlement};
 
 use super::backoff::{Backoff, Failures};
@@ -269,7 +270,10 @@ impl Settler {
                 self.settled(shared, &batch, &fenced, now);
                 return;
             }
-            Err(error) => error,
+            Err(error) => {
+                metrics::store_error("settle");
+                error
+            }
         };
         if !store_answers(shared) {
             let pause = self.unavailable.failed();
@@ -318,7 +322,10 @@ impl Settler {
                 self.settled(shared, std::slice::from_ref(&entry.outcome), &fenced, now);
                 return;
             }
-            Err(error) => error,
+            Err(error) => {
+                metrics::store_error("settle");
+                error
+            }
         };
         if !store_answers(shared) {
             // Not this outcome's fault: it waits with the others, uncounted.
@@ -359,41 +366,62 @@ impl Settler {
                     entry.outcome.settlement
                 );
                 Counters::add(&shared.counters.abandoned_outcomes, 1);
-                shared.held.release([entry.outcome.position]);
+                for released in shared
+                    .held
+                    .release([entry.outcome.position])
+                    .iter()
+                    .flatten()
+                {
+                    metrics::processed(shared.metric_type(&released.message_type), "abandoned");
+                }
+                metrics::in_flight(shared.held.count());
                 let _ = shared.capacity.try_send(());
             }
         }
     }
 
-    /// Books settled outcomes: stats, held messages, health, and a wake for the claimer.
+    /// Books settled outcomes: stats, metrics, held messages, health, and a wake for the
+    /// claimer.
     fn settled(&mut self, shared: &Shared, outcomes: &[Outcome], fenced: &[i64], now: Instant) {
         self.unavailable.succeeded();
         self.next_settle = now;
         shared.vitals.settled();
+        metrics::settlement();
+        let released = shared
+            .held
+            .release(outcomes.iter().map(|outcome| outcome.position));
         let counters = &shared.counters;
-        for outcome in outcomes {
-            if fenced.contains(&outcome.position) {
+        let settled_at = SystemTime::now();
+        for (outcome, entry) in outcomes.iter().zip(&released) {
+            let (counter, label) = if fenced.contains(&outcome.position) {
                 log::warn!(
                     "outbox: the lease on message {} passed to another claim before its outcome \
                      ({:?}) was saved; the outcome is dropped",
                     outcome.message_id,
                     outcome.settlement
                 );
-                Counters::add(&counters.fenced, 1);
-                continue;
-            }
-            let counter = match outcome.settlement {
-                Settlement::Done => &counters.succeeded,
-                Settlement::Retry { .. } => &counters.retried,
-                Settlement::DeadLetter { .. } => &counters.dead_lettered,
-                Settlement::Release => &counters.released,
-                Settlement::Defer { .. } => &counters.deferred,
+                (&counters.fenced, "fenced")
+            } else {
+                match outcome.settlement {
+                    Settlement::Done => (&counters.succeeded, "succeeded"),
+                    Settlement::Retry { .. } => (&counters.retried, "retried"),
+                    Settlement::DeadLetter { .. } => (&counters.dead_lettered, "dead_lettered"),
+                    Settlement::Release => (&counters.released, "released"),
+                    Settlement::Defer { .. } => (&counters.deferred, "deferred"),
+                }
             };
             Counters::add(counter, 1);
+            if let Some(entry) = entry {
+                let message_type = shared.metric_type(&entry.message_type);
+                metrics::processed(message_type, label);
+                if label == "succeeded" {
+                    if let Ok(lag) = settled_at.duration_since(entry.enqueued_at) {
+                        metrics::delivery_lag(message_type, lag);
+                    }
+                }
+            }
         }
-        shared
-            .held
-            .release(outcomes.iter().map(|outcome| outcome.position));
+        metrics::in_flight(shared.held.count());
         // A settled message may have been the head of its ordering key: the next one of that
         // key is claimable now, not at the next poll.
         let _ = shared.capacity.try_send(());
@@ -422,6 +450,7 @@ impl Settler {
             );
             log_settlement(&entry.message_id, &entry.message_type, &settlement);
             Counters::add(&shared.counters.timed_out, 1);
+            metrics::handler_timeout(shared.metric_type(&entry.message_type));
             self.fresh.push(Outcome {
                 token,
                 position,
@@ -460,12 +489,15 @@ impl Settler {
                     );
                 }
             }
-            Err(error) => log::warn!(
-                "outbox: renewing the leases of {} held messages failed (trying again in \
+            Err(error) => {
+                metrics::store_error("extend_leases");
+                log::warn!(
+                    "outbox: renewing the leases of {} held messages failed (trying again in \
                  {:?}): {error}",
-                leases.len(),
-                shared.config.heartbeat
-            ),
+                    leases.len(),
+                    shared.config.heartbeat
+                );
+            }
         }
     }
 }

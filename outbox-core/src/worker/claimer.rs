@@ -15,7 +15,8 @@ use super::handle::{AliveGuard, Counters};
 use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, Job};
 use super::held::Admission;
 use super::shared::Shared;
-use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS, PROMOTE_STRANDED_EVERY};
+use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS, HOUSEKEEPING_EVERY};
+use crate::metrics;
 
 /// How much the next claim may take, or `None` while the worker holds too much to claim a
 /// full batch (a claim costs a round trip and a commit whatever its size, and claiming the
@@ -42,7 +43,8 @@ pub(crate) struct Claimer {
     failures: Failures,
     /// Early looks still to take after a claim or a wake-up, in milliseconds.
     follow_ups: &'static [u64],
-    next_promotion: Instant,
+    next_housekeeping: Instant,
+    next_backlog: Instant,
 }
 
 impl Claimer {
@@ -61,7 +63,9 @@ impl Claimer {
             capacity,
             failures: Failures::new(Backoff::from_pair(CLAIM_RETRY)),
             follow_ups: &[],
-            next_promotion: Instant::now() + PROMOTE_STRANDED_EVERY,
+            next_housekeeping: Instant::now() + HOUSEKEEPING_EVERY,
+            // The gauges are there from the start.
+            next_backlog: Instant::now(),
         }
     }
 
@@ -76,7 +80,8 @@ impl Claimer {
     }
 
     fn step(&mut self) {
-        self.promote_stranded();
+        self.housekeeping();
+        self.sample_backlog();
         let shared = &self.shared;
         let config = &shared.config;
         let Some(limit) = plan_claim(config, shared.held.count(), shared.held.bytes()) else {
@@ -92,6 +97,7 @@ impl Claimer {
                 claimed
             }
             Err(error) => {
+                metrics::store_error("claim");
                 let pause = self.failures.failed();
                 shared
                     .vitals
@@ -138,6 +144,8 @@ impl Claimer {
                 }
             }
         }
+        metrics::claimed(dispatched);
+        metrics::in_flight(shared.held.count());
         if count > 0 {
             log::debug!("outbox: claimed {count} messages under {token}");
             Counters::add(&shared.counters.claimed, dispatched);
@@ -164,25 +172,53 @@ impl Claimer {
 }
 
 impl Claimer {
-    /// Runs the store's safety net for per-key order and its expiry of idempotency keys every
-    /// few seconds.
-    fn promote_stranded(&mut self) {
-        if Instant::now() < self.next_promotion {
+    /// Runs the store's safety net for per-key order and its pruning every few seconds.
+    fn housekeeping(&mut self) {
+        if Instant::now() < self.next_housekeeping {
             return;
         }
-        self.next_promotion = Instant::now() + PROMOTE_STRANDED_EVERY;
-        match self.shared.store.promote_stranded() {
+        self.next_housekeeping = Instant::now() + HOUSEKEEPING_EVERY;
+        let store = &self.shared.store;
+        match store.promote_stranded() {
             Ok(0) => {}
             Ok(n) => log::info!(
                 "outbox: {n} ordering keys had no claimable head (concurrent transactions left \
                  it parked); promoted"
             ),
-            Err(error) => log::warn!("outbox: promoting stranded ordering keys failed: {error}"),
+            Err(error) => {
+                metrics::store_error("housekeeping");
+                log::warn!("outbox: promoting stranded ordering keys failed: {error}");
+            }
         }
-        match self.shared.store.expire_idempotency_keys() {
-            Ok(0) => {}
-            Ok(n) => log::debug!("outbox: forgot {n} expired idempotency keys"),
-            Err(error) => log::warn!("outbox: expiring idempotency keys failed: {error}"),
+        match store.prune() {
+            Ok(pruned) if pruned.total() == 0 => {}
+            Ok(pruned) => log::debug!(
+                "outbox: pruned {} expired idempotency keys, {} dead letters and {} received \
+                 webhook ids past their retention",
+                pruned.idempotency_keys,
+                pruned.dead_letters,
+                pruned.inbox_ids
+            ),
+            Err(error) => {
+                metrics::store_error("housekeeping");
+                log::warn!("outbox: pruning expired rows failed: {error}");
+            }
+        }
+    }
+
+    /// Samples the store's backlog for the metrics gauges.
+    fn sample_backlog(&mut self) {
+        if Instant::now() < self.next_backlog {
+            return;
+        }
+        self.next_backlog = Instant::now() + self.shared.config.backlog_interval;
+        match self.shared.store.backlog() {
+            Ok(Some(backlog)) => metrics::backlog(backlog.pending, backlog.oldest_due_age),
+            Ok(None) => {}
+            Err(error) => {
+                metrics::store_error("backlog");
+                log::warn!("outbox: sampling the backlog for the metrics failed: {error}");
+            }
         }
     }
 }
@@ -205,6 +241,7 @@ mod tests {
             unknown_type_grace: Duration::from_secs(900),
             max_in_flight: 2 * batch_size + handler_threads,
             max_in_flight_bytes: max_bytes,
+            backlog_interval: Duration::from_secs(15),
         }
     }
 

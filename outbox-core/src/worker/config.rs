@@ -18,6 +18,7 @@ const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_UNKNOWN_TYPE_GRACE: Duration = Duration::from_secs(15 * 60);
 const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
+const DEFAULT_BACKLOG_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Builds a worker; see [`Worker::builder`](super::Worker::builder).
 pub struct WorkerBuilder<S> {
@@ -38,6 +39,7 @@ struct Settings {
     retry_policy: RetryPolicy,
     unknown_type_grace: Duration,
     max_in_flight_bytes: usize,
+    backlog_interval: Duration,
 }
 
 /// The checked configuration the worker's threads run with.
@@ -55,6 +57,8 @@ pub(crate) struct Config {
     /// Messages held at most: room for a full batch to be claimed while the previous one runs.
     pub max_in_flight: usize,
     pub max_in_flight_bytes: usize,
+    /// How often the claimer samples the store's backlog for the metrics gauges.
+    pub backlog_interval: Duration,
 }
 
 impl<S> std::fmt::Debug for WorkerBuilder<S> {
@@ -81,6 +85,7 @@ impl<S: Store> WorkerBuilder<S> {
                 retry_policy: RetryPolicy::default(),
                 unknown_type_grace: DEFAULT_UNKNOWN_TYPE_GRACE,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+                backlog_interval: DEFAULT_BACKLOG_INTERVAL,
             },
         }
     }
@@ -154,6 +159,15 @@ impl<S: Store> WorkerBuilder<S> {
         self
     }
 
+    /// How often the worker samples the store's backlog (messages pending, age of the oldest
+    /// due one) for the [metrics](crate::metrics) gauges (default 15 s, at least 1 s): one
+    /// query that counts the outbox table, so keep it modest with a large backlog. The first
+    /// sample is taken when the worker starts.
+    pub fn backlog_interval(mut self, interval: Duration) -> Self {
+        self.settings.backlog_interval = interval;
+        self
+    }
+
     /// Adds a shared resource handlers reach with [`Context::resource`](crate::Context::resource).
     pub fn resource<T: Send + Sync + 'static>(mut self, resource: T) -> Self {
         self.resources.insert(resource);
@@ -204,6 +218,11 @@ impl<S: Store> WorkerBuilder<S> {
             ),
             ("poll_interval", s.poll_interval, Duration::from_millis(1)),
             ("unknown_type_grace", s.unknown_type_grace, Duration::ZERO),
+            (
+                "backlog_interval",
+                s.backlog_interval,
+                Duration::from_secs(1),
+            ),
         ] {
             if value < min || value > MAX_DURATION {
                 return invalid(
@@ -227,6 +246,7 @@ impl<S: Store> WorkerBuilder<S> {
             unknown_type_grace: s.unknown_type_grace,
             max_in_flight: 2 * s.batch_size + s.handler_threads,
             max_in_flight_bytes: s.max_in_flight_bytes,
+            backlog_interval: s.backlog_interval,
         })
     }
 }

@@ -210,6 +210,7 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
     let result = catch_unwind(AssertUnwindSafe(|| {
         registration.dispatch(payload, &mut ctx)
     }));
+    crate::metrics::attempt_duration(&message.message_type, started.elapsed());
     if ctx.was_settled_within() && !matches!(result, Ok(Ok(()))) {
         // The message left the outbox with the handler's transaction: what failed after the
         // commit cannot undo it.

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::message::MessageId;
 use crate::store::{ClaimToken, ClaimedMessage};
@@ -36,8 +36,10 @@ pub struct Entry {
     pub token: ClaimToken,
     /// For logs and synthesized outcomes.
     pub message_id: MessageId,
-    /// For the watchdog's retry policy.
+    /// For the watchdog's retry policy and the metrics.
     pub message_type: String,
+    /// For the delivery lag metric.
+    pub enqueued_at: SystemTime,
     /// For the watchdog's outcome.
     pub ordering_key: Option<String>,
     /// Which attempt this is.
@@ -125,6 +127,7 @@ impl Held {
                 token,
                 message_id: message.message_id,
                 message_type: message.message_type.clone(),
+                enqueued_at: message.enqueued_at,
                 ordering_key: message.ordering_key.clone(),
                 attempt: message.attempt,
                 bytes,
@@ -179,13 +182,17 @@ impl Held {
     }
 
     /// Outcomes of these positions were settled (or given up): they are no longer held.
-    pub fn release(&self, positions: impl IntoIterator<Item = i64>) {
+    /// Returns their entries, in the order given (`None` for a position not held).
+    pub fn release(&self, positions: impl IntoIterator<Item = i64>) -> Vec<Option<Entry>> {
         let mut state = self.state();
-        for position in positions {
-            if let Some(entry) = state.entries.remove(&position) {
+        positions
+            .into_iter()
+            .map(|position| {
+                let entry = state.entries.remove(&position)?;
                 state.bytes -= entry.bytes;
-            }
-        }
+                Some(entry)
+            })
+            .collect()
     }
 
     /// Messages running for longer than `timeout`, oldest first.

@@ -91,6 +91,7 @@ impl<S: Store> WorkerBuilder<S> {
             config.handler_timeout,
             registry.message_types()
         );
+        crate::metrics::describe();
         let listener = if listens {
             self.store.listen().map_err(WorkerError::Store)?
         } else {

@@ -62,6 +62,16 @@ impl Shared {
         }
     }
 
+    /// The `type` label of a message type in the metrics: the type if a handler of this
+    /// worker serves it, a fixed placeholder otherwise (labels stay bounded).
+    pub fn metric_type<'a>(&self, message_type: &'a str) -> &'a str {
+        if self.registry.get(message_type).is_some() {
+            message_type
+        } else {
+            crate::metrics::UNREGISTERED_TYPE
+        }
+    }
+
     pub fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }

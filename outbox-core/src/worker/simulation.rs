@@ -219,6 +219,7 @@ fn config(rng: &mut fastrand::Rng) -> Config {
         unknown_type_grace: Duration::from_millis(rng.u64(0..=20_000)),
         max_in_flight: 2 * batch_size + handler_threads,
         max_in_flight_bytes: rng.usize(64..=4_096),
+        backlog_interval: Duration::from_secs(15),
     }
 }
 

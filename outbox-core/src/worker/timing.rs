@@ -66,9 +66,11 @@ pub const PANIC_RETRY_DELAY: Duration = Duration::from_secs(60);
 pub const LISTEN_WAIT: Duration = Duration::from_millis(200);
 
 /// How often the claimer runs the store's safety net for per-key order
-/// ([`Store::promote_stranded`](crate::store::Store::promote_stranded)): the longest a key whose
-/// head concurrent transactions left parked waits. The net reads one index entry per parked key.
-pub const PROMOTE_STRANDED_EVERY: Duration = Duration::from_secs(5);
+/// ([`Store::promote_stranded`](crate::store::Store::promote_stranded)) and its pruning
+/// ([`Store::prune`](crate::store::Store::prune)): the longest a key whose head concurrent
+/// transactions left parked waits. The net reads one index entry per parked key; a prune
+/// deletes a bounded number of rows.
+pub const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(5);
 
 /// Error texts are stored in the outbox row; receivers' bodies can be large.
 pub const MAX_ERROR_LEN: usize = 2000;

@@ -76,8 +76,21 @@ macro_rules! fixed_statement_methods {
             Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
         }
 
-        fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize> {
-            run(self, INBOX_SWEEP, &[Bind::BigInt(older_than_micros)])
+        fn inbox_sweep(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize> {
+            let binds = [Bind::BigInt(older_than_micros), Bind::BigInt(limit)];
+            run(self, INBOX_SWEEP, &binds)
+        }
+
+        fn prune_dead_letters(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize> {
+            let binds = [Bind::BigInt(older_than_micros), Bind::BigInt(limit)];
+            run(self, PRUNE_DEAD_LETTERS, &binds)
+        }
+
+        fn backlog(&mut self) -> QueryResult<BacklogRow> {
+            let rows: Vec<BacklogRow> = Prepared::new(BACKLOG, STYLE, &[]).load(self)?;
+            rows.into_iter()
+                .next()
+                .ok_or(diesel::result::Error::NotFound)
         }
     };
 }
@@ -168,6 +181,15 @@ pub(crate) struct StatsRow {
     pub(crate) oldest: Option<i64>,
 }
 
+/// The backlog: messages in the outbox, and the microseconds the oldest due one has waited.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct BacklogRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) pending: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) oldest_due_micros: Option<i64>,
+}
+
 /// A row of one text column named `message_id`.
 #[derive(QueryableByName, Debug)]
 pub(crate) struct MessageIdRow {
@@ -246,6 +268,16 @@ pub(crate) fn to_i64(n: usize) -> i64 {
 /// A duration in microseconds, saturating.
 pub(crate) fn micros(duration: std::time::Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// The longest age a statement compares with "now minus an age" (a hundred years: "forever"):
+/// every backend's time arithmetic takes it, where `Duration::MAX` would overflow PostgreSQL's.
+pub(crate) const LONGEST_AGE: std::time::Duration =
+    std::time::Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// An age (a retention, a window) in microseconds, cut to [`LONGEST_AGE`].
+pub(crate) fn age_micros(age: std::time::Duration) -> i64 {
+    micros(age.min(LONGEST_AGE))
 }
 
 /// `?, ?, ?` for `n` binds, for `IN (..)` lists on the backends without array binds.
@@ -378,9 +410,39 @@ pub(crate) trait Statements: Sized {
     #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
     fn inbox_record(&mut self, id: &str) -> QueryResult<bool>;
 
-    /// Deletes inbox ids received more than `older_than_micros` ago; returns how many.
-    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
-    fn inbox_sweep(&mut self, older_than_micros: i64) -> QueryResult<usize>;
+    /// Deletes up to `limit` inbox ids received more than `older_than_micros` ago; returns
+    /// how many.
+    fn inbox_sweep(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize>;
+
+    /// Deletes up to `limit` dead letters, oldest first, that failed more than
+    /// `older_than_micros` ago; returns how many.
+    fn prune_dead_letters(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize>;
+
+    /// Messages in the outbox and how long the oldest due one has waited.
+    fn backlog(&mut self) -> QueryResult<BacklogRow>;
+}
+
+/// How many batches of [`ID_CHUNK`] rows one pruning pass of the worker reads or deletes at
+/// most (idempotency keys, dead letters, inbox ids), so that it stays short whatever the
+/// tables hold.
+pub(crate) const PRUNE_ROUNDS: usize = 10;
+
+/// Runs `delete_batch` (which deletes up to the limit it is given and says how many) until a
+/// batch comes back short or `rounds` batches ran; how many rows were deleted. Every pruning of
+/// the worker deletes this way, so that one call's work stays bounded.
+pub(crate) fn delete_in_batches(
+    rounds: usize,
+    mut delete_batch: impl FnMut(i64) -> QueryResult<usize>,
+) -> QueryResult<usize> {
+    let mut deleted = 0;
+    for _ in 0..rounds {
+        let n = delete_batch(to_i64(ID_CHUNK))?;
+        deleted += n;
+        if n < ID_CHUNK {
+            break;
+        }
+    }
+    Ok(deleted)
 }
 
 /// Which dead letters an operation applies to, as the statements take it.

@@ -9,8 +9,8 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    placeholders, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, MessageIdRow, PendingRow,
-    Selection, Statements, StatsRow, ID_CHUNK,
+    placeholders, BacklogRow, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, MessageIdRow,
+    PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -306,9 +306,22 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
 pub(crate) const INBOX_RECORD: &str =
     "INSERT IGNORE INTO outbox_inbox (webhook_id, received_at) VALUES (?, UTC_TIMESTAMP(6))";
 
-/// Inbox ids older than some age deleted. Binds: age µs.
+/// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
 pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox \
-     WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6))";
+     WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) LIMIT ?";
+
+/// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
+/// (the `failed_at` index bounds the read). Binds: age µs, limit.
+pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure \
+     WHERE failed_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) ORDER BY failed_at LIMIT ?";
+
+/// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
+/// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
+/// end, so they are not due). The second is the first entry of the due index's unparked part.
+pub(crate) const BACKLOG: &str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
+     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(next_attempt_at), UTC_TIMESTAMP(6)) \
+      FROM outbox_message WHERE parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6)) \
+      AS oldest_due_micros";
 
 /// An idempotency key recorded for a message unless recorded: an enqueue in another
 /// transaction with the same key waits on the primary key until the first one ends. (IGNORE
@@ -705,7 +718,9 @@ mod tests {
             (DEAD_LETTERS, 3),
             (PURGE, 1),
             (INBOX_RECORD, 1),
-            (INBOX_SWEEP, 1),
+            (INBOX_SWEEP, 2),
+            (PRUNE_DEAD_LETTERS, 2),
+            (BACKLOG, 0),
             (RESERVE_KEY, 2),
             (KEYED_MESSAGE, 1),
             (SET_KEY_POSITION, 1),

@@ -11,8 +11,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    Claim, ClaimRow, CountRow, DeadLetterRow, Filter, IdRow, MessageIdRow, PendingRow, Selection,
-    Statements, StatsRow,
+    BacklogRow, Claim, ClaimRow, CountRow, DeadLetterRow, Filter, IdRow, MessageIdRow, PendingRow,
+    Selection, Statements, StatsRow,
 };
 use crate::enqueue::NewMessage;
 
@@ -241,9 +241,23 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
 pub(crate) const INBOX_RECORD: &str =
     "INSERT INTO outbox_inbox (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING";
 
-/// Inbox ids older than some age deleted. Binds: age µs.
-pub(crate) const INBOX_SWEEP: &str =
-    "DELETE FROM outbox_inbox WHERE received_at < now() - $1 * INTERVAL '1 microsecond'";
+/// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
+pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox WHERE webhook_id IN (\
+     SELECT webhook_id FROM outbox_inbox \
+     WHERE received_at < now() - $1 * INTERVAL '1 microsecond' LIMIT $2)";
+
+/// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
+/// (the `failed_at` index bounds the read). Binds: age µs, limit.
+pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure WHERE id IN (\
+     SELECT id FROM outbox_failure \
+     WHERE failed_at < now() - $1 * INTERVAL '1 microsecond' ORDER BY failed_at LIMIT $2)";
+
+/// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
+/// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
+/// end, so they are not due). The second is the first entry of the due index.
+pub(crate) const BACKLOG: &str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
+     (SELECT (EXTRACT(EPOCH FROM now() - MIN(next_attempt_at)) * 1000000)::BIGINT \
+      FROM outbox_message WHERE NOT parked AND next_attempt_at <= now()) AS oldest_due_micros";
 
 /// An idempotency key recorded for a message unless recorded: an enqueue in another
 /// transaction with the same key waits on the primary key until the first one ends. Binds:
@@ -508,6 +522,8 @@ mod tests {
             PURGE,
             INBOX_RECORD,
             INBOX_SWEEP,
+            PRUNE_DEAD_LETTERS,
+            BACKLOG,
             RESERVE_KEY,
             KEYED_MESSAGE,
             SET_KEY_POSITION,

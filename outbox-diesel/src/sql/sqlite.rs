@@ -9,8 +9,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    placeholders, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, MessageIdRow, PendingRow,
-    Selection, Statements, StatsRow, ID_CHUNK,
+    placeholders, BacklogRow, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, MessageIdRow,
+    PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -284,9 +284,30 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
 /// A received webhook id recorded unless recorded. Binds: id.
 pub(crate) const INBOX_RECORD: &str = "INSERT OR IGNORE INTO outbox_inbox (webhook_id) VALUES (?)";
 
-/// Inbox ids older than some age deleted. Binds: age µs.
-pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox WHERE received_at < \
-     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0))";
+/// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
+pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox WHERE rowid IN (\
+     SELECT rowid FROM outbox_inbox WHERE received_at < \
+     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) LIMIT ?)";
+
+/// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
+/// (the `failed_at` index bounds the read). Binds: age µs, limit.
+pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure WHERE id IN (\
+     SELECT id FROM outbox_failure WHERE failed_at < \
+     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) \
+     ORDER BY failed_at LIMIT ?)";
+
+/// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
+/// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
+/// end, so they are not due). The second is the first entry of the due index.
+pub(crate) const BACKLOG: &str = concat!(
+    "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, (SELECT ",
+    micros_of!("'now'"),
+    " - ",
+    micros_of!("MIN(next_attempt_at)"),
+    " FROM outbox_message WHERE NOT parked AND next_attempt_at <= ",
+    now!(),
+    ") AS oldest_due_micros"
+);
 
 /// An idempotency key recorded for a message unless recorded (one writer at a time: another
 /// transaction with the same key has committed or rolled back). Binds: key, message id.
@@ -632,7 +653,9 @@ mod tests {
             (DEAD_LETTERS, 3),
             (PURGE, 1),
             (INBOX_RECORD, 1),
-            (INBOX_SWEEP, 1),
+            (INBOX_SWEEP, 2),
+            (PRUNE_DEAD_LETTERS, 2),
+            (BACKLOG, 0),
             (RESERVE_KEY, 2),
             (KEYED_MESSAGE, 1),
             (SET_KEY_POSITION, 1),

@@ -1,0 +1,151 @@
+//! The worker's metrics, recorded through the [`metrics`](https://docs.rs/metrics) facade:
+//! nothing is recorded until the application installs a recorder (for example
+//! `metrics-exporter-prometheus`), and then every worker of the process reports to it.
+//!
+//! Names and units follow Prometheus conventions; labels stay bounded: `type` is a message type
+//! this worker has a handler for (any other is reported as `unregistered`), `outcome` and
+//! `operation` take the few values listed here.
+//!
+//! | Name | Kind | Labels | What |
+//! |---|---|---|---|
+//! | [`MESSAGES_PROCESSED`] | counter | `type`, `outcome` | messages settled, by outcome: `succeeded`, `retried`, `dead_lettered`, `released`, `deferred`, `fenced`, `abandoned` |
+//! | [`ATTEMPT_DURATION`] | histogram (s) | `type` | how long handlers ran |
+//! | [`DELIVERY_LAG`] | histogram (s) | `type` | from enqueue to the settlement of a success (a delayed message counts its delay) |
+//! | [`HANDLER_TIMEOUTS`] | counter | `type` | attempts the watchdog counted as timed out |
+//! | [`IN_FLIGHT`] | gauge | | messages claimed and not yet settled |
+//! | [`CLAIMS`] | counter | | claims that reached the store |
+//! | [`CLAIMED`] | counter | | messages claimed |
+//! | [`SETTLEMENTS`] | counter | | settlements (batches of outcomes) the store took |
+//! | [`STORE_ERRORS`] | counter | `operation` | failed store calls: `claim`, `settle`, `extend_leases`, `housekeeping`, `backlog` |
+//! | [`PENDING`] | gauge | | messages in the outbox (due, delayed, held or parked), sampled |
+//! | [`OLDEST_DUE_AGE`] | gauge (s) | | how long the oldest due, unclaimed message has waited (0 when none waits), sampled |
+//!
+//! The two sampled gauges come from one query the worker runs at start and then every
+//! [`WorkerBuilder::backlog_interval`](crate::WorkerBuilder::backlog_interval) (15 s by
+//! default). [`OLDEST_DUE_AGE`] answers "is it keeping up": it stays near zero while workers
+//! claim what is due; alert when it stays above what a message may wait (e.g. above 60 s for
+//! 5 minutes). Histograms are rendered as summaries by the Prometheus exporter unless the
+//! application gives it buckets (as the example does).
+
+use std::time::Duration;
+
+/// Messages settled, by `type` and `outcome` (counter).
+pub const MESSAGES_PROCESSED: &str = "outbox_messages_processed_total";
+/// How long handlers ran, by `type` (histogram, seconds).
+pub const ATTEMPT_DURATION: &str = "outbox_attempt_duration_seconds";
+/// From enqueue to the settlement of a success, by `type` (histogram, seconds).
+pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
+/// Attempts the watchdog counted as timed out, by `type` (counter).
+pub const HANDLER_TIMEOUTS: &str = "outbox_handler_timeouts_total";
+/// Messages claimed and not yet settled (gauge).
+pub const IN_FLIGHT: &str = "outbox_in_flight_messages";
+/// Claims that reached the store, empty or not (counter).
+pub const CLAIMS: &str = "outbox_claims_total";
+/// Messages claimed (counter).
+pub const CLAIMED: &str = "outbox_claimed_messages_total";
+/// Settlements (batches of outcomes) the store took (counter).
+pub const SETTLEMENTS: &str = "outbox_settlements_total";
+/// Failed store calls, by `operation` (counter).
+pub const STORE_ERRORS: &str = "outbox_store_errors_total";
+/// Messages in the outbox, sampled (gauge).
+pub const PENDING: &str = "outbox_pending_messages";
+/// How long the oldest due, unclaimed message has waited, sampled (gauge, seconds).
+pub const OLDEST_DUE_AGE: &str = "outbox_oldest_due_age_seconds";
+
+/// The `type` label of messages no handler of this worker serves: unbounded strings from the
+/// database never become label values.
+pub(crate) const UNREGISTERED_TYPE: &str = "unregistered";
+
+/// Gives every metric its unit and description, for recorders that show them (Prometheus'
+/// `# HELP`). Describing twice is harmless.
+pub(crate) fn describe() {
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        MESSAGES_PROCESSED,
+        Unit::Count,
+        "Messages settled by the outbox worker, by type and outcome"
+    );
+    describe_histogram!(
+        ATTEMPT_DURATION,
+        Unit::Seconds,
+        "How long outbox handlers ran, by type"
+    );
+    describe_histogram!(
+        DELIVERY_LAG,
+        Unit::Seconds,
+        "From enqueue to the successful settlement of an outbox message, by type"
+    );
+    describe_counter!(
+        HANDLER_TIMEOUTS,
+        Unit::Count,
+        "Outbox handler attempts counted as timed out, by type"
+    );
+    describe_gauge!(
+        IN_FLIGHT,
+        Unit::Count,
+        "Outbox messages claimed by this worker and not yet settled"
+    );
+    describe_counter!(CLAIMS, Unit::Count, "Outbox claims that reached the store");
+    describe_counter!(CLAIMED, Unit::Count, "Outbox messages claimed");
+    describe_counter!(
+        SETTLEMENTS,
+        Unit::Count,
+        "Settlements (batches of outcomes) the outbox store took"
+    );
+    describe_counter!(
+        STORE_ERRORS,
+        Unit::Count,
+        "Failed outbox store calls, by operation"
+    );
+    describe_gauge!(
+        PENDING,
+        Unit::Count,
+        "Messages in the outbox (due, delayed, held or parked), sampled"
+    );
+    describe_gauge!(
+        OLDEST_DUE_AGE,
+        Unit::Seconds,
+        "How long the oldest due, unclaimed outbox message has waited, sampled"
+    );
+}
+
+pub(crate) fn processed(message_type: &str, outcome: &'static str) {
+    ::metrics::counter!(MESSAGES_PROCESSED, "type" => message_type.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+pub(crate) fn attempt_duration(message_type: &str, duration: Duration) {
+    ::metrics::histogram!(ATTEMPT_DURATION, "type" => message_type.to_owned())
+        .record(duration.as_secs_f64());
+}
+
+pub(crate) fn delivery_lag(message_type: &str, lag: Duration) {
+    ::metrics::histogram!(DELIVERY_LAG, "type" => message_type.to_owned())
+        .record(lag.as_secs_f64());
+}
+
+pub(crate) fn handler_timeout(message_type: &str) {
+    ::metrics::counter!(HANDLER_TIMEOUTS, "type" => message_type.to_owned()).increment(1);
+}
+
+pub(crate) fn in_flight(count: usize) {
+    ::metrics::gauge!(IN_FLIGHT).set(count as f64);
+}
+
+pub(crate) fn claimed(count: u64) {
+    ::metrics::counter!(CLAIMS).increment(1);
+    ::metrics::counter!(CLAIMED).increment(count);
+}
+
+pub(crate) fn settlement() {
+    ::metrics::counter!(SETTLEMENTS).increment(1);
+}
+
+pub(crate) fn store_error(operation: &'static str) {
+    ::metrics::counter!(STORE_ERRORS, "operation" => operation).increment(1);
+}
+
+pub(crate) fn backlog(pending: u64, oldest_due_age: Duration) {
+    ::metrics::gauge!(PENDING).set(pending as f64);
+    ::metrics::gauge!(OLDEST_DUE_AGE).set(oldest_due_age.as_secs_f64());
+}

@@ -1,0 +1,1 @@
+DROP INDEX outbox_failure_failed_at;
