@@ -5,7 +5,7 @@
 //! outbox worker, started when Rocket lifts off, delivers the messages to a webhook standing in
 //! for a mail service: by default the blog's own `/receiver/hooks`, which verifies the signature
 //! and records each delivery once through the outbox's inbox. `/outbox` shows the queue and the
-//! dead letters to operators.
+//! dead letters to operators, `/metrics` the worker's metrics in Prometheus' text format.
 //!
 //! Configuration (environment):
 //! - `DATABASE_URL`: an SQLite file (default `blog.db`), or `postgres://…` / `mysql://…` when
@@ -22,6 +22,7 @@
 pub mod comments;
 pub mod db;
 pub mod messages;
+pub mod metrics;
 pub mod pages;
 mod routes;
 
@@ -129,6 +130,7 @@ pub struct App {
     pub(crate) receiver_failing: AtomicBool,
     pub(crate) admin_token: String,
     pub(crate) admin_session: String,
+    pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     worker: Mutex<Option<WorkerHandle>>,
 }
 
@@ -167,6 +169,7 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
         receiver_failing: AtomicBool::new(false),
         admin_token: settings.admin_token.clone(),
         admin_session: random_token(),
+        metrics: metrics::recorder(),
         worker: Mutex::new(None),
     };
     let retry_policy = settings.retry_policy.clone();

@@ -8,7 +8,7 @@ use outbox_diesel::admin::{self, DeadLetterSelection, ListOptions};
 use outbox_diesel::inbox::{InboxError, Received};
 use rocket::data::{Data, ToByteUnit};
 use rocket::form::Form;
-use rocket::http::{Cookie, CookieJar, SameSite, Status};
+use rocket::http::{ContentType, Cookie, CookieJar, SameSite, Status};
 use rocket::request::{FromRequest, Outcome, Request};
 use rocket::response::content::RawHtml;
 use rocket::response::Redirect;
@@ -31,6 +31,7 @@ pub fn all() -> Vec<Route> {
         requeue_one,
         purge_one,
         requeue_type,
+        metrics,
     ]
 }
 
@@ -390,4 +391,13 @@ async fn requeue_type(
         ))
     })
     .await
+}
+
+/// The worker's metrics in Prometheus' text format, for a scraper on the blog's loopback
+/// address (counts and ages only: no payloads, addresses or secrets).
+#[get("/metrics")]
+fn metrics(app: &State<App>) -> Result<(ContentType, String), Status> {
+    let handle = app.metrics.as_ref().ok_or(Status::NotFound)?;
+    let prometheus_text = ContentType::new("text", "plain").with_params(("version", "0.0.4"));
+    Ok((prometheus_text, handle.render()))
 }

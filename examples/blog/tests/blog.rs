@@ -202,3 +202,48 @@ fn comments_turn_into_verified_deliveries_once() {
         .iter()
         .any(|d| d.webhook_id == "dup-2" && d.outcome.starts_with("rejected")));
 }
+
+#[test]
+fn metrics_show_the_backlog_from_the_start_and_the_deliveries() {
+    let server = Server::start("metrics");
+    let client = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let scrape = || {
+        let response = client.get(server.url("/metrics")).send().unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().unwrap()
+    };
+    // The worker samples the backlog as it starts.
+    assert!(
+        outbox_testkit::eventually(std::time::Duration::from_secs(10), || scrape()
+            .contains("outbox_pending_messages ")),
+        "{}",
+        scrape()
+    );
+    assert!(scrape().contains("outbox_oldest_due_age_seconds "));
+
+    post_comment(&client, &server, "Cy", "Hello.");
+    server.wait_for("Cy's thank-you", |d| {
+        delivered(d, "comment.thankYou", "cy@example.com") == 1
+    });
+    let succeeded =
+        "outbox_messages_processed_total{type=\"comment.thankYou\",outcome=\"succeeded\"}";
+    assert!(
+        outbox_testkit::eventually(std::time::Duration::from_secs(10), || scrape()
+            .lines()
+            .any(|line| line.starts_with(succeeded))),
+        "{}",
+        scrape()
+    );
+    let text = scrape();
+    assert!(
+        text.contains("outbox_attempt_duration_seconds_bucket{type=\"comment.thankYou\""),
+        "histograms with buckets: {text}"
+    );
+    assert!(
+        !text.contains("cy@example.com"),
+        "no personal data in the metrics"
+    );
+}
