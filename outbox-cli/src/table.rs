@@ -78,10 +78,30 @@ fn width(text: &str) -> usize {
 
 /// `text` with every run of control characters and whitespace replaced by one space.
 pub fn one_line(text: &str) -> String {
-    text.split(|c: char| c.is_whitespace() || c.is_control())
+    let joined = text
+        .split(|c: char| c.is_whitespace() || c.is_control())
         .filter(|part| !part.is_empty())
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(" ");
+    // What is left to escape: the bidirectional overrides.
+    visible(&joined)
+}
+
+/// `text` safe to print on a terminal: control characters other than newlines and tabs (the
+/// escape that starts a terminal control sequence, a carriage return that overwrites the line,
+/// a bell) and the bidirectional overrides that reorder what is shown are written as visible
+/// `\u{..}` escapes.
+pub fn visible(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        let bidi_control = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if (c.is_control() && c != '\n' && c != '\t') || bidi_control {
+            shown.extend(c.escape_unicode());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
 }
 
 /// `text` on one line, cut to at most `max` characters with an ellipsis.
@@ -98,6 +118,15 @@ pub fn truncate(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn controls_and_bidi_overrides_are_shown_escaped() {
+        assert_eq!(visible("a\u{1b}[31mb"), "a\\u{1b}[31mb");
+        assert_eq!(visible("x\r\ny\tz"), "x\\u{d}\ny\tz");
+        assert_eq!(visible("\u{202e}cba"), "\\u{202e}cba");
+        assert_eq!(visible("café ✓"), "café ✓");
+        assert_eq!(one_line("a\u{1b}b\r\n\u{2066}c"), "a b \\u{2066}c");
+    }
 
     #[test]
     fn columns_line_up() {

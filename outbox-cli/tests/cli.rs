@@ -676,7 +676,53 @@ fn purge<C: TestConnection>(db: &TestDb) {
     );
 }
 
+/// A dead letter's error text is a receiver's answer: whatever it holds must not drive the
+/// operator's terminal (retitle it, clear it, reorder text) when shown.
+fn dead_show_escapes_terminal_controls<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(2);
+    Alpha { n: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    let hostile =
+        "\u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}[31mred\u{1b}[0m \u{9b}31m \u{202e}evil\r\nsecond line";
+    let store = DieselStore::new(pool.clone());
+    let token = ClaimToken::new();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(1), Duration::from_secs(60))
+        .unwrap();
+    let outcome = Outcome {
+        token,
+        position: claimed[0].position,
+        message_id: claimed[0].message_id,
+        ordering_key: None,
+        settlement: Settlement::DeadLetter {
+            error: hostile.to_owned(),
+        },
+    };
+    assert_eq!(store.settle(&[outcome]).unwrap(), Vec::<i64>::new());
+    let position = claimed[0].position.to_string();
+
+    for args in [vec!["dead", "show", &position], vec!["dead", "list"]] {
+        let stdout = outbox(db.url(), &args).ok();
+        for control in ['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}', '\r'] {
+            assert!(
+                !stdout.contains(control),
+                "{args:?} printed {control:?} raw: {stdout:?}"
+            );
+        }
+        assert!(stdout.contains("red"), "{stdout}");
+    }
+    let shown = outbox(db.url(), &["dead", "show", &position]).ok();
+    assert!(shown.contains("\\u{1b}[31mred"), "escaped visibly: {shown}");
+    assert!(
+        shown.lines().any(|line| line.trim() == "second line"),
+        "newlines still break lines: {shown}"
+    );
+    // JSON keeps the text exactly (escaped the JSON way).
+    let json = outbox(db.url(), &["--json", "dead", "show", &position]).json();
+    assert_eq!(json["last_error"], hostile);
+}
+
 backend_tests!(
+    dead_show_escapes_terminal_controls,
     migrate_and_missing_tables,
     stats,
     pending_list,

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use diesel::r2d2::{ManageConnection, R2D2Connection};
 use diesel::{ConnectionError, ConnectionResult};
+use percent_encoding::percent_decode_str;
 
 use crate::connection::{execute_batch, OutboxConnection};
 use crate::error::{Error, Result};
@@ -138,12 +139,24 @@ impl DatabaseUrl {
         .then_some(self.target.as_str())
     }
 
-    /// `text` with this URL's password replaced, for error messages that may repeat it.
+    /// `text` with this URL's password replaced, for error messages that may repeat it: the
+    /// password as written in the URL and percent-decoded, from the user information or a
+    /// `password` query parameter.
     pub fn redact_in(&self, text: &str) -> String {
-        match password(&self.target) {
-            Some(password) if !password.is_empty() => text.replace(password, "***"),
-            _ => text.to_owned(),
+        let mut secrets: Vec<String> = Vec::new();
+        for range in secret_ranges(&self.target) {
+            let raw = &self.target[range];
+            secrets.push(raw.to_owned());
+            secrets.push(percent_decode_str(raw).decode_utf8_lossy().into_owned());
         }
+        // Longest first, so that a secret containing another is replaced whole.
+        secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+        secrets
+            .iter()
+            .filter(|secret| !secret.is_empty())
+            .fold(text.to_owned(), |text, secret| {
+                text.replace(secret.as_str(), "***")
+            })
     }
 }
 
@@ -170,25 +183,45 @@ impl fmt::Debug for DatabaseUrl {
     }
 }
 
-/// The password of `scheme://user:password@host/…`, if there is one.
-fn password(url: &str) -> Option<&str> {
-    let (_, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    userinfo.split_once(':').map(|(_, password)| password)
+/// Where a URL keeps secrets, as byte ranges: the password of `scheme://user:password@host/…`
+/// and the value of a `password=` query parameter (which libpq reads too).
+fn secret_ranges(url: &str) -> Vec<std::ops::Range<usize>> {
+    let mut ranges = Vec::new();
+    let Some(scheme_end) = url.find("://").map(|at| at + 3) else {
+        return ranges;
+    };
+    let query_at = url[scheme_end..].find(['?', '#']).map(|at| scheme_end + at);
+    let head = &url[scheme_end..query_at.unwrap_or(url.len())];
+    // The last `@` before the query ends the user information: an unencoded `@` in a password
+    // is then part of the password, as libpq reads it.
+    if let Some(at) = head.rfind('@') {
+        if let Some(colon) = head[..at].find(':') {
+            ranges.push(scheme_end + colon + 1..scheme_end + at);
+        }
+    }
+    if let Some(query_at) = query_at.filter(|at| url[*at..].starts_with('?')) {
+        let mut start = query_at + 1;
+        let query_end = url[start..].find('#').map_or(url.len(), |at| start + at);
+        for pair in url[start..query_end].split('&') {
+            if let Some(value) = pair.strip_prefix("password=") {
+                let value_start = start + "password=".len();
+                ranges.push(value_start..value_start + value.len());
+            }
+            start += pair.len() + 1;
+        }
+    }
+    ranges
 }
 
-/// The URL with its password replaced by `***`.
+/// The URL with its secrets replaced by `***`.
 fn redact(url: &str) -> String {
-    match password(url) {
-        Some(password) if !password.is_empty() => {
-            let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-            let (userinfo, after) = rest.split_once('@').unwrap_or((rest, ""));
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            format!("{scheme}://{user}:***@{after}")
-        }
-        _ => url.to_owned(),
+    let mut shown = url.to_owned();
+    let mut ranges = secret_ranges(url);
+    ranges.sort_by_key(|range| std::cmp::Reverse(range.start));
+    for range in ranges.into_iter().filter(|range| !range.is_empty()) {
+        shown.replace_range(range, "***");
     }
+    shown
 }
 
 /// How long an SQLite connection waits for another's write lock before failing with "database
@@ -453,6 +486,24 @@ mod tests {
         let error = DatabaseUrl::parse("pg://user:secret@h/db").unwrap_err();
         assert!(error.to_string().contains("pg://user:***@h/db"), "{error}");
         assert!(!error.to_string().contains("secret"), "{error}");
+        // An `@` left unencoded in the password, an encoded one, a password in the query.
+        let at = DatabaseUrl::parse("postgres://app:p@ss@db:5432/shop").unwrap();
+        assert_eq!(at.to_string(), "postgres://app:***@db:5432/shop");
+        assert_eq!(at.redact_in("for p@ss"), "for ***");
+        let encoded = DatabaseUrl::parse("postgres://app:s%40cr%20t@db/shop").unwrap();
+        assert_eq!(encoded.to_string(), "postgres://app:***@db/shop");
+        assert_eq!(
+            encoded.redact_in("'s@cr t' or 's%40cr%20t'"),
+            "'***' or '***'"
+        );
+        let query = DatabaseUrl::parse("postgres://app@db/shop?sslmode=require&password=hunter2#x")
+            .unwrap();
+        assert_eq!(
+            query.to_string(),
+            "postgres://app@db/shop?sslmode=require&password=***#x"
+        );
+        assert!(!format!("{query:?}").contains("hunter2"));
+        assert_eq!(query.redact_in("hunter2!"), "***!");
         let plain = DatabaseUrl::parse("mysql://root@h/db").unwrap();
         assert_eq!(plain.to_string(), "mysql://root@h/db");
     }

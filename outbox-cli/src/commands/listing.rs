@@ -200,11 +200,11 @@ pub(super) fn dead_show<C: OutboxConnection>(
     let mut text = String::new();
     for (label, value) in fields {
         // Continuation lines of a multi-line value sit under its first line.
-        let value = value.replace('\n', &format!("\n{}", " ".repeat(label_width)));
+        let value = table::visible(&value).replace('\n', &format!("\n{}", " ".repeat(label_width)));
         text.push_str(&format!("{label:<label_width$}{value}\n"));
     }
     text.push_str("payload:\n");
-    text.push_str(&format::payload_pretty(&d.payload));
+    text.push_str(&table::visible(&format::payload_pretty(&d.payload)));
     text.push('\n');
     Ok(Output::text(text))
 }
