@@ -179,6 +179,20 @@ pub fn post_page(
     Ok(Some((post, shown)))
 }
 
+/// Deletes all but the `keep` latest deliveries of the receiver's log.
+pub fn keep_latest_deliveries(conn: &mut AnyConnection, keep: i64) -> QueryResult<usize> {
+    let newest_dropped: Option<i32> = deliveries::table
+        .select(deliveries::id)
+        .order(deliveries::id.desc())
+        .offset(keep)
+        .first(conn)
+        .optional()?;
+    match newest_dropped {
+        Some(id) => diesel::delete(deliveries::table.filter(deliveries::id.le(id))).execute(conn),
+        None => Ok(0),
+    }
+}
+
 /// The newest deliveries first.
 pub fn recent_deliveries(conn: &mut AnyConnection, limit: i64) -> QueryResult<Vec<Delivery>> {
     deliveries::table

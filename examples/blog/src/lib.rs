@@ -26,7 +26,9 @@ pub mod metrics;
 pub mod pages;
 mod routes;
 
-use std::net::{IpAddr, Ipv4Addr};
+pub use routes::LOGGED_DELIVERIES;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -122,6 +124,27 @@ impl Settings {
     }
 }
 
+/// The loopback addresses the webhook endpoint may dial: those of the configured receiver's
+/// host when it is this machine (the built-in receiver is 127.0.0.1), none otherwise.
+/// Endpoints refuse loopback addresses unless allowed, so a receiver whose name later resolves
+/// to 127.0.0.1 still cannot reach this machine's own services.
+pub fn receiver_addresses(host: Option<&str>) -> Vec<IpAddr> {
+    let Some(host) = host else {
+        return Vec::new();
+    };
+    if host.eq_ignore_ascii_case("localhost") {
+        return vec![
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ];
+    }
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    match literal.parse::<IpAddr>() {
+        Ok(address) if address.is_loopback() => vec![address],
+        _ => Vec::new(),
+    }
+}
+
 /// What the routes share.
 #[allow(missing_debug_implementations)] // holds the admin token
 pub struct App {
@@ -142,13 +165,20 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
         .webhook_url
         .clone()
         .unwrap_or_else(|| format!("http://127.0.0.1:{port}/receiver/hooks"));
-    let endpoint = WebhookEndpoint::builder(webhook_url)
-        .secret(settings.webhook_secret.clone())
-        .timeout(Duration::from_secs(5))
-        // The built-in receiver is on loopback, which endpoints refuse unless told otherwise.
-        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
-        .build()
-        .map_err(|e| format!("the webhook endpoint: {e}"))?;
+    let build = |allowed: &[IpAddr]| {
+        allowed
+            .iter()
+            .fold(
+                WebhookEndpoint::builder(webhook_url.clone())
+                    .secret(settings.webhook_secret.clone())
+                    .timeout(Duration::from_secs(5)),
+                |builder, address| builder.allow_address(*address),
+            )
+            .build()
+            .map_err(|e| format!("the webhook endpoint: {e}"))
+    };
+    let host = build(&[])?.url().host_str().map(str::to_owned);
+    let endpoint = build(&receiver_addresses(host.as_deref()))?;
 
     // The manager's errors show the URL without its password.
     let manager = OutboxManager::new(&settings.database_url).map_err(|e| e.to_string())?;

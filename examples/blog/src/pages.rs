@@ -177,15 +177,17 @@ pub fn receiver(deliveries: &[Delivery], failing: bool) -> RawHtml<String> {
     layout("Mail receiver", &body)
 }
 
-/// The admin login form.
-pub fn login(error: Option<&str>) -> RawHtml<String> {
+/// The admin login form, for the operator page `next` (`/outbox` or `/receiver`).
+pub fn login(error: Option<&str>, next: &str) -> RawHtml<String> {
     let body = format!(
         "<h1>Outbox admin</h1>{}<p>Enter the admin token the blog printed when it started \
          (or set with <code>OUTBOX_ADMIN_TOKEN</code>).</p>\
          <form class=\"stack\" method=\"post\" action=\"/outbox/login\">\
+         <input type=\"hidden\" name=\"next\" value=\"{}\">\
          <input name=\"token\" id=\"token\" type=\"password\" placeholder=\"admin token\" required>\
          <button id=\"login\">Sign in</button></form>",
-        message(None, error)
+        message(None, error),
+        escape(next)
     );
     layout("Outbox admin", &body)
 }

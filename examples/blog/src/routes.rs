@@ -133,8 +133,12 @@ async fn create_comment(
     })
 }
 
+/// The receiver's log shows members' e-mail addresses: operators only.
 #[get("/receiver")]
-async fn receiver_log(app: &State<App>) -> Result<RawHtml<String>, Status> {
+async fn receiver_log(app: &State<App>, admin: Option<Admin>) -> Result<RawHtml<String>, Status> {
+    if admin.is_none() {
+        return Ok(pages::login(None, "/receiver"));
+    }
     let failing = app.receiver_failing.load(Ordering::SeqCst);
     let log = blocking(app, |conn| {
         crate::db::recent_deliveries(conn, 100).map_err(|e| e.to_string())
@@ -161,13 +165,34 @@ impl<'r> FromRequest<'r> for Headers {
     }
 }
 
+/// What the receiver's log keeps of a request: anyone can post to `/receiver/hooks`, so each
+/// line is bounded and only the latest lines are kept.
+const LOGGED_BODY_BYTES: usize = 2048;
+const LOGGED_ID_BYTES: usize = 255;
+/// How many lines the receiver's log keeps.
+pub const LOGGED_DELIVERIES: i64 = 1000;
+
+/// `text` cut to at most `max` bytes at a character boundary, marked when cut.
+fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len())
+}
+
 fn log_delivery(
     conn: &mut AnyConnection,
     webhook_id: &str,
     body: &[u8],
     outcome: &str,
 ) -> QueryResult<usize> {
-    let text = String::from_utf8_lossy(body).into_owned();
+    let text = bounded(&String::from_utf8_lossy(body), LOGGED_BODY_BYTES);
+    let webhook_id = bounded(webhook_id, LOGGED_ID_BYTES);
+    let outcome = bounded(outcome, LOGGED_BODY_BYTES);
     let message_type = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v["type"].as_str().map(str::to_owned))
@@ -176,15 +201,17 @@ fn log_delivery(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    diesel::insert_into(deliveries::table)
+    let inserted = diesel::insert_into(deliveries::table)
         .values((
-            deliveries::webhook_id.eq(webhook_id.to_owned()),
-            deliveries::message_type.eq(message_type),
-            deliveries::outcome.eq(outcome.to_owned()),
+            deliveries::webhook_id.eq(webhook_id),
+            deliveries::message_type.eq(bounded(&message_type, LOGGED_ID_BYTES)),
+            deliveries::outcome.eq(outcome),
             deliveries::body.eq(text),
             deliveries::received_at.eq(now),
         ))
-        .execute(conn)
+        .execute(conn)?;
+    crate::db::keep_latest_deliveries(conn, LOGGED_DELIVERIES)?;
+    Ok(inserted)
 }
 
 /// The stand-in mail service: verify, record once, answer.
@@ -244,7 +271,12 @@ struct Mode {
 }
 
 #[post("/receiver/mode", data = "<mode>")]
-fn set_receiver_mode(app: &State<App>, _same_site: SameSite_, mode: Form<Mode>) -> Redirect {
+fn set_receiver_mode(
+    app: &State<App>,
+    _same_site: SameSite_,
+    _admin: Admin,
+    mode: Form<Mode>,
+) -> Redirect {
     app.receiver_failing
         .store(mode.failing == "on", Ordering::SeqCst);
     Redirect::to(uri!(receiver_log))
@@ -287,7 +319,7 @@ async fn admin_page(
     notice: Option<String>,
 ) -> Result<RawHtml<String>, Status> {
     if admin.is_none() {
-        return Ok(pages::login(None));
+        return Ok(pages::login(None, "/outbox"));
     }
     let (stats, dead) = blocking(app, |conn| {
         let conn = &mut **conn;
@@ -303,6 +335,8 @@ async fn admin_page(
 #[derive(rocket::FromForm)]
 struct Login {
     token: String,
+    /// The operator page to go back to.
+    next: Option<String>,
 }
 
 #[post("/outbox/login", data = "<login>")]
@@ -312,16 +346,21 @@ fn admin_login(
     cookies: &CookieJar<'_>,
     login: Form<Login>,
 ) -> Result<Redirect, RawHtml<String>> {
+    // Only the operator pages, never a URL from the form (no open redirect).
+    let next = match login.next.as_deref() {
+        Some("/receiver") => "/receiver",
+        _ => "/outbox",
+    };
     if !constant_time_eq(login.token.trim(), &app.admin_token) {
-        return Err(pages::login(Some("That is not the admin token.")));
+        return Err(pages::login(Some("That is not the admin token."), next));
     }
     cookies.add(
         Cookie::build((SESSION_COOKIE, app.admin_session.clone()))
             .http_only(true)
             .same_site(SameSite::Strict)
-            .path("/outbox"),
+            .path("/"),
     );
-    Ok(Redirect::to(uri!(admin_page(notice = _))))
+    Ok(Redirect::to(next))
 }
 
 async fn admin_action(

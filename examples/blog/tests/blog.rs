@@ -80,6 +80,118 @@ fn cross_site_posts_are_refused() {
 }
 
 #[test]
+fn the_receiver_page_and_its_switch_are_for_operators() {
+    let db = TempDb::new("receiver-login");
+    let client = local_client(&db);
+    let anonymous = client.get("/receiver").dispatch().into_string().unwrap();
+    assert!(
+        anonymous.contains("admin token"),
+        "a login form: {anonymous}"
+    );
+    assert!(!anonymous.contains("id=\"deliveries\""));
+    let switch = client
+        .post("/receiver/mode")
+        .header(ContentType::Form)
+        .body("failing=on")
+        .dispatch();
+    assert_eq!(switch.status(), Status::Unauthorized);
+
+    let signed_in = client
+        .post("/outbox/login")
+        .header(ContentType::Form)
+        .body(format!("token={ADMIN_TOKEN}&next=%2Freceiver"))
+        .dispatch();
+    assert_eq!(signed_in.headers().get_one("location"), Some("/receiver"));
+    let page = client.get("/receiver").dispatch().into_string().unwrap();
+    assert!(page.contains("id=\"deliveries\""), "{page}");
+    let switched = client
+        .post("/receiver/mode")
+        .header(ContentType::Form)
+        .body("failing=on")
+        .dispatch();
+    assert_eq!(switched.status(), Status::SeeOther);
+    // The form cannot send an operator elsewhere.
+    let elsewhere = client
+        .post("/outbox/login")
+        .header(ContentType::Form)
+        .body(format!(
+            "token={ADMIN_TOKEN}&next=https%3A%2F%2Fevil.example"
+        ))
+        .dispatch();
+    assert_eq!(elsewhere.headers().get_one("location"), Some("/outbox"));
+}
+
+#[test]
+fn the_receiver_logs_bounded_lines_and_keeps_the_latest() {
+    let db = TempDb::new("receiver-bounds");
+    let client = local_client(&db);
+    let huge_id = "i".repeat(10_000);
+    let huge_body = format!("{{\"type\":\"{}\"}}", "t".repeat(900_000));
+    let response = client
+        .post("/receiver/hooks")
+        .header(Header::new("webhook-id", huge_id))
+        .body(huge_body)
+        .dispatch();
+    assert_eq!(response.status(), Status::Unauthorized, "unsigned");
+    for i in 0..outbox_example_blog::LOGGED_DELIVERIES + 5 {
+        client
+            .post("/receiver/hooks")
+            .header(Header::new("webhook-id", format!("junk-{i}")))
+            .body("junk")
+            .dispatch();
+    }
+    let mut conn: outbox_example_blog::db::AnyConnection = outbox_diesel::establish(&db.0).unwrap();
+    let log = outbox_example_blog::db::recent_deliveries(&mut conn, 100_000).unwrap();
+    assert_eq!(log.len() as i64, outbox_example_blog::LOGGED_DELIVERIES);
+    assert!(
+        log.iter().all(|d| !d.webhook_id.starts_with("iii")),
+        "the oldest went first"
+    );
+    assert_eq!(
+        log[0].webhook_id,
+        format!("junk-{}", outbox_example_blog::LOGGED_DELIVERIES + 4)
+    );
+}
+
+#[test]
+fn a_long_line_is_cut_and_marked() {
+    let db = TempDb::new("receiver-cut");
+    let client = local_client(&db);
+    client
+        .post("/receiver/hooks")
+        .header(Header::new("webhook-id", "é".repeat(1_000)))
+        .body(format!("{{\"type\":\"{}\"}}", "t".repeat(900_000)))
+        .dispatch();
+    let mut conn: outbox_example_blog::db::AnyConnection = outbox_diesel::establish(&db.0).unwrap();
+    let log = outbox_example_blog::db::recent_deliveries(&mut conn, 10).unwrap();
+    let line = &log[0];
+    assert!(
+        line.body.len() < 2_200 && line.body.ends_with("bytes in all)"),
+        "{}",
+        line.body.len()
+    );
+    assert!(line.webhook_id.len() < 300 && line.webhook_id.starts_with('é'));
+    assert!(line.message_type.len() < 300);
+}
+
+#[test]
+fn only_a_receiver_on_this_machine_opens_loopback() {
+    use outbox_example_blog::receiver_addresses;
+    use std::net::IpAddr;
+    let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+    assert_eq!(receiver_addresses(Some("127.0.0.1")), [ip("127.0.0.1")]);
+    assert_eq!(receiver_addresses(Some("[::1]")), [ip("::1")]);
+    assert_eq!(
+        receiver_addresses(Some("LOCALHOST")),
+        [ip("127.0.0.1"), ip("::1")]
+    );
+    assert!(receiver_addresses(Some("mail.example.com")).is_empty());
+    assert!(receiver_addresses(Some("10.0.0.7")).is_empty());
+    assert!(receiver_addresses(Some("127.0.0.1.nip.io")).is_empty());
+    assert!(receiver_addresses(None).is_empty());
+}
+
+#[test]
 fn the_admin_page_needs_the_token() {
     let db = TempDb::new("admin");
     let client = local_client(&db);
