@@ -328,7 +328,7 @@ fn a_key_lasts_while_pending_or_dead_and_for_the_window_after<C: TestConnection>
         "kept after it settled, within the window"
     );
     // The default window is a day: the worker's sweep forgets nothing yet.
-    assert_eq!(store.expire_idempotency_keys().unwrap(), 0);
+    assert_eq!(store.prune().unwrap().idempotency_keys, 0);
     let mut conn = pool.get().unwrap();
     assert_eq!(
         expire_idempotency_keys(&mut *conn, Duration::MAX).unwrap(),
