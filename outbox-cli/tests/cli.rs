@@ -9,6 +9,7 @@ use outbox_diesel::admin::{dead_letters, pending_messages, DeadLetter, ListOptio
 use outbox_diesel::prelude::*;
 use outbox_diesel::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
 use outbox_diesel::{DieselStore, EnqueueOptions, Message};
+use outbox_testkit::outbox::outcome;
 use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -688,16 +689,9 @@ fn dead_show_escapes_terminal_controls<C: TestConnection>(db: &TestDb) {
     let claimed = store
         .claim(token, ClaimLimit::messages(1), Duration::from_secs(60))
         .unwrap();
-    let outcome = Outcome {
-        token,
-        position: claimed[0].position,
-        message_id: claimed[0].message_id,
-        ordering_key: None,
-        settlement: Settlement::DeadLetter {
-            error: hostile.to_owned(),
-        },
-    };
-    assert_eq!(store.settle(&[outcome]).unwrap(), Vec::<i64>::new());
+    let error = hostile.to_owned();
+    let dead_letter = outcome(token, &claimed[0], Settlement::DeadLetter { error });
+    assert_eq!(store.settle(&[dead_letter]).unwrap(), Vec::<i64>::new());
     let position = claimed[0].position.to_string();
 
     for args in [vec!["dead", "show", &position], vec!["dead", "list"]] {

