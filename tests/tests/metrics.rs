@@ -12,12 +12,20 @@ use outbox_diesel::metrics::{
 };
 use outbox_diesel::prelude::*;
 use outbox_diesel::{
-    outbox_handler, Batch, Context, DieselStore, EnqueueOptions, ProcessError, Worker,
+    outbox_handler, Batch, Context, DieselStore, EnqueueOptions, Message, ProcessError, Worker,
 };
 use outbox_testkit::{eventually, with_connection, Backend, TestConnection, TestDb};
 use serde::{Deserialize, Serialize};
 
 const TYPE: &str = "metrics.job";
+
+/// A type no handler of the worker serves: its string must never become a label value.
+#[derive(Serialize, Deserialize)]
+struct Stray;
+
+impl Message for Stray {
+    const MESSAGE_TYPE: &'static str = "metrics.stray.b7c1";
+}
 
 #[outbox_handler("metrics.job")]
 #[derive(Debug, Serialize, Deserialize)]
@@ -64,6 +72,7 @@ fn run<C: TestConnection>(db: &TestDb, handle: &PrometheusHandle) {
         batch.push(&Job { fail: i >= 5 }).unwrap();
     }
     batch.enqueue(&mut pool.get().unwrap()).unwrap();
+    Stray.enqueue(&mut pool.get().unwrap()).unwrap();
     Job { fail: false }
         .enqueue_with(
             &mut pool.get().unwrap(),
@@ -72,25 +81,37 @@ fn run<C: TestConnection>(db: &TestDb, handle: &PrometheusHandle) {
         .unwrap();
     let before = samples(handle);
 
-    // The first sample of the backlog is taken at start, before the first claim: all eight.
+    // The first sample of the backlog is taken at start, before the first claim: all nine.
+    // The stray type is dead-lettered at once (no grace).
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .handler_threads(2)
         .backlog_interval(Duration::from_secs(3600))
+        .unknown_type_grace(Duration::ZERO)
         .spawn()
         .unwrap();
     assert!(
         eventually(Duration::from_secs(10), || worker.stats().succeeded
             + worker.stats().dead_lettered
-            == 7),
+            == 8),
         "{:?}",
         worker.stats()
     );
     let after = samples(handle);
-    assert_eq!(sample(&after, PENDING), 8.0, "sampled at start");
+    assert_eq!(sample(&after, PENDING), 9.0, "sampled at start");
     let delta = |series: &str| sample(&after, series) - sample(&before, series);
     assert_eq!(delta(&processed("succeeded")), 5.0, "{:?}", db.backend());
     assert_eq!(delta(&processed("dead_lettered")), 2.0);
     assert_eq!(delta(&processed("retried")), 0.0);
+    let stray = format!("{MESSAGES_PROCESSED}{{type=\"unregistered\",outcome=\"dead_lettered\"}}");
+    assert_eq!(
+        delta(&stray),
+        1.0,
+        "an unserved type is counted under a fixed label"
+    );
+    assert!(
+        !handle.render().contains(Stray::MESSAGE_TYPE),
+        "a type string from the database never becomes a label value"
+    );
     let attempts = format!("{ATTEMPT_DURATION}_count{{type=\"{TYPE}\"}}");
     assert_eq!(delta(&attempts), 7.0, "every attempt is timed");
     let attempt_seconds = delta(&format!("{ATTEMPT_DURATION}_sum{{type=\"{TYPE}\"}}"));

@@ -143,6 +143,41 @@ fn old_dead_letters_go_in_bounded_batches_and_young_ones_stay<C: TestConnection>
     assert_eq!(prune_dead_letters(&mut conn, Duration::MAX).unwrap(), 0);
 }
 
+/// Two workers prune the same dead letters at once: between them each row goes once, and
+/// neither fails (on MySQL both `DELETE … ORDER BY failed_at LIMIT` lock the same index range).
+fn two_workers_pruning_at_once_delete_each_row_once<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(8);
+    enqueue_many(&pool, 6_000);
+    assert_eq!(dead_letter_all(&DieselStore::new(pool.clone())), 6_000);
+    std::thread::sleep(Duration::from_millis(20));
+    let stores: Vec<_> = (0..2)
+        .map(|_| DieselStore::new(pool.clone()).dead_letter_retention(Duration::ZERO))
+        .collect();
+    let barrier = std::sync::Barrier::new(2);
+    let deleted: usize = std::thread::scope(|scope| {
+        let passes: Vec<_> = stores
+            .iter()
+            .map(|store| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    let mut deleted = 0;
+                    loop {
+                        let pruned = store.prune().expect("a pass never fails on a race");
+                        if pruned.dead_letters == 0 {
+                            return deleted;
+                        }
+                        deleted += pruned.dead_letters;
+                    }
+                })
+            })
+            .collect();
+        passes.into_iter().map(|pass| pass.join().unwrap()).sum()
+    });
+    assert_eq!(deleted, 6_000, "each row counted once between the two");
+    assert!(dead(&pool).is_empty());
+}
+
 /// Receives a webhook with id `id` as a receiver would.
 fn receive<C: TestConnection>(conn: &mut C, inbox: &Inbox, id: &str) -> Received<()> {
     let body = br#"{"type":"retention.ping"}"#;
@@ -219,4 +254,5 @@ backend_tests!(
     old_dead_letters_go_in_bounded_batches_and_young_ones_stay,
     old_inbox_ids_go_and_young_ones_stay,
     the_worker_prunes_by_itself,
+    two_workers_pruning_at_once_delete_each_row_once,
 );

@@ -427,16 +427,35 @@ pub(crate) trait Statements: Sized {
 /// tables hold.
 pub(crate) const PRUNE_ROUNDS: usize = 10;
 
+/// How many times a batch chosen as a deadlock victim is run again before the pass gives up.
+const DEADLOCK_RETRIES: usize = 5;
+
 /// Runs `delete_batch` (which deletes up to the limit it is given and says how many) until a
 /// batch comes back short or `rounds` batches ran; how many rows were deleted. Every pruning of
 /// the worker deletes this way, so that one call's work stays bounded.
+///
+/// Workers on one database prune at the same time. On MySQL two `DELETE … ORDER BY … LIMIT`
+/// over one index range lock it in next-key steps and can deadlock (half the runs of the
+/// two-worker test did); the victim's statement rolled back whole, so the batch is simply run
+/// again.
 pub(crate) fn delete_in_batches(
     rounds: usize,
     mut delete_batch: impl FnMut(i64) -> QueryResult<usize>,
 ) -> QueryResult<usize> {
     let mut deleted = 0;
     for _ in 0..rounds {
-        let n = delete_batch(to_i64(ID_CHUNK))?;
+        let mut batch = || delete_batch(to_i64(ID_CHUNK));
+        let mut outcome = batch();
+        for _ in 0..DEADLOCK_RETRIES {
+            match outcome {
+                Err(diesel::result::Error::DatabaseError(
+                    diesel::result::DatabaseErrorKind::SerializationFailure,
+                    _,
+                )) => outcome = batch(),
+                _ => break,
+            }
+        }
+        let n = outcome?;
         deleted += n;
         if n < ID_CHUNK {
             break;
