@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::ProcessError;
+use crate::headers::Headers;
 use crate::message::MessageId;
 
 /// Shared resources handlers need, such as an HTTP client, a webhook endpoint or a pool,
@@ -62,6 +63,8 @@ pub struct Delivery {
     pub message_type: String,
     /// Which attempt this is, starting at 1.
     pub attempt: u32,
+    /// The headers set when the message was enqueued (trace context among them).
+    pub headers: Headers,
 }
 
 /// How a worker settles the message of a context inside a transaction (see
@@ -154,6 +157,11 @@ impl<'a> Context<'a> {
         self.delivery.attempt
     }
 
+    /// The headers set when the message was enqueued: webhook deliveries send them along.
+    pub fn headers(&self) -> &'a Headers {
+        &self.delivery.headers
+    }
+
     /// The shared resource of type `T`, or a permanent failure naming the missing type (a
     /// configuration mistake that retrying will not fix).
     pub fn resource<T: Send + Sync + 'static>(&self) -> Result<&'a T, ProcessError> {
@@ -189,6 +197,7 @@ mod tests {
             message_id: MessageId::new(),
             message_type: "comment.thankYou".into(),
             attempt: 1,
+            headers: Headers::new(),
         };
         let ctx = Context::new(&delivery, &resources);
         assert_eq!(ctx.resource::<ApiKey>().unwrap().0, "secret");

@@ -33,6 +33,7 @@
 //!     message_id: MessageId::new(),
 //!     message_type: ThankYou::MESSAGE_TYPE.into(),
 //!     attempt: 1,
+//!     headers: Default::default(),
 //! };
 //! ThankYou { member_id: 7 }
 //!     .process(&mut Context::new(&delivery, &resources))
@@ -44,6 +45,7 @@
 
 mod context;
 mod error;
+mod headers;
 mod message;
 pub mod metrics;
 mod registry;
@@ -57,6 +59,7 @@ mod worker;
 
 pub use context::{Context, Delivery, Resources};
 pub use error::{FailureKind, ProcessError};
+pub use headers::{HeaderError, Headers, MAX_HEADERS, MAX_HEADER_BYTES, TRACEPARENT, TRACESTATE};
 pub use message::{Handler, Message, MessageId, ParseMessageIdError};
 pub use registry::{DispatchError, HandlerRegistration, Registry, RegistryError};
 pub use retry::RetryPolicy;

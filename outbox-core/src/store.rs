@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use crate::error::ProcessError;
+use crate::headers::Headers;
 use crate::message::MessageId;
 
 /// Identifies one claim: the worker that made it writes it into the rows it leases, and every
@@ -105,6 +106,8 @@ pub struct ClaimedMessage {
     pub attempt: u32,
     /// When the message was enqueued.
     pub enqueued_at: SystemTime,
+    /// The headers set at enqueue.
+    pub headers: Headers,
 }
 
 /// What became of a claimed message.

@@ -340,6 +340,7 @@ impl Store for MemoryStore {
                 ordering_key: row.ordering_key.clone(),
                 attempt: row.attempts,
                 enqueued_at: row.enqueued_at,
+                headers: Default::default(),
             });
         }
         Ok(claimed)

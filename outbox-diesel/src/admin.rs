@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::store::Backlog;
-use outbox_core::MessageId;
+use outbox_core::{Headers, MessageId};
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
@@ -71,6 +71,8 @@ pub struct PendingMessage {
     pub parked: bool,
     /// The error of the last failed attempt.
     pub last_error: Option<String>,
+    /// The headers set at enqueue.
+    pub headers: Headers,
 }
 
 pub(crate) fn time_from_micros(micros: i64) -> SystemTime {
@@ -82,6 +84,16 @@ pub(crate) fn parse_message_id(table: &'static str, id: i64, text: &str) -> Resu
         table,
         id,
         reason: format!("message_id `{text}` is not a UUID"),
+    })
+}
+
+/// A row's headers for a listing. Unreadable ones (a row edited by hand; the claim
+/// dead-letters such a message with the reason) are listed as none, so that the row can still
+/// be seen, re-queued and purged.
+fn listed_headers(table: &str, id: i64, json: Option<&str>) -> Headers {
+    Headers::from_json(json).unwrap_or_else(|error| {
+        log::warn!("outbox: the headers of {table} row {id} are unreadable: {error}");
+        Headers::new()
     })
 }
 
@@ -139,6 +151,7 @@ pub fn pending_messages<C: OutboxConnection>(
                 in_flight: row.in_flight != 0,
                 parked: row.parked != 0,
                 last_error: row.last_error,
+                headers: listed_headers("outbox_message", m.id, m.headers.as_deref()),
             })
         })
         .collect()
@@ -166,6 +179,8 @@ pub struct DeadLetter {
     pub created_at: SystemTime,
     /// When it was dead-lettered.
     pub failed_at: SystemTime,
+    /// The headers set at enqueue.
+    pub headers: Headers,
 }
 
 /// Which dead letters an operation applies to.
@@ -209,6 +224,7 @@ fn load_dead_letters<C: OutboxConnection>(
                 last_error: row.last_error,
                 created_at: time_from_micros(row.created_at),
                 failed_at: time_from_micros(row.failed_at),
+                headers: listed_headers("outbox_failure", m.id, m.headers.as_deref()),
             })
         })
         .collect()

@@ -11,13 +11,14 @@ use outbox_core::store::{
     Backlog, ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Pruned, SettleTarget,
     Settlement, Store, StoreError,
 };
-use outbox_core::{MessageId, ProcessError};
+use outbox_core::{Headers, MessageId, ProcessError};
 
 use crate::admin::{parse_message_id, time_from_micros};
 #[cfg(feature = "postgres")]
 use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
 use crate::database::ensure_busy_timeout;
+use crate::error::Error;
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::retention::Retention;
 use crate::sql::{self, micros, Claim, ClaimRow, Statements};
@@ -172,9 +173,20 @@ where
                 message: m,
                 created_micros,
             } = row;
-            match parse_message_id("outbox_message", m.id, &m.message_id) {
-                Ok(message_id) => claimed.push(ClaimedMessage {
+            let readable = parse_message_id("outbox_message", m.id, &m.message_id).and_then(|id| {
+                let headers = Headers::from_json(m.headers.as_deref()).map_err(|error| {
+                    Error::InvalidRow {
+                        table: "outbox_message",
+                        id: m.id,
+                        reason: format!("its headers cannot be delivered: {error}"),
+                    }
+                })?;
+                Ok((id, headers))
+            });
+            match readable {
+                Ok((message_id, headers)) => claimed.push(ClaimedMessage {
                     message_id,
+                    headers,
                     position: m.id,
                     message_type: m.message_type,
                     payload: m.payload,

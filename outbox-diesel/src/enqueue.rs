@@ -1,6 +1,6 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outbox_core::{Message, MessageId};
+use outbox_core::{Headers, Message, MessageId};
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
@@ -39,6 +39,7 @@ pub struct EnqueueOptions {
     idempotency_key: Option<String>,
     not_before: NotBefore,
     max_payload_bytes: usize,
+    headers: Vec<(String, String)>,
 }
 
 impl Default for EnqueueOptions {
@@ -48,6 +49,7 @@ impl Default for EnqueueOptions {
             idempotency_key: None,
             not_before: NotBefore::Now,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            headers: Vec::new(),
         }
     }
 }
@@ -89,6 +91,19 @@ impl EnqueueOptions {
         self
     }
 
+    /// A header the message carries to its delivery (a webhook sends it as an HTTP header):
+    /// a tenant, a correlation id, a W3C `traceparent`. Names are case-insensitive; a later
+    /// value for a name replaces an earlier one. The enqueue refuses, with [`Error::Header`],
+    /// what an HTTP header could not carry unchanged and the names the webhook sets itself
+    /// (`webhook-*`, `content-type`, ...); see [`Headers::insert`].
+    ///
+    /// With the `opentelemetry` feature, the current span's `traceparent` and `tracestate` are
+    /// added unless a `traceparent` is given here.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
     /// Refuse payloads larger than this many bytes of JSON (default
     /// [`DEFAULT_MAX_PAYLOAD_BYTES`]).
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
@@ -107,6 +122,8 @@ pub(crate) struct NewMessage {
     ordering_key: Option<String>,
     idempotency_key: Option<String>,
     not_before_micros: Option<i64>,
+    /// The headers as a JSON object, `None` without any.
+    headers: Option<String>,
 }
 
 impl NewMessage {
@@ -159,6 +176,12 @@ impl NewMessage {
             }
             NotBefore::Overflow => return Err(Error::NotBeforeOutOfRange),
         };
+        let mut headers = Headers::new();
+        for (name, value) in &options.headers {
+            headers.insert(name, value)?;
+        }
+        #[cfg(feature = "opentelemetry")]
+        headers.insert_current_trace_context();
         let id = MessageId::new();
         let row = NewMessage {
             id,
@@ -168,6 +191,7 @@ impl NewMessage {
             ordering_key: options.ordering_key.clone(),
             idempotency_key: options.idempotency_key.clone(),
             not_before_micros,
+            headers: headers.to_json(),
         };
         Ok((id, row))
     }
@@ -323,9 +347,12 @@ where
 }
 
 impl NewMessage {
-    /// The six binds of an insert: message id, type, payload, its size in bytes, ordering key,
-    /// not-before in µs since the epoch.
-    pub(crate) fn binds(&self) -> [Bind<'_>; 6] {
+    /// How many binds one row of an insert takes.
+    pub(crate) const BINDS: usize = 7;
+
+    /// The binds of an insert: message id, type, payload, its size in bytes, ordering key,
+    /// not-before in µs since the epoch, headers as JSON.
+    pub(crate) fn binds(&self) -> [Bind<'_>; Self::BINDS] {
         [
             Bind::Text(self.message_id.as_str()),
             Bind::Text(self.message_type),
@@ -333,6 +360,7 @@ impl NewMessage {
             Bind::BigInt(i64::try_from(self.payload.len()).unwrap_or(i64::MAX)),
             Bind::NullableText(self.ordering_key.as_deref()),
             Bind::NullableBigInt(self.not_before_micros),
+            Bind::NullableText(self.headers.as_deref()),
         ]
     }
 

@@ -61,6 +61,10 @@ pub enum Error {
         max: usize,
     },
 
+    /// A header set with `EnqueueOptions::header` cannot be carried; nothing was written.
+    #[error("the message's headers were refused: {0}")]
+    Header(#[from] outbox_core::HeaderError),
+
     /// The message's `not_before` (or `delay`) lies past the end of year 9999, which not every
     /// backend can store.
     #[error(

@@ -121,9 +121,10 @@ pub use exactly_once::exactly_once;
 pub use migrations::run_migrations;
 pub use outbox_core::metrics;
 pub use outbox_core::{
-    Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, Message,
-    MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError, Resources, RetryPolicy,
-    Stopper, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats,
+    Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, HeaderError,
+    Headers, Message, MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError,
+    Resources, RetryPolicy, Stopper, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats,
+    MAX_HEADERS, MAX_HEADER_BYTES,
 };
 pub use transaction::write_transaction;
 

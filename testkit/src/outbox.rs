@@ -66,3 +66,33 @@ pub fn outcome(token: ClaimToken, message: &ClaimedMessage, settlement: Settleme
         settlement,
     }
 }
+
+/// An `INSERT` of one message the way enqueues wrote it before the headers column existed
+/// (only the columns of the first migration), for tests that upgrade a database with messages
+/// in it. `payload` is JSON; quotes are escaped here.
+pub fn insert_before_headers(
+    backend: outbox_diesel::Backend,
+    message_type: &str,
+    payload: &str,
+    ordering_key: Option<&str>,
+) -> String {
+    let text = |value: &str| format!("'{}'", value.replace('\'', "''"));
+    let key = ordering_key.map_or_else(|| "NULL".to_owned(), text);
+    let id = outbox_diesel::MessageId::new();
+    let (message_type, payload) = (text(message_type), text(payload));
+    match backend {
+        outbox_diesel::Backend::Postgres => format!(
+            "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key) \
+             VALUES ('{id}'::uuid, {message_type}, {payload}::jsonb, {key})"
+        ),
+        outbox_diesel::Backend::Mysql => format!(
+            "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key, \
+             created_at, next_attempt_at) VALUES ('{id}', {message_type}, {payload}, {key}, \
+             UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+        ),
+        outbox_diesel::Backend::Sqlite => format!(
+            "INSERT INTO outbox_message (message_id, message_type, payload, ordering_key) \
+             VALUES ('{id}', {message_type}, {payload}, {key})"
+        ),
+    }
+}

@@ -17,10 +17,10 @@ use outbox_diesel::admin::{
 use outbox_diesel::prelude::*;
 use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
 use outbox_diesel::{
-    outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, OutboxManager,
+    outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, Message, OutboxManager,
     ProcessError, Worker,
 };
-use outbox_testkit::outbox::outcome;
+use outbox_testkit::outbox::{insert_before_headers, outcome};
 use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
@@ -431,13 +431,19 @@ where
     let keys = ["a", "b", "c"];
     for n in 0..90u32 {
         let key = keys[(n % 3) as usize];
-        Step {
+        let step = Step {
             run,
             from: 0,
             key: Some(key.to_owned()),
             n,
-        }
-        .enqueue_with(&mut conn, &EnqueueOptions::new().ordering_key(key))
+        };
+        let payload = serde_json::to_string(&step).unwrap();
+        conn.batch_execute(&insert_before_headers(
+            db.backend(),
+            Step::MESSAGE_TYPE,
+            &payload,
+            Some(key),
+        ))
         .unwrap();
     }
     let refused = Worker::builder(DieselStore::new(db.bare_pool::<C>(4)))
@@ -451,8 +457,8 @@ where
     );
     assert_eq!(
         run_migrations(&mut conn).unwrap().len(),
-        3,
-        "the parking one, the idempotency keys' and the dead letters' age index"
+        4,
+        "the parking one, the idempotency keys', the dead letters' age index and the headers"
     );
 
     let pool = db.pool::<C>(4);

@@ -31,6 +31,7 @@ fn delivery(message_type: &str) -> Delivery {
         message_id: MessageId::new(),
         message_type: message_type.into(),
         attempt: 1,
+        headers: Default::default(),
     }
 }
 

@@ -8,7 +8,7 @@ use outbox_diesel::webhook::{
     verify, WebhookEndpoint, WebhookEndpointBuilder, WebhookError, WebhookHeaders as _,
     WebhookSecret, DEFAULT_TOLERANCE,
 };
-use outbox_diesel::{Context, Delivery, FailureKind, MessageId, ProcessError, Resources};
+use outbox_diesel::{Context, Delivery, FailureKind, Headers, MessageId, ProcessError, Resources};
 use outbox_testkit::http::{Receiver, Reply, Request};
 use outbox_testkit::outbox::secret;
 
@@ -45,6 +45,7 @@ fn delivery() -> Delivery {
         message_id: MessageId::new(),
         message_type: "order.shipped".into(),
         attempt: 1,
+        headers: Default::default(),
     }
 }
 
@@ -128,6 +129,64 @@ fn delivers_a_signed_envelope_the_receiver_can_verify() {
         again.id, verified.id,
         "the webhook-id is the message's stable id"
     );
+}
+
+#[test]
+fn a_messages_headers_are_sent_unchanged_under_the_endpoints_own() {
+    let receiver = serve(vec![raw("204 No Content", &[], "")]);
+    let endpoint = to(&receiver)
+        .header("x-api-key", "endpoint-key")
+        .build()
+        .unwrap();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut headers = Headers::new();
+    headers.insert("TraceParent", traceparent).unwrap();
+    headers
+        .insert("tracestate", "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")
+        .unwrap();
+    headers
+        .insert("x-tenant", "acme \"quoted\"\tand tabbed")
+        .unwrap();
+    headers.insert("x-api-key", "forged-by-a-message").unwrap();
+    let delivery = Delivery {
+        headers,
+        ..delivery()
+    };
+    let resources = Resources::new();
+    endpoint
+        .deliver(&Context::new(&delivery, &resources), &serde_json::json!({}))
+        .unwrap();
+
+    let request = nth(&receiver, 1);
+    assert_eq!(request.header("traceparent"), Some(traceparent));
+    assert_eq!(
+        request.header("tracestate"),
+        Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")
+    );
+    assert_eq!(
+        request.header("x-tenant"),
+        Some("acme \"quoted\"\tand tabbed")
+    );
+    let api_keys: Vec<&str> = request
+        .headers
+        .iter()
+        .filter(|(name, _)| name == "x-api-key")
+        .map(|(_, value)| value.as_str())
+        .collect();
+    assert_eq!(api_keys, ["endpoint-key"], "the endpoint's header wins");
+    let ids = request
+        .headers
+        .iter()
+        .filter(|(name, _)| name == "webhook-id")
+        .count();
+    assert_eq!(ids, 1);
+    verify(
+        &[secret()],
+        &request.headers,
+        &request.body,
+        DEFAULT_TOLERANCE,
+    )
+    .unwrap();
 }
 
 #[test]

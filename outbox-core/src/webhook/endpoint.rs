@@ -16,6 +16,7 @@ use super::guard::{AddressGuard, BlockedHost, GuardedResolver};
 use super::secret::WebhookSecret;
 use crate::context::Context;
 use crate::error::{FailureKind, ProcessError};
+use crate::headers::{is_reserved, Headers};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -24,18 +25,6 @@ const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(60 * 60);
 /// How much of a failed answer's body goes into the error, in characters.
 const EXCERPT_CHARS: usize = 200;
 const USER_AGENT: &str = concat!("outbox-webhook/", env!("CARGO_PKG_VERSION"));
-
-/// Headers the endpoint sets itself (or that only the HTTP client may set).
-const RESERVED_HEADERS: &[&str] = &[
-    "webhook-id",
-    "webhook-timestamp",
-    "webhook-signature",
-    "content-type",
-    "content-length",
-    "host",
-    "transfer-encoding",
-    "connection",
-];
 
 /// One webhook receiver: its URL, signing secrets, timeouts and the HTTP client that talks to
 /// it.
@@ -118,7 +107,9 @@ impl WebhookEndpoint {
 
     /// Delivers `data` as the message in `ctx`: POSTs the JSON envelope
     /// `{"id": <message id>, "type": <message type>, "data": <data>}`, signed, with the message
-    /// id as `webhook-id` (the same on every retry, so the receiver can drop duplicates).
+    /// id as `webhook-id` (the same on every retry, so the receiver can drop duplicates), and
+    /// the message's [headers](crate::Context::headers) (a `traceparent` among them) as HTTP
+    /// headers.
     ///
     /// A 2xx answer is success. Timeouts, connection failures and the statuses 408, 425, 429
     /// and 5xx are retryable failures, carrying the receiver's `Retry-After`; other statuses,
@@ -161,12 +152,12 @@ impl WebhookEndpoint {
     /// Errors are those of not getting an answer: a refused address, a timeout, a failed
     /// connection, or a `msg_id` that cannot be a header value.
     pub fn post(&self, msg_id: &str, body: &[u8]) -> Result<WebhookResponse, WebhookError> {
-        self.post_owned(msg_id, body.to_vec())
+        self.post_owned(msg_id, &Headers::new(), body.to_vec())
     }
 
     fn send(&self, ctx: &Context<'_>, id: &str, body: Vec<u8>) -> Result<(), ProcessError> {
         match self
-            .post_owned(id, body)
+            .post_owned(id, ctx.headers(), body)
             .and_then(WebhookResponse::error_for_status)
         {
             Ok(_) => Ok(()),
@@ -189,7 +180,12 @@ impl WebhookEndpoint {
         error
     }
 
-    fn post_owned(&self, msg_id: &str, body: Vec<u8>) -> Result<WebhookResponse, WebhookError> {
+    fn post_owned(
+        &self,
+        msg_id: &str,
+        message_headers: &Headers,
+        body: Vec<u8>,
+    ) -> Result<WebhookResponse, WebhookError> {
         let inner = &*self.inner;
         if let Some(ip) = inner.literal_ip {
             if !inner.guard.permits(ip) {
@@ -204,6 +200,7 @@ impl WebhookEndpoint {
             name: "webhook-id".into(),
             reason: "the message id contains characters not allowed in a header value",
         })?;
+        let message_headers = header_map(message_headers)?;
         let timestamp = unix_now();
         let signatures: Vec<String> = inner
             .secrets
@@ -219,6 +216,9 @@ impl WebhookEndpoint {
             // Per request, the timeout covers the whole exchange, the body included; the
             // client's own applies to each read, which a receiver trickling its answer resets.
             .timeout(inner.timeout)
+            // The endpoint's own headers replace a message's of the same name: a message
+            // cannot override the receiver's credentials, nor any header set below.
+            .headers(message_headers)
             .headers(inner.headers.clone())
             .header(CONTENT_TYPE, "application/json")
             .header("webhook-id", id)
@@ -370,9 +370,10 @@ impl WebhookEndpointBuilder {
     /// Adds a header sent with every delivery, e.g. an API key the receiver asks for. The
     /// value is never shown by `Debug` or in errors.
     ///
-    /// The headers the endpoint sets itself (`webhook-id`, `webhook-timestamp`,
-    /// `webhook-signature`, `content-type`, `content-length`, `host`, `transfer-encoding`,
-    /// `connection`) are refused by [`build`](WebhookEndpointBuilder::build).
+    /// The headers the endpoint sets itself (every `webhook-*` header and the body's framing:
+    /// `content-type`, `content-length`, `host`, ...) are refused by
+    /// [`build`](WebhookEndpointBuilder::build). These headers win over a message's
+    /// [headers](crate::Context::headers) of the same name.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -559,7 +560,7 @@ fn extra_headers(given: &[(String, String)]) -> Result<HeaderMap, WebhookError> 
                 name: name.clone(),
                 reason: "it is not a valid header name",
             })?;
-        if RESERVED_HEADERS.contains(&header.as_str()) {
+        if is_reserved(header.as_str()) {
             return Err(WebhookError::ReservedHeader {
                 name: header.as_str().to_owned(),
             });
@@ -572,6 +573,30 @@ fn extra_headers(given: &[(String, String)]) -> Result<HeaderMap, WebhookError> 
         headers.append(header, value);
     }
     Ok(headers)
+}
+
+/// A message's headers as HTTP headers. Stores check them when reading (see
+/// [`Headers::from_json`]); what reached here anyway is refused, not sent.
+fn header_map(headers: &Headers) -> Result<HeaderMap, WebhookError> {
+    let mut map = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers.iter() {
+        if is_reserved(name) {
+            return Err(WebhookError::ReservedHeader {
+                name: name.to_owned(),
+            });
+        }
+        let header =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| WebhookError::InvalidHeader {
+                name: name.to_owned(),
+                reason: "it is not a valid header name",
+            })?;
+        let value = HeaderValue::from_str(value).map_err(|_| WebhookError::InvalidHeader {
+            name: name.to_owned(),
+            reason: "its value contains characters not allowed in a header",
+        })?;
+        map.insert(header, value);
+    }
+    Ok(map)
 }
 
 /// The URL for errors and logs: scheme, host and port only. Credentials, and the tokens some
@@ -649,7 +674,13 @@ mod tests {
     fn bad_configuration_is_refused_at_build() {
         let build = |builder: WebhookEndpointBuilder| builder.build().unwrap_err();
         let base = || WebhookEndpoint::builder("https://hooks.example/in").secret(secret());
-        for name in RESERVED_HEADERS {
+        for name in [
+            "webhook-id",
+            "webhook-signature",
+            "webhook-other",
+            "content-type",
+            "host",
+        ] {
             let err = build(base().header(name.to_ascii_uppercase(), "x"));
             assert!(
                 matches!(&err, WebhookError::ReservedHeader { name: refused } if refused == name),

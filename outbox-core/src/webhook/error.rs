@@ -53,17 +53,17 @@ pub enum WebhookError {
 
     /// An extra header would replace one the endpoint sets itself.
     #[error(
-        "header `{name}` cannot be set as an extra webhook header: the endpoint sets it itself \
-         (reserved: webhook-id, webhook-timestamp, webhook-signature, content-type, \
-         content-length, host, transfer-encoding, connection)"
+        "header `{name}` cannot be set on a webhook delivery: the endpoint sets it itself \
+         (reserved: every webhook-* header, content-type, content-length, content-encoding, \
+         host, transfer-encoding, connection, keep-alive, te, trailer, upgrade)"
     )]
     ReservedHeader {
         /// The header name, lower-cased.
         name: String,
     },
 
-    /// An extra header's name or value is not valid in HTTP.
-    #[error("extra webhook header `{name}` is invalid: {reason}")]
+    /// An extra or message header's name or value is not valid in HTTP.
+    #[error("webhook header `{name}` is invalid: {reason}")]
     InvalidHeader {
         /// The header name as given.
         name: String,

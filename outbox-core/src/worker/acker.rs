@@ -448,7 +448,12 @@ impl Settler {
                 entry.message_type,
                 shared.config.handler_timeout
             );
-            log_settlement(&entry.message_id, &entry.message_type, &settlement);
+            log_settlement(
+                &entry.message_id,
+                &entry.message_type,
+                entry.trace_id.as_deref(),
+                &settlement,
+            );
             Counters::add(&shared.counters.timed_out, 1);
             metrics::handler_timeout(shared.metric_type(&entry.message_type));
             self.fresh.push(Outcome {

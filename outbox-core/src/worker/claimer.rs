@@ -130,7 +130,12 @@ impl Claimer {
                         Attempt::StillStuck,
                         &policy_for(shared, &message.message_type),
                     );
-                    log_settlement(&message.message_id, &message.message_type, &settlement);
+                    log_settlement(
+                        &message.message_id,
+                        &message.message_type,
+                        message.headers.trace_id(),
+                        &settlement,
+                    );
                     let outcome = Outcome {
                         token,
                         position: message.position,

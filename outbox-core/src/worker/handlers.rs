@@ -197,6 +197,7 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         message_id: message.message_id,
         message_type: message.message_type.clone(),
         attempt: message.attempt,
+        headers: message.headers.clone(),
     };
     let payload = std::mem::take(&mut message.payload);
     let settle = JobSettle {
@@ -206,6 +207,12 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         ordering_key: message.ordering_key.as_deref(),
     };
     let mut ctx = Context::in_worker(&delivery, &shared.resources, &settle);
+    // Spans the handler starts are children of the one that enqueued the message.
+    #[cfg(feature = "opentelemetry")]
+    let _trace = message
+        .headers
+        .remote_trace_context()
+        .map(opentelemetry::Context::attach);
     let started = Instant::now();
     let result = catch_unwind(AssertUnwindSafe(|| {
         registration.dispatch(payload, &mut ctx)
@@ -242,21 +249,28 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
     settle_attempt(message.attempt, attempt, &policy)
 }
 
-/// Logs a settlement decided for a message.
+/// Logs a settlement decided for a message, with the trace id of the request that enqueued it
+/// (if it carried a `traceparent`) so the line can be joined to that trace.
 pub(crate) fn log_settlement(
     message_id: &impl std::fmt::Display,
     message_type: &str,
+    trace_id: Option<&str>,
     settlement: &Settlement,
 ) {
+    let trace = trace_id
+        .map(|id| format!(", trace {id}"))
+        .unwrap_or_default();
     match settlement {
         Settlement::Retry { delay, error } => log::info!(
-            "outbox: message {message_id} ({message_type}) failed, retrying in {delay:?}: {error}"
+            "outbox: message {message_id} ({message_type}{trace}) failed, retrying in {delay:?}: \
+             {error}"
         ),
-        Settlement::DeadLetter { error } => {
-            log::warn!("outbox: message {message_id} ({message_type}) dead-lettered: {error}")
-        }
+        Settlement::DeadLetter { error } => log::warn!(
+            "outbox: message {message_id} ({message_type}{trace}) dead-lettered: {error}"
+        ),
         Settlement::Defer { delay, reason } => log::info!(
-            "outbox: message {message_id} ({message_type}) given back for {delay:?}: {reason}"
+            "outbox: message {message_id} ({message_type}{trace}) given back for {delay:?}: \
+             {reason}"
         ),
         Settlement::Done | Settlement::Release => {}
     }
@@ -367,7 +381,12 @@ fn run(shared: &Shared, jobs: &Receiver<Job>, outcomes: &Sender<Outcome>, thread
                 },
             )
         };
-        log_settlement(&message.message_id, &message.message_type, &settlement);
+        log_settlement(
+            &message.message_id,
+            &message.message_type,
+            message.headers.trace_id(),
+            &settlement,
+        );
         match shared.held.finish(message.position, job) {
             Some(token) => {
                 let outcome = Outcome {
@@ -409,6 +428,7 @@ mod tests {
             ordering_key: None,
             attempt,
             enqueued_at: SystemTime::now() - age,
+            headers: Default::default(),
         }
     }
 

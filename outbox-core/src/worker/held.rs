@@ -42,6 +42,8 @@ pub struct Entry {
     pub enqueued_at: SystemTime,
     /// For the watchdog's outcome.
     pub ordering_key: Option<String>,
+    /// For the watchdog's log lines: the trace that enqueued it.
+    pub trace_id: Option<String>,
     /// Which attempt this is.
     pub attempt: u32,
     /// Payload bytes, counted against the byte cap.
@@ -129,6 +131,7 @@ impl Held {
                 message_type: message.message_type.clone(),
                 enqueued_at: message.enqueued_at,
                 ordering_key: message.ordering_key.clone(),
+                trace_id: message.headers.trace_id().map(str::to_owned),
                 attempt: message.attempt,
                 bytes,
                 lease_ends,
@@ -266,6 +269,7 @@ mod tests {
             ordering_key: None,
             attempt: 1,
             enqueued_at: SystemTime::now(),
+            headers: Default::default(),
         }
     }
 

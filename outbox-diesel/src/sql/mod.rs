@@ -127,6 +127,8 @@ pub(crate) struct MessageRow {
     pub(crate) ordering_key: Option<String>,
     #[diesel(sql_type = Integer)]
     pub(crate) attempts: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) headers: Option<String>,
 }
 
 /// A claimed row: the message and when it was enqueued.

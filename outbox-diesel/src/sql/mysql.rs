@@ -20,16 +20,16 @@ const STYLE: Placeholders = Placeholders::Question;
 pub(crate) const MAX_BINDS: usize = 65_535;
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
-/// ordering key, and not-before in µs since the epoch (NULL: now).
+/// ordering key, not-before in µs since the epoch (NULL: now), headers (JSON, NULL: none).
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, created_at, \
-      next_attempt_at) \
+      next_attempt_at, headers) \
      VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
-     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)))";
+     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)), ?)";
 
 /// The VALUES tuple of each further row of a batch insert.
 const INSERT_VALUES: &str = "(?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
-     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)))";
+     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)), ?)";
 
 /// The claim's transactions see what others committed, and lock no gaps (REPEATABLE READ
 /// would lock the empty range past the last row and block the application's inserts).
@@ -111,7 +111,8 @@ fn lease(n: usize) -> String {
 fn leased(n: usize) -> String {
     format!(
         "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload, ordering_key, \
-             attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros \
+             attempts, headers, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros \
          FROM outbox_message WHERE id IN ({}) ORDER BY id",
         placeholders(n)
     )
@@ -152,13 +153,15 @@ pub(crate) const LOCK_OWNED: &str =
 /// The locked message copied to the dead letters (replacing a dead letter at its position, which
 /// only a row edited by hand could leave). Binds: error, id.
 pub(crate) const COPY_TO_DEAD: &str = "INSERT INTO outbox_failure (id, message_id, \
-         message_type, payload, ordering_key, attempts, last_error, created_at, failed_at) \
+         message_type, payload, ordering_key, attempts, last_error, created_at, failed_at, \
+         headers) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, \
-         UTC_TIMESTAMP(6) \
+         UTC_TIMESTAMP(6), headers \
      FROM outbox_message WHERE id = ? \
      ON DUPLICATE KEY UPDATE message_id = VALUES(message_id), \
          message_type = VALUES(message_type), payload = VALUES(payload), \
          ordering_key = VALUES(ordering_key), attempts = VALUES(attempts), \
+         headers = VALUES(headers), \
          last_error = VALUES(last_error), created_at = VALUES(created_at), \
          failed_at = VALUES(failed_at)";
 
@@ -234,7 +237,7 @@ fn unpark_stranded(n: usize) -> String {
 
 /// Pending messages, by position. Binds: type (NULL: any), from position, limit.
 pub(crate) const PENDING: &str = "SELECT id, message_id, message_type, \
-         CAST(payload AS CHAR) AS payload, ordering_key, attempts, \
+         CAST(payload AS CHAR) AS payload, ordering_key, attempts, headers, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_at, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS next_attempt_at, \
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 ELSE 0 END \
@@ -246,7 +249,7 @@ pub(crate) const PENDING: &str = "SELECT id, message_id, message_type, \
 
 /// Dead letters, by position. Binds: type (NULL: any), from position, limit.
 pub(crate) const DEAD_LETTERS: &str = "SELECT id, message_id, message_type, \
-         CAST(payload AS CHAR) AS payload, ordering_key, attempts, last_error, \
+         CAST(payload AS CHAR) AS payload, ordering_key, attempts, headers, last_error, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_at, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', failed_at) AS failed_at \
      FROM outbox_failure \
@@ -269,9 +272,9 @@ fn select_dead_at_for_update(n: usize) -> String {
 fn requeue(n: usize) -> String {
     format!(
         "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
-             ordering_key, attempts, created_at, next_attempt_at, last_error) \
+             ordering_key, attempts, created_at, next_attempt_at, last_error, headers) \
          SELECT id, message_id, message_type, payload, LENGTH(payload), ordering_key, 0, \
-             created_at, UTC_TIMESTAMP(6), last_error \
+             created_at, UTC_TIMESTAMP(6), last_error, headers \
          FROM outbox_failure WHERE id IN ({}) ORDER BY id",
         placeholders(n)
     )
@@ -401,7 +404,7 @@ struct Sized {
 
 impl Statements for MysqlConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
-        const BINDS: usize = 6;
+        const BINDS: usize = NewMessage::BINDS;
         for chunk in NewMessage::chunks(rows, MAX_BINDS / BINDS) {
             if let [row] = chunk {
                 run(self, INSERT_MESSAGE, &row.binds())?;
@@ -708,7 +711,7 @@ mod tests {
     #[test]
     fn fixed_statements_take_as_many_binds_as_they_say() {
         for (sql, binds) in [
-            (INSERT_MESSAGE, 6),
+            (INSERT_MESSAGE, NewMessage::BINDS),
             (CANDIDATES, 1),
             (RESCHEDULE, 5),
             (LOCK_OWNED, 2),

@@ -37,24 +37,25 @@ pub(crate) const ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
 pub(crate) const DURABLE_COMMIT: &str = "SET LOCAL synchronous_commit TO DEFAULT";
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
-/// ordering key, and not-before in µs since the epoch (NULL: now).
+/// ordering key, not-before in µs since the epoch (NULL: now), headers (JSON, NULL: none).
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
-     (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at) \
+     (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, headers) \
      VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
-     COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', now()))";
+     COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', now()), $7)";
 
 /// The VALUES tuple of one row of a batch insert, from its first placeholder's number.
 fn insert_values(first: usize) -> String {
     let p = |i: usize| first + i;
     format!(
         "(${}::uuid, ${}, ${}::jsonb, ${}, ${}, \
-         COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', now()))",
+         COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', now()), ${})",
         p(0),
         p(1),
         p(2),
         p(3),
         p(4),
-        p(5)
+        p(5),
+        p(6)
     )
 }
 
@@ -91,7 +92,7 @@ pub const CLAIM: &str = concat!(
     async_commit!(),
     " WHERE o.id = chosen.id \
      RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
-         o.payload::text AS payload, o.ordering_key, o.attempts, \
+         o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
          (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros"
 );
 
@@ -132,14 +133,17 @@ pub(crate) const RESCHEDULE: &str = "UPDATE outbox_message \
 /// replaced. Binds: id, token, error.
 pub(crate) const DEAD_LETTER: &str = "WITH moved AS (\
         DELETE FROM outbox_message WHERE id = $1 AND locked_by = $2::uuid \
-        RETURNING id, message_id, message_type, payload, ordering_key, attempts, created_at) \
+        RETURNING id, message_id, message_type, payload, ordering_key, attempts, created_at, \
+            headers) \
      INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
-         last_error, created_at, failed_at) \
-     SELECT id, message_id, message_type, payload, ordering_key, attempts, $3, created_at, now() \
+         last_error, created_at, failed_at, headers) \
+     SELECT id, message_id, message_type, payload, ordering_key, attempts, $3, created_at, now(), \
+         headers \
      FROM moved \
      ON CONFLICT (id) DO UPDATE SET message_id = EXCLUDED.message_id, \
          message_type = EXCLUDED.message_type, payload = EXCLUDED.payload, \
          ordering_key = EXCLUDED.ordering_key, attempts = EXCLUDED.attempts, \
+         headers = EXCLUDED.headers, \
          last_error = EXCLUDED.last_error, created_at = EXCLUDED.created_at, \
          failed_at = EXCLUDED.failed_at";
 
@@ -180,7 +184,7 @@ pub(crate) const PROMOTE_STRANDED: &str = "WITH RECURSIVE parked_keys AS (\
 
 /// Pending messages, by position. Binds: type (NULL: any), from position, limit.
 pub(crate) const PENDING: &str = "SELECT id, message_id::text AS message_id, message_type, \
-         payload::text AS payload, ordering_key, attempts, \
+         payload::text AS payload, ordering_key, attempts, headers, \
          (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_at, \
          (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS next_attempt_at, \
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > now() THEN 1 ELSE 0 END \
@@ -192,7 +196,7 @@ pub(crate) const PENDING: &str = "SELECT id, message_id::text AS message_id, mes
 
 /// Dead letters, by position. Binds: type (NULL: any), from position, limit.
 pub(crate) const DEAD_LETTERS: &str = "SELECT id, message_id::text AS message_id, \
-         message_type, payload::text AS payload, ordering_key, attempts, last_error, \
+         message_type, payload::text AS payload, ordering_key, attempts, headers, last_error, \
          (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_at, \
          (EXTRACT(EPOCH FROM failed_at) * 1000000)::BIGINT AS failed_at \
      FROM outbox_failure \
@@ -211,11 +215,12 @@ pub(crate) const SELECT_DEAD_AT_FOR_UPDATE: &str =
 /// their ids. Binds: ids.
 pub(crate) const REQUEUE: &str = "WITH moved AS (\
         DELETE FROM outbox_failure WHERE id = ANY($1) \
-        RETURNING id, message_id, message_type, payload, ordering_key, created_at, last_error) \
+        RETURNING id, message_id, message_type, payload, ordering_key, created_at, last_error, \
+            headers) \
      INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
-         ordering_key, attempts, created_at, next_attempt_at, last_error) \
+         ordering_key, attempts, created_at, next_attempt_at, last_error, headers) \
      SELECT id, message_id, message_type, payload, octet_length(payload::text), ordering_key, \
-         0, created_at, now(), last_error \
+         0, created_at, now(), last_error, headers \
      FROM moved";
 
 /// Dead letters deleted. Binds: ids.
@@ -300,7 +305,7 @@ fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResu
 
 impl Statements for PgConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
-        const BINDS: usize = 6;
+        const BINDS: usize = NewMessage::BINDS;
         for chunk in NewMessage::chunks(rows, MAX_BINDS / BINDS) {
             if let [row] = chunk {
                 // The common case has one text: prepared once per connection.
@@ -312,7 +317,7 @@ impl Statements for PgConnection {
                 .collect();
             let sql = format!(
                 "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
-                 ordering_key, next_attempt_at) VALUES {}",
+                 ordering_key, next_attempt_at, headers) VALUES {}",
                 values.join(", ")
             );
             let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds).collect();
@@ -586,11 +591,11 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_insert_numbers_six_binds_per_row() {
+    fn a_batch_insert_numbers_seven_binds_per_row() {
         assert_eq!(
-            insert_values(7),
-            "($7::uuid, $8, $9::jsonb, $10, $11, \
-             COALESCE(TIMESTAMPTZ 'epoch' + $12 * INTERVAL '1 microsecond', now()))"
+            insert_values(8),
+            "($8::uuid, $9, $10::jsonb, $11, $12, \
+             COALESCE(TIMESTAMPTZ 'epoch' + $13 * INTERVAL '1 microsecond', now()), $14)"
         );
     }
 }

@@ -51,16 +51,17 @@ macro_rules! insert_values {
         concat!(
             "(?, ?, ?, ?, ?, COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), ",
             now!(),
-            "))"
+            "), ?)"
         )
     };
 }
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
-/// ordering key, and not-before in µs since the epoch (NULL: now).
+/// ordering key, not-before in µs since the epoch (NULL: now), headers (JSON, NULL: none).
 pub(crate) const INSERT_MESSAGE: &str = concat!(
     "INSERT INTO outbox_message \
-     (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at) \
+     (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, \
+      headers) \
      VALUES ",
     insert_values!()
 );
@@ -95,7 +96,7 @@ fn lease(n: usize) -> String {
              next_attempt_at = ",
             now_plus_bind!(),
             " WHERE id IN ({}) \
-             RETURNING id, message_id, message_type, payload, ordering_key, attempts, ",
+             RETURNING id, message_id, message_type, payload, ordering_key, attempts, headers, ",
             micros_of!("created_at"),
             " AS created_micros"
         ),
@@ -137,13 +138,14 @@ pub(crate) const RESCHEDULE: &str = concat!(
 /// position, which only a row edited by hand could leave). Binds: error, id, token.
 pub(crate) const COPY_TO_DEAD: &str = concat!(
     "INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
-         last_error, created_at, failed_at) \
+         last_error, created_at, failed_at, headers) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, ",
     now!(),
-    " FROM outbox_message WHERE id = ? AND locked_by = ? \
+    ", headers FROM outbox_message WHERE id = ? AND locked_by = ? \
      ON CONFLICT (id) DO UPDATE SET message_id = excluded.message_id, \
          message_type = excluded.message_type, payload = excluded.payload, \
          ordering_key = excluded.ordering_key, attempts = excluded.attempts, \
+         headers = excluded.headers, \
          last_error = excluded.last_error, created_at = excluded.created_at, \
          failed_at = excluded.failed_at"
 );
@@ -201,7 +203,7 @@ pub(crate) const PROMOTE_STRANDED: &str = "UPDATE outbox_message SET parked = 0 
 
 /// Pending messages, by position. Binds: type (NULL: any), from position, limit.
 pub(crate) const PENDING: &str = concat!(
-    "SELECT id, message_id, message_type, payload, ordering_key, attempts, ",
+    "SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, ",
     micros_of!("created_at"),
     " AS created_at, ",
     micros_of!("next_attempt_at"),
@@ -216,7 +218,8 @@ pub(crate) const PENDING: &str = concat!(
 
 /// Dead letters, by position. Binds: type (NULL: any), from position, limit.
 pub(crate) const DEAD_LETTERS: &str = concat!(
-    "SELECT id, message_id, message_type, payload, ordering_key, attempts, last_error, ",
+    "SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, \
+     last_error, ",
     micros_of!("created_at"),
     " AS created_at, ",
     micros_of!("failed_at"),
@@ -244,11 +247,11 @@ fn requeue(n: usize) -> String {
     format!(
         concat!(
             "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
-                 ordering_key, attempts, created_at, next_attempt_at, last_error) \
+                 ordering_key, attempts, created_at, next_attempt_at, last_error, headers) \
              SELECT id, message_id, message_type, payload, length(CAST(payload AS BLOB)), \
                  ordering_key, 0, created_at, ",
             now!(),
-            ", last_error FROM outbox_failure WHERE id IN ({}) ORDER BY id"
+            ", last_error, headers FROM outbox_failure WHERE id IN ({}) ORDER BY id"
         ),
         placeholders(n)
     )
@@ -397,7 +400,7 @@ struct Candidate {
 
 impl Statements for SqliteConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
-        const BINDS: usize = 6;
+        const BINDS: usize = NewMessage::BINDS;
         for chunk in NewMessage::chunks(rows, MAX_BINDS / BINDS) {
             if let [row] = chunk {
                 run(self, INSERT_MESSAGE, &row.binds())?;
@@ -643,7 +646,7 @@ mod tests {
     #[test]
     fn fixed_statements_take_as_many_binds_as_they_say() {
         for (sql, binds) in [
-            (INSERT_MESSAGE, 6),
+            (INSERT_MESSAGE, NewMessage::BINDS),
             (CANDIDATES, 1),
             (RESCHEDULE, 5),
             (COPY_TO_DEAD, 3),
