@@ -54,6 +54,19 @@ pub enum Command {
     /// Messages that failed for good.
     #[command(subcommand)]
     Dead(DeadCommand),
+    /// Every field of one message, pending or dead, found by its message id (a receiver's
+    /// `webhook-id`): headers, attempts, last error, payload pretty-printed.
+    Show {
+        /// The message id, a UUID.
+        message_id: outbox_diesel::MessageId,
+    },
+    /// Ordering keys held up by a head that failed and waits for a retry, soonest retry first,
+    /// with how many messages wait behind each.
+    Blocked {
+        /// At most this many keys.
+        #[arg(long, default_value_t = 100, value_name = "N")]
+        limit: u32,
+    },
 }
 
 /// `outbox pending ...`

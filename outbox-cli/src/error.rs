@@ -15,6 +15,12 @@ pub enum CliError {
     #[error("no dead letter at {}", positions(.0))]
     UnknownPositions(Vec<i64>),
 
+    /// No message with this id in the outbox or the dead letters.
+    #[error(
+        "no message {0} in the outbox or the dead letters (delivered, purged, or never enqueued)"
+    )]
+    UnknownMessage(outbox_diesel::MessageId),
+
     /// The operator did not confirm a purge.
     #[error("aborted: nothing was purged")]
     Aborted,

@@ -479,7 +479,7 @@ fn dead_list_and_show<C: TestConnection>(db: &TestDb) {
     assert!(show.starts_with(&expected_start), "{show}");
     assert!(
         show.contains(&format!(
-            "\nlast error    line one of a long error\n              {}\npayload:\n{{\n  \"n\": 2\n}}\n",
+            "\nlast error    line one of a long error\n              {}\nheaders       -\npayload:\n{{\n  \"n\": 2\n}}\n",
             "x".repeat(200)
         )),
         "{show}"
@@ -715,7 +715,164 @@ fn dead_show_escapes_terminal_controls<C: TestConnection>(db: &TestDb) {
     assert_eq!(json["last_error"], hostile);
 }
 
+/// `outbox show` finds a message by id wherever it is, with its headers; an unknown id is one
+/// error line.
+fn show_by_message_id<C: TestConnection>(db: &TestDb) {
+    let pool = seed::<C>(db);
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = Alpha { n: 9 }
+        .enqueue_with(
+            &mut pool.get().unwrap(),
+            &EnqueueOptions::new()
+                .ordering_key("key-9")
+                .header("traceparent", traceparent),
+        )
+        .unwrap();
+    let shown = outbox(db.url(), &["show", &traced.to_string()]).ok();
+    assert!(shown.starts_with("pending in the outbox\n"), "{shown}");
+    for line in [
+        format!("message id    {traced}"),
+        "state         waiting".to_owned(),
+        "ordering key  key-9".to_owned(),
+        format!("headers       traceparent: {traceparent}"),
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line:?} in {shown}");
+    }
+    let json = outbox(db.url(), &["--json", "show", &traced.to_string()]).json();
+    assert_eq!(json["state"], "pending");
+    assert_eq!(
+        json["message"]["headers"],
+        json!({"traceparent": traceparent})
+    );
+    assert_eq!(json["message"]["payload"], json!({"n": 9}));
+
+    let letter = &dead(&pool)[0];
+    let json = outbox(
+        db.url(),
+        &["--json", "show", &letter.message_id.to_string()],
+    )
+    .json();
+    assert_eq!(json["state"], "dead");
+    assert_eq!(json["message"]["position"], letter.position);
+    assert_eq!(json["message"]["headers"], json!({}));
+    let shown = outbox(db.url(), &["show", &letter.message_id.to_string()]).ok();
+    assert!(shown.starts_with("dead-lettered\n"), "{shown}");
+
+    let unknown = outbox_diesel::MessageId::new();
+    let run = outbox(db.url(), &["show", &unknown.to_string()]);
+    assert_eq!(
+        run.error(),
+        format!(
+            "error: no message {unknown} in the outbox or the dead letters (delivered, purged, \
+             or never enqueued)"
+        )
+    );
+    assert_eq!(outbox(db.url(), &["show", "not-a-uuid"]).code, 2);
+}
+
+/// `outbox blocked` lists the keys whose head failed and waits, with how many wait behind it;
+/// a key whose head never failed, and a failed message without a key, are not blocked.
+fn blocked_keys<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(2);
+    assert_eq!(
+        outbox(db.url(), &["blocked"]).ok(),
+        "no blocked ordering keys\n"
+    );
+    {
+        let mut conn = pool.get().unwrap();
+        for n in 0..4 {
+            Alpha { n }
+                .enqueue_with(&mut conn, &EnqueueOptions::new().ordering_key("stuck"))
+                .unwrap();
+        }
+        Alpha { n: 10 }
+            .enqueue_with(&mut conn, &EnqueueOptions::new().ordering_key("fine"))
+            .unwrap();
+        Beta { n: 11 }.enqueue(&mut conn).unwrap();
+    }
+    let store = DieselStore::new(pool.clone());
+    let token = ClaimToken::new();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(100), Duration::from_secs(60))
+        .unwrap();
+    let outcomes: Vec<Outcome> = claimed
+        .iter()
+        .filter(|m| m.ordering_key.as_deref() != Some("fine"))
+        .map(|m| {
+            let settlement = Settlement::Retry {
+                delay: Duration::from_secs(3600),
+                error: format!("receiver said no to {}", m.payload),
+            };
+            outcome(token, m, settlement)
+        })
+        .collect();
+    assert_eq!(outcomes.len(), 2, "the head of `stuck` and the keyless one");
+    store.settle(&outcomes).unwrap();
+
+    let json = outbox(db.url(), &["--json", "blocked"]).json();
+    let keys = json["blocked_keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{json}");
+    assert_eq!(keys[0]["ordering_key"], "stuck");
+    assert_eq!(keys[0]["waiting"], 3);
+    assert_eq!(keys[0]["attempts"], 1);
+    assert!(keys[0]["last_error"]
+        .as_str()
+        .unwrap()
+        .starts_with("receiver said no"));
+    assert_eq!(json["more"], false);
+    let table = outbox(db.url(), &["blocked"]).ok();
+    assert_eq!(
+        headers(&table),
+        [
+            "ORDERING KEY",
+            "WAITING",
+            "HEAD",
+            "TYPE",
+            "ATTEMPTS",
+            "NEXT ATTEMPT",
+            "LAST ERROR"
+        ]
+    );
+    let rows = table_rows(&table);
+    assert_eq!(rows.len(), 1, "{table}");
+    assert_eq!(rows[0][..2], ["stuck", "3"]);
+}
+
+/// A bulk purge's dry run reads positions, shows the first 50 and counts the rest.
+fn a_large_dry_run_shows_the_first_dead_letters_and_counts_the_rest<C: TestConnection>(
+    db: &TestDb,
+) {
+    let pool = db.pool::<C>(2);
+    {
+        let mut conn = pool.get().unwrap();
+        let mut batch = outbox_diesel::Batch::new();
+        for n in 0..80 {
+            batch.push(&Alpha { n }).unwrap();
+        }
+        batch.enqueue(&mut conn).unwrap();
+    }
+    assert_eq!(dead_letter_everything_due(&pool), 80);
+    let dry = outbox(db.url(), &["dead", "purge", "--all", "--dry-run"]).ok();
+    assert!(
+        dry.starts_with("would purge 80 dead letters (dry run: nothing changed)\n"),
+        "{dry}"
+    );
+    assert!(dry.ends_with("… and 30 more dead letters\n"), "{dry}");
+    assert_eq!(dry.lines().filter(|l| l.contains("cli.alpha")).count(), 50);
+    let json = outbox(
+        db.url(),
+        &["--json", "dead", "requeue", "--all", "--dry-run"],
+    )
+    .json();
+    assert_eq!(json["count"], 80);
+    assert_eq!(json["positions"].as_array().unwrap().len(), 80);
+    assert_eq!(dead(&pool).len(), 80, "a dry run changes nothing");
+}
+
 backend_tests!(
+    show_by_message_id,
+    blocked_keys,
+    a_large_dry_run_shows_the_first_dead_letters_and_counts_the_rest,
     dead_show_escapes_terminal_controls,
     migrate_and_missing_tables,
     stats,

@@ -7,7 +7,9 @@ use outbox_core::{Headers, MessageId};
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
-use crate::sql::{BacklogRow, DeadLetterRow, Filter, PendingRow, Selection, Statements};
+use crate::sql::{
+    BacklogRow, BlockedKeyRow, DeadLetterRow, Filter, PendingRow, Selection, Statements,
+};
 
 /// Which messages a listing returns.
 #[derive(Debug, Clone)]
@@ -136,25 +138,25 @@ pub fn pending_messages<C: OutboxConnection>(
         limit: Some(options.limit),
     };
     let rows: Vec<PendingRow> = with_backend!(conn.backend_connection(), c => c.pending(&filter))?;
-    rows.into_iter()
-        .map(|row| {
-            let m = row.message;
-            Ok(PendingMessage {
-                message_id: parse_message_id("outbox_message", m.id, &m.message_id)?,
-                position: m.id,
-                message_type: m.message_type,
-                payload: m.payload,
-                ordering_key: m.ordering_key,
-                attempts: m.attempts.max(0).unsigned_abs(),
-                created_at: time_from_micros(row.created_at),
-                next_attempt_at: time_from_micros(row.next_attempt_at),
-                in_flight: row.in_flight != 0,
-                parked: row.parked != 0,
-                last_error: row.last_error,
-                headers: listed_headers("outbox_message", m.id, m.headers.as_deref()),
-            })
-        })
-        .collect()
+    rows.into_iter().map(pending_message).collect()
+}
+
+fn pending_message(row: PendingRow) -> Result<PendingMessage> {
+    let m = row.message;
+    Ok(PendingMessage {
+        message_id: parse_message_id("outbox_message", m.id, &m.message_id)?,
+        position: m.id,
+        message_type: m.message_type,
+        payload: m.payload,
+        ordering_key: m.ordering_key,
+        attempts: m.attempts.max(0).unsigned_abs(),
+        created_at: time_from_micros(row.created_at),
+        next_attempt_at: time_from_micros(row.next_attempt_at),
+        in_flight: row.in_flight != 0,
+        parked: row.parked != 0,
+        last_error: row.last_error,
+        headers: listed_headers("outbox_message", m.id, m.headers.as_deref()),
+    })
 }
 
 /// A message that failed for good, kept with the reason.
@@ -211,23 +213,23 @@ fn load_dead_letters<C: OutboxConnection>(
 ) -> Result<Vec<DeadLetter>> {
     let rows: Vec<DeadLetterRow> =
         with_backend!(conn.backend_connection(), c => c.dead_letters(filter))?;
-    rows.into_iter()
-        .map(|row| {
-            let m = row.message;
-            Ok(DeadLetter {
-                message_id: parse_message_id("outbox_failure", m.id, &m.message_id)?,
-                position: m.id,
-                message_type: m.message_type,
-                payload: m.payload,
-                ordering_key: m.ordering_key,
-                attempts: m.attempts.max(0).unsigned_abs(),
-                last_error: row.last_error,
-                created_at: time_from_micros(row.created_at),
-                failed_at: time_from_micros(row.failed_at),
-                headers: listed_headers("outbox_failure", m.id, m.headers.as_deref()),
-            })
-        })
-        .collect()
+    rows.into_iter().map(dead_letter_of).collect()
+}
+
+fn dead_letter_of(row: DeadLetterRow) -> Result<DeadLetter> {
+    let m = row.message;
+    Ok(DeadLetter {
+        message_id: parse_message_id("outbox_failure", m.id, &m.message_id)?,
+        position: m.id,
+        message_type: m.message_type,
+        payload: m.payload,
+        ordering_key: m.ordering_key,
+        attempts: m.attempts.max(0).unsigned_abs(),
+        last_error: row.last_error,
+        created_at: time_from_micros(row.created_at),
+        failed_at: time_from_micros(row.failed_at),
+        headers: listed_headers("outbox_failure", m.id, m.headers.as_deref()),
+    })
 }
 
 /// Dead letters, oldest first.
@@ -253,6 +255,92 @@ pub fn dead_letter<C: OutboxConnection>(conn: &mut C, position: i64) -> Result<O
     Ok(load_dead_letters(conn, &filter)?
         .into_iter()
         .find(|letter| letter.position == position))
+}
+
+/// The positions of the dead letters of `message_type` (`None`: every dead letter), in order,
+/// without reading their payloads: what a bulk re-queue or purge affects, to count or confirm.
+pub fn dead_letter_positions<C: OutboxConnection>(
+    conn: &mut C,
+    message_type: Option<&str>,
+) -> Result<Vec<i64>> {
+    Ok(with_backend!(conn.backend_connection(), c => c.dead_positions(message_type))?)
+}
+
+/// Where a message is: waiting in the outbox, or dead-lettered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FoundMessage {
+    /// In the outbox, pending or in flight.
+    Pending(PendingMessage),
+    /// Among the dead letters.
+    Dead(DeadLetter),
+}
+
+/// The message with id `message_id`, pending or dead, or `None` when it is in neither table
+/// (delivered, purged, or never enqueued).
+///
+/// The dead letters are searched by an index; the outbox table has none on message ids (each
+/// enqueue would pay for it), so a lookup there reads the table: fine for an operator's
+/// question, not for a hot path.
+pub fn find_message<C: OutboxConnection>(
+    conn: &mut C,
+    message_id: MessageId,
+) -> Result<Option<FoundMessage>> {
+    let id = message_id.to_string();
+    let dead = with_backend!(conn.backend_connection(), c => c.dead_by_message_id(&id))?;
+    if let Some(row) = dead.into_iter().next() {
+        return Ok(Some(FoundMessage::Dead(dead_letter_of(row)?)));
+    }
+    let pending = with_backend!(conn.backend_connection(), c => c.pending_by_message_id(&id))?;
+    pending
+        .into_iter()
+        .next()
+        .map(|row| pending_message(row).map(FoundMessage::Pending))
+        .transpose()
+}
+
+/// The head of an ordering key that failed and waits for a retry: every later message of its
+/// key waits behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BlockedKey {
+    /// The ordering key.
+    pub ordering_key: String,
+    /// The head's position.
+    pub position: i64,
+    /// The head's message id.
+    pub message_id: MessageId,
+    /// The head's type.
+    pub message_type: String,
+    /// Attempts the head has had.
+    pub attempts: u32,
+    /// Why its last attempt failed.
+    pub last_error: String,
+    /// When it is tried again (or, while a worker holds it, when that lease ends).
+    pub next_attempt_at: SystemTime,
+    /// Messages of the key waiting behind it.
+    pub waiting: u64,
+}
+
+/// Ordering keys held up by a head that failed and waits for a retry, soonest retry first, at
+/// most `limit`: the "what is stuck" question. A key stays blocked until its head succeeds or
+/// runs out of attempts and is dead-lettered.
+pub fn blocked_keys<C: OutboxConnection>(conn: &mut C, limit: u32) -> Result<Vec<BlockedKey>> {
+    let rows: Vec<BlockedKeyRow> =
+        with_backend!(conn.backend_connection(), c => c.blocked_keys(i64::from(limit)))?;
+    rows.into_iter()
+        .map(|row| {
+            Ok(BlockedKey {
+                message_id: parse_message_id("outbox_message", row.id, &row.message_id)?,
+                ordering_key: row.ordering_key,
+                position: row.id,
+                message_type: row.message_type,
+                attempts: row.attempts.max(0).unsigned_abs(),
+                last_error: row.last_error,
+                next_attempt_at: time_from_micros(row.next_attempt_at),
+                waiting: row.waiting.max(0).unsigned_abs(),
+            })
+        })
+        .collect()
 }
 
 /// Moves the selected dead letters back into the outbox, atomically, to be processed again

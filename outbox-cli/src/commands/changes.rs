@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use outbox_diesel::admin::{self, DeadLetter, DeadLetterSelection, ListOptions};
+use outbox_diesel::admin::{self, DeadLetter, DeadLetterSelection};
 use outbox_diesel::OutboxConnection;
 use serde_json::json;
 
@@ -34,28 +34,38 @@ fn selection(selector: &Selector) -> DeadLetterSelection {
     }
 }
 
-/// The dead letters a selector names, and the named positions that hold none.
+/// The positions of the dead letters a selector names, and the named positions that hold
+/// none. `--all` and `--type` read positions only: a million dead letters are 8 MB of
+/// positions, not a million payloads.
 fn selected<C: OutboxConnection>(
     conn: &mut C,
     selector: &Selector,
-) -> Result<(Vec<DeadLetter>, Vec<i64>), CliError> {
-    let everything = ListOptions::new().limit(u32::MAX);
-    if selector.all {
-        return Ok((admin::dead_letters(conn, &everything)?, Vec::new()));
-    }
-    if let Some(message_type) = &selector.message_type {
-        let of_type = everything.message_type(message_type.clone());
-        return Ok((admin::dead_letters(conn, &of_type)?, Vec::new()));
+) -> Result<(Vec<i64>, Vec<i64>), CliError> {
+    if selector.all || selector.message_type.is_some() {
+        let positions = admin::dead_letter_positions(conn, selector.message_type.as_deref())?;
+        return Ok((positions, Vec::new()));
     }
     let mut found = Vec::new();
     let mut missing = Vec::new();
     for position in unique_positions(&selector.positions) {
         match admin::dead_letter(conn, position)? {
-            Some(d) => found.push(d),
+            Some(_) => found.push(position),
             None => missing.push(position),
         }
     }
     Ok((found, missing))
+}
+
+/// The first [`POSITIONS_SHOWN`] of the selected dead letters, for a dry run's table.
+fn preview<C: OutboxConnection>(
+    conn: &mut C,
+    positions: &[i64],
+) -> Result<Vec<DeadLetter>, CliError> {
+    let mut letters = Vec::new();
+    for &position in positions.iter().take(POSITIONS_SHOWN) {
+        letters.extend(admin::dead_letter(conn, position)?);
+    }
+    Ok(letters)
 }
 
 /// What a requeue or purge did (or, dry, would do).
@@ -66,7 +76,7 @@ struct Report<'a> {
     count: usize,
     positions: Vec<i64>,
     not_found: Vec<i64>,
-    /// For a dry run: the dead letters that would be affected.
+    /// For a dry run: the first of the dead letters that would be affected.
     letters: &'a [DeadLetter],
 }
 
@@ -100,6 +110,13 @@ impl Report<'_> {
             let mut text = format!("would {} {what} (dry run: nothing changed)\n", self.action);
             if !self.letters.is_empty() {
                 text.push_str(&dead_table(self.letters));
+            }
+            if let Some(rest) = self
+                .count
+                .checked_sub(self.letters.len())
+                .filter(|n| *n > 0)
+            {
+                text.push_str(&format!("… and {}\n", plural(rest, "more dead letter")));
             }
             return text;
         }
@@ -135,8 +152,8 @@ pub(super) fn requeue<C: OutboxConnection>(
 ) -> Result<Output, CliError> {
     let selection = selection(selector);
     let (positions, not_found, letters) = if dry_run {
-        let (letters, not_found) = selected(conn, selector)?;
-        let positions = letters.iter().map(|d| d.position).collect();
+        let (positions, not_found) = selected(conn, selector)?;
+        let letters = preview(conn, &positions)?;
         (positions, not_found, letters)
     } else {
         let moved = admin::requeue_dead_letters(conn, &selection)?;
@@ -174,8 +191,12 @@ where
 {
     // Listing first gives the count to confirm, and deleting exactly the listed positions
     // means a dead letter that arrives while the operator reads the question is kept.
-    let (letters, not_found) = selected(conn, selector)?;
-    let positions: Vec<i64> = letters.iter().map(|d| d.position).collect();
+    let (positions, not_found) = selected(conn, selector)?;
+    let letters = if dry_run {
+        preview(conn, &positions)?
+    } else {
+        Vec::new()
+    };
     let mut count = positions.len();
     if !dry_run && !positions.is_empty() {
         let question = format!("Purge {}? [y/N] ", plural(count, "dead letter"));
@@ -192,7 +213,7 @@ where
         count,
         positions,
         not_found,
-        letters: if dry_run { &letters } else { &[] },
+        letters: &letters,
     }
     .finish(json)
 }

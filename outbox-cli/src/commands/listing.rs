@@ -1,9 +1,10 @@
-//! `outbox pending list`, `outbox dead list` and `outbox dead show`.
+//! `outbox pending list`, `outbox dead list`, `outbox dead show`, `outbox show` and
+//! `outbox blocked`.
 
 use std::time::SystemTime;
 
-use outbox_diesel::admin::{self, DeadLetter, ListOptions, PendingMessage};
-use outbox_diesel::OutboxConnection;
+use outbox_diesel::admin::{self, DeadLetter, FoundMessage, ListOptions, PendingMessage};
+use outbox_diesel::{Headers, MessageId, OutboxConnection};
 use serde_json::{json, Value};
 
 use super::Output;
@@ -104,8 +105,17 @@ fn pending_json(m: &PendingMessage) -> Value {
         "next_attempt_at": format::timestamp_micros(m.next_attempt_at),
         "ordering_key": m.ordering_key,
         "last_error": m.last_error,
+        "headers": headers_json(&m.headers),
         "payload": format::payload_json(&m.payload),
     })
+}
+
+fn headers_json(headers: &Headers) -> Value {
+    headers
+        .iter()
+        .map(|(name, value)| (name.to_owned(), Value::from(value)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 pub(super) fn dead_list<C: OutboxConnection>(
@@ -166,6 +176,7 @@ fn dead_json(d: &DeadLetter) -> Value {
         "last_error": d.last_error,
         "created_at": format::timestamp_micros(d.created_at),
         "failed_at": format::timestamp_micros(d.failed_at),
+        "headers": headers_json(&d.headers),
         "payload": format::payload_json(&d.payload),
     })
 }
@@ -181,21 +192,73 @@ pub(super) fn dead_show<C: OutboxConnection>(
     if json {
         return Ok(Output::json(&dead_json(&d)));
     }
+    Ok(Output::text(dead_fields(&d)))
+}
+
+/// Every field of a dead letter, one per line, then its payload.
+fn dead_fields(d: &DeadLetter) -> String {
     let now = SystemTime::now();
-    let when = |t: SystemTime| format!("{} ({})", format::timestamp(t), format::relative(t, now));
-    let fields = [
+    let fields = vec![
         ("position", d.position.to_string()),
         ("message id", d.message_id.to_string()),
         ("type", d.message_type.clone()),
         ("attempts", d.attempts.to_string()),
-        (
-            "ordering key",
-            d.ordering_key.clone().unwrap_or_else(|| "-".to_owned()),
-        ),
-        ("created at", when(d.created_at)),
-        ("failed at", when(d.failed_at)),
+        ("ordering key", or_dash(d.ordering_key.as_deref())),
+        ("created at", when(d.created_at, now)),
+        ("failed at", when(d.failed_at, now)),
         ("last error", d.last_error.clone()),
     ];
+    fields_text(fields, &d.headers, &d.payload)
+}
+
+/// Every field of a pending message, one per line, then its payload.
+fn pending_fields(m: &PendingMessage) -> String {
+    let now = SystemTime::now();
+    let state = if m.in_flight {
+        "in flight (a worker holds it)"
+    } else if m.parked {
+        "waiting behind an earlier message of its ordering key"
+    } else {
+        "waiting"
+    };
+    let fields = vec![
+        ("position", m.position.to_string()),
+        ("message id", m.message_id.to_string()),
+        ("type", m.message_type.clone()),
+        ("state", state.to_owned()),
+        ("attempts", m.attempts.to_string()),
+        ("ordering key", or_dash(m.ordering_key.as_deref())),
+        ("created at", when(m.created_at, now)),
+        ("due", when(m.next_attempt_at, now)),
+        ("last error", or_dash(m.last_error.as_deref())),
+    ];
+    fields_text(fields, &m.headers, &m.payload)
+}
+
+fn or_dash(value: Option<&str>) -> String {
+    value.unwrap_or("-").to_owned()
+}
+
+fn when(time: SystemTime, now: SystemTime) -> String {
+    format!(
+        "{} ({})",
+        format::timestamp(time),
+        format::relative(time, now)
+    )
+}
+
+/// Labelled fields, then the headers and the payload, every value escaped for the terminal.
+fn fields_text(mut fields: Vec<(&str, String)>, headers: &Headers, payload: &str) -> String {
+    let header_lines: Vec<String> = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}"))
+        .collect();
+    let headers = if header_lines.is_empty() {
+        "-".to_owned()
+    } else {
+        header_lines.join("\n")
+    };
+    fields.push(("headers", headers));
     let label_width = fields.iter().map(|(l, _)| l.len()).max().unwrap_or(0) + 2;
     let mut text = String::new();
     for (label, value) in fields {
@@ -204,7 +267,89 @@ pub(super) fn dead_show<C: OutboxConnection>(
         text.push_str(&format!("{label:<label_width$}{value}\n"));
     }
     text.push_str("payload:\n");
-    text.push_str(&table::visible(&format::payload_pretty(&d.payload)));
+    text.push_str(&table::visible(&format::payload_pretty(payload)));
     text.push('\n');
+    text
+}
+
+pub(super) fn show<C: OutboxConnection>(
+    conn: &mut C,
+    message_id: MessageId,
+    json: bool,
+) -> Result<Output, CliError> {
+    let Some(found) = admin::find_message(conn, message_id)? else {
+        return Err(CliError::UnknownMessage(message_id));
+    };
+    Ok(match (found, json) {
+        (FoundMessage::Pending(m), true) => Output::json(&json!({
+            "state": "pending",
+            "message": pending_json(&m),
+        })),
+        (FoundMessage::Dead(d), true) => Output::json(&json!({
+            "state": "dead",
+            "message": dead_json(&d),
+        })),
+        (FoundMessage::Pending(m), false) => {
+            Output::text(format!("pending in the outbox\n{}", pending_fields(&m)))
+        }
+        (FoundMessage::Dead(d), false) => {
+            Output::text(format!("dead-lettered\n{}", dead_fields(&d)))
+        }
+    })
+}
+
+pub(super) fn blocked<C: OutboxConnection>(
+    conn: &mut C,
+    limit: u32,
+    json: bool,
+) -> Result<Output, CliError> {
+    let mut keys = admin::blocked_keys(conn, limit.saturating_add(1))?;
+    let more = cut_to_limit(&mut keys, limit);
+    if json {
+        let keys: Vec<Value> = keys
+            .iter()
+            .map(|k| {
+                json!({
+                    "ordering_key": k.ordering_key,
+                    "position": k.position,
+                    "message_id": k.message_id.to_string(),
+                    "message_type": k.message_type,
+                    "attempts": k.attempts,
+                    "last_error": k.last_error,
+                    "next_attempt_at": format::timestamp_micros(k.next_attempt_at),
+                    "waiting": k.waiting,
+                })
+            })
+            .collect();
+        return Ok(Output::json(&json!({ "blocked_keys": keys, "more": more })));
+    }
+    if keys.is_empty() {
+        return Ok(Output::text("no blocked ordering keys\n".to_owned()));
+    }
+    let now = SystemTime::now();
+    let mut table = Table::new(&[
+        ("ORDERING KEY", Align::Left),
+        ("WAITING", Align::Right),
+        ("HEAD", Align::Right),
+        ("TYPE", Align::Left),
+        ("ATTEMPTS", Align::Right),
+        ("NEXT ATTEMPT", Align::Left),
+        ("LAST ERROR", Align::Left),
+    ]);
+    for k in &keys {
+        table.row(vec![
+            k.ordering_key.clone(),
+            k.waiting.to_string(),
+            k.position.to_string(),
+            k.message_type.clone(),
+            k.attempts.to_string(),
+            format::relative(k.next_attempt_at, now),
+            table::truncate(&k.last_error, ERROR_WIDTH),
+        ]);
+    }
+    let mut text = table.render();
+    if more {
+        text.push_str(&more_note(limit));
+    }
     Ok(Output::text(text))
 }

@@ -48,6 +48,8 @@ where
         Command::Pending(PendingCommand::List(args)) => listing::pending_list(conn, args, json),
         Command::Dead(DeadCommand::List(args)) => listing::dead_list(conn, args, json),
         Command::Dead(DeadCommand::Show { position }) => listing::dead_show(conn, *position, json),
+        Command::Show { message_id } => listing::show(conn, *message_id, json),
+        Command::Blocked { limit } => listing::blocked(conn, *limit, json),
         Command::Dead(DeadCommand::Requeue { selector, dry_run }) => {
             changes::requeue(conn, selector, *dry_run, json)
         }

@@ -86,6 +86,24 @@ macro_rules! fixed_statement_methods {
             run(self, PRUNE_DEAD_LETTERS, &binds)
         }
 
+        fn pending_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<PendingRow>> {
+            Prepared::new(PENDING_BY_MESSAGE_ID, STYLE, &[Bind::Text(message_id)]).load(self)
+        }
+
+        fn dead_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<DeadLetterRow>> {
+            Prepared::new(DEAD_BY_MESSAGE_ID, STYLE, &[Bind::Text(message_id)]).load(self)
+        }
+
+        fn dead_positions(&mut self, message_type: Option<&str>) -> QueryResult<Vec<i64>> {
+            let binds = [Bind::NullableText(message_type)];
+            let rows: Vec<IdRow> = Prepared::new(DEAD_POSITIONS, STYLE, &binds).load(self)?;
+            Ok(rows.into_iter().map(|row| row.id).collect())
+        }
+
+        fn blocked_keys(&mut self, limit: i64) -> QueryResult<Vec<BlockedKeyRow>> {
+            Prepared::new(BLOCKED_KEYS, STYLE, &[Bind::BigInt(limit)]).load(self)
+        }
+
         fn backlog(&mut self) -> QueryResult<BacklogRow> {
             let rows: Vec<BacklogRow> = Prepared::new(BACKLOG, STYLE, &[]).load(self)?;
             rows.into_iter()
@@ -190,6 +208,27 @@ pub(crate) struct BacklogRow {
     pub(crate) pending: i64,
     #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) oldest_due_micros: Option<i64>,
+}
+
+/// The head of an ordering key waiting for a retry, and how many wait behind it.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct BlockedKeyRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) ordering_key: String,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+    #[diesel(sql_type = Text)]
+    pub(crate) message_id: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) message_type: String,
+    #[diesel(sql_type = Integer)]
+    pub(crate) attempts: i32,
+    #[diesel(sql_type = Text)]
+    pub(crate) last_error: String,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) next_attempt_at: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) waiting: i64,
 }
 
 /// A row of one text column named `message_id`.
@@ -422,6 +461,18 @@ pub(crate) trait Statements: Sized {
 
     /// Messages in the outbox and how long the oldest due one has waited.
     fn backlog(&mut self) -> QueryResult<BacklogRow>;
+
+    /// The pending message with this message id (at most one row).
+    fn pending_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<PendingRow>>;
+
+    /// The dead letter with this message id (at most one row).
+    fn dead_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<DeadLetterRow>>;
+
+    /// The positions of the dead letters of a type (`None`: every one), in order.
+    fn dead_positions(&mut self, message_type: Option<&str>) -> QueryResult<Vec<i64>>;
+
+    /// Heads of ordering keys waiting for a retry, at most `limit`, soonest retry first.
+    fn blocked_keys(&mut self, limit: i64) -> QueryResult<Vec<BlockedKeyRow>>;
 }
 
 /// How many batches of [`ID_CHUNK`] rows one pruning pass of the worker reads or deletes at

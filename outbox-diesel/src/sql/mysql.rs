@@ -9,8 +9,8 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    placeholders, BacklogRow, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, MessageIdRow,
-    PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
+    placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, DeadLetterRow, Filter, IdRow,
+    MessageIdRow, PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -235,26 +235,66 @@ fn unpark_stranded(n: usize) -> String {
     )
 }
 
-/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
-pub(crate) const PENDING: &str = "SELECT id, message_id, message_type, \
+/// The columns of a pending message as listed, from the outbox table.
+macro_rules! pending_columns {
+    () => {
+        "SELECT id, message_id, message_type, \
          CAST(payload AS CHAR) AS payload, ordering_key, attempts, headers, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_at, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS next_attempt_at, \
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 ELSE 0 END \
              AS in_flight, \
          CASE WHEN parked THEN 1 ELSE 0 END AS parked, last_error \
-     FROM outbox_message \
-     WHERE message_type = COALESCE(?, message_type) AND id >= ? \
-     ORDER BY id LIMIT ?";
+         FROM outbox_message "
+    };
+}
 
-/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
-pub(crate) const DEAD_LETTERS: &str = "SELECT id, message_id, message_type, \
+/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const PENDING: &str = concat!(
+    pending_columns!(),
+    "WHERE message_type = COALESCE(?, message_type) AND id >= ? ORDER BY id LIMIT ?"
+);
+
+/// A pending message by its message id: the outbox table has no index on it (every enqueue
+/// would pay for one), so this reads the table, as only an operator's lookup does. Binds: id.
+pub(crate) const PENDING_BY_MESSAGE_ID: &str = concat!(pending_columns!(), "WHERE message_id = ?");
+
+/// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
+/// them, soonest retry first; with how many wait behind each (one probe of the ordering index
+/// per key). Binds: limit.
+pub(crate) const BLOCKED_KEYS: &str = "SELECT h.ordering_key, h.id, h.message_id, \
+         h.message_type, h.attempts, h.last_error, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', h.next_attempt_at) AS next_attempt_at, \
+         (SELECT COUNT(*) FROM outbox_message w \
+          WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
+     FROM outbox_message h \
+     WHERE h.parked = 0 AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
+     ORDER BY h.next_attempt_at, h.id LIMIT ?";
+
+/// The columns of a dead letter as listed.
+macro_rules! dead_letter_columns {
+    () => {
+        "SELECT id, message_id, message_type, \
          CAST(payload AS CHAR) AS payload, ordering_key, attempts, headers, last_error, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_at, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', failed_at) AS failed_at \
-     FROM outbox_failure \
-     WHERE message_type = COALESCE(?, message_type) AND id >= ? \
-     ORDER BY id LIMIT ?";
+         FROM outbox_failure "
+    };
+}
+
+/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const DEAD_LETTERS: &str = concat!(
+    dead_letter_columns!(),
+    "WHERE message_type = COALESCE(?, message_type) AND id >= ? ORDER BY id LIMIT ?"
+);
+
+/// A dead letter by its message id (indexed). Binds: id.
+pub(crate) const DEAD_BY_MESSAGE_ID: &str = concat!(dead_letter_columns!(), "WHERE message_id = ?");
+
+/// The positions of the dead letters of a type (NULL: every one), without their payloads.
+/// Binds: type.
+pub(crate) const DEAD_POSITIONS: &str = "SELECT id FROM outbox_failure \
+     WHERE message_type = COALESCE(?, message_type) ORDER BY id";
 
 /// The dead letters of a selection, locked for the move. Binds: type (NULL: every one).
 pub(crate) const SELECT_DEAD_FOR_UPDATE: &str = "SELECT id FROM outbox_failure \
@@ -718,6 +758,10 @@ mod tests {
             (COPY_TO_DEAD, 2),
             (DELETE_ONE, 1),
             (PENDING, 3),
+            (PENDING_BY_MESSAGE_ID, 1),
+            (DEAD_BY_MESSAGE_ID, 1),
+            (DEAD_POSITIONS, 1),
+            (BLOCKED_KEYS, 1),
             (DEAD_LETTERS, 3),
             (PURGE, 1),
             (INBOX_RECORD, 1),

@@ -11,8 +11,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    BacklogRow, Claim, ClaimRow, CountRow, DeadLetterRow, Filter, IdRow, MessageIdRow, PendingRow,
-    Selection, Statements, StatsRow,
+    BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, DeadLetterRow, Filter, IdRow,
+    MessageIdRow, PendingRow, Selection, Statements, StatsRow,
 };
 use crate::enqueue::NewMessage;
 
@@ -182,26 +182,68 @@ pub(crate) const PROMOTE_STRANDED: &str = "WITH RECURSIVE parked_keys AS (\
      WHERE o.id = k.id AND NOT EXISTS (\
         SELECT 1 FROM outbox_message e WHERE e.ordering_key = k.ordering_key AND e.id < k.id)";
 
-/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
-pub(crate) const PENDING: &str = "SELECT id, message_id::text AS message_id, message_type, \
+/// The columns of a pending message as listed, from the outbox table.
+macro_rules! pending_columns {
+    () => {
+        "SELECT id, message_id::text AS message_id, message_type, \
          payload::text AS payload, ordering_key, attempts, headers, \
          (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_at, \
          (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS next_attempt_at, \
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > now() THEN 1 ELSE 0 END \
              AS in_flight, \
          CASE WHEN parked THEN 1 ELSE 0 END AS parked, last_error \
-     FROM outbox_message \
-     WHERE message_type = COALESCE($1::text, message_type) AND id >= $2 \
-     ORDER BY id LIMIT $3";
+         FROM outbox_message "
+    };
+}
 
-/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
-pub(crate) const DEAD_LETTERS: &str = "SELECT id, message_id::text AS message_id, \
+/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const PENDING: &str = concat!(
+    pending_columns!(),
+    "WHERE message_type = COALESCE($1::text, message_type) AND id >= $2 ORDER BY id LIMIT $3"
+);
+
+/// A pending message by its message id: the outbox table has no index on it (every enqueue
+/// would pay for one), so this reads the table, as only an operator's lookup does. Binds: id.
+pub(crate) const PENDING_BY_MESSAGE_ID: &str =
+    concat!(pending_columns!(), "WHERE message_id = $1::uuid");
+
+/// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
+/// them, soonest retry first; with how many wait behind each (one probe of the ordering index
+/// per key). Binds: limit.
+pub(crate) const BLOCKED_KEYS: &str = "SELECT h.ordering_key, h.id, \
+         h.message_id::text AS message_id, h.message_type, h.attempts, h.last_error, \
+         (EXTRACT(EPOCH FROM h.next_attempt_at) * 1000000)::BIGINT AS next_attempt_at, \
+         (SELECT COUNT(*) FROM outbox_message w \
+          WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
+     FROM outbox_message h \
+     WHERE NOT h.parked AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
+     ORDER BY h.next_attempt_at, h.id LIMIT $1";
+
+/// The columns of a dead letter as listed.
+macro_rules! dead_letter_columns {
+    () => {
+        "SELECT id, message_id::text AS message_id, \
          message_type, payload::text AS payload, ordering_key, attempts, headers, last_error, \
          (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_at, \
          (EXTRACT(EPOCH FROM failed_at) * 1000000)::BIGINT AS failed_at \
-     FROM outbox_failure \
-     WHERE message_type = COALESCE($1::text, message_type) AND id >= $2 \
-     ORDER BY id LIMIT $3";
+         FROM outbox_failure "
+    };
+}
+
+/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
+pub(crate) const DEAD_LETTERS: &str = concat!(
+    dead_letter_columns!(),
+    "WHERE message_type = COALESCE($1::text, message_type) AND id >= $2 ORDER BY id LIMIT $3"
+);
+
+/// A dead letter by its message id (indexed). Binds: id.
+pub(crate) const DEAD_BY_MESSAGE_ID: &str =
+    concat!(dead_letter_columns!(), "WHERE message_id = $1::uuid");
+
+/// The positions of the dead letters of a type (NULL: every one), without their payloads.
+/// Binds: type.
+pub(crate) const DEAD_POSITIONS: &str = "SELECT id FROM outbox_failure \
+     WHERE message_type = COALESCE($1::text, message_type) ORDER BY id";
 
 /// The dead letters of a selection, locked for the move. Binds: type (NULL: every one).
 pub(crate) const SELECT_DEAD_FOR_UPDATE: &str = "SELECT id FROM outbox_failure \
@@ -529,6 +571,10 @@ mod tests {
             INBOX_SWEEP,
             PRUNE_DEAD_LETTERS,
             BACKLOG,
+            PENDING_BY_MESSAGE_ID,
+            DEAD_BY_MESSAGE_ID,
+            DEAD_POSITIONS,
+            BLOCKED_KEYS,
             RESERVE_KEY,
             KEYED_MESSAGE,
             SET_KEY_POSITION,

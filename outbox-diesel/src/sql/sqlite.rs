@@ -9,8 +9,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    placeholders, BacklogRow, Claim, ClaimRow, DeadLetterRow, Filter, IdRow, MessageIdRow,
-    PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
+    placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, DeadLetterRow, Filter, IdRow,
+    MessageIdRow, PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -201,33 +201,72 @@ pub(crate) const PROMOTE_STRANDED: &str = "UPDATE outbox_message SET parked = 0 
      AND NOT EXISTS (SELECT 1 FROM outbox_message e \
          WHERE e.ordering_key = outbox_message.ordering_key AND e.id < outbox_message.id)";
 
+/// The columns of a pending message as listed, from the outbox table.
+macro_rules! pending_columns {
+    () => {
+        concat!(
+            "SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, ",
+            micros_of!("created_at"),
+            " AS created_at, ",
+            micros_of!("next_attempt_at"),
+            " AS next_attempt_at, \
+             CASE WHEN locked_by IS NOT NULL AND next_attempt_at > ",
+            now!(),
+            " THEN 1 ELSE 0 END AS in_flight, parked, last_error FROM outbox_message "
+        )
+    };
+}
+
 /// Pending messages, by position. Binds: type (NULL: any), from position, limit.
 pub(crate) const PENDING: &str = concat!(
-    "SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, ",
-    micros_of!("created_at"),
-    " AS created_at, ",
-    micros_of!("next_attempt_at"),
-    " AS next_attempt_at, \
-     CASE WHEN locked_by IS NOT NULL AND next_attempt_at > ",
-    now!(),
-    " THEN 1 ELSE 0 END AS in_flight, parked, last_error \
-     FROM outbox_message \
-     WHERE message_type = COALESCE(?, message_type) AND id >= ? \
-     ORDER BY id LIMIT ?"
+    pending_columns!(),
+    "WHERE message_type = COALESCE(?, message_type) AND id >= ? ORDER BY id LIMIT ?"
 );
+
+/// A pending message by its message id: the outbox table has no index on it (every enqueue
+/// would pay for one), so this reads the table, as only an operator's lookup does. Binds: id.
+pub(crate) const PENDING_BY_MESSAGE_ID: &str = concat!(pending_columns!(), "WHERE message_id = ?");
+
+/// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
+/// them, soonest retry first; with how many wait behind each (one probe of the ordering index
+/// per key). Binds: limit.
+pub(crate) const BLOCKED_KEYS: &str = concat!(
+    "SELECT h.ordering_key, h.id, h.message_id, h.message_type, h.attempts, h.last_error, ",
+    micros_of!("h.next_attempt_at"),
+    " AS next_attempt_at, \
+     (SELECT COUNT(*) FROM outbox_message w \
+      WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
+     FROM outbox_message h \
+     WHERE h.parked = 0 AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
+     ORDER BY h.next_attempt_at, h.id LIMIT ?"
+);
+
+/// The columns of a dead letter as listed.
+macro_rules! dead_letter_columns {
+    () => {
+        concat!(
+            "SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, \
+             last_error, ",
+            micros_of!("created_at"),
+            " AS created_at, ",
+            micros_of!("failed_at"),
+            " AS failed_at FROM outbox_failure "
+        )
+    };
+}
 
 /// Dead letters, by position. Binds: type (NULL: any), from position, limit.
 pub(crate) const DEAD_LETTERS: &str = concat!(
-    "SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, \
-     last_error, ",
-    micros_of!("created_at"),
-    " AS created_at, ",
-    micros_of!("failed_at"),
-    " AS failed_at \
-     FROM outbox_failure \
-     WHERE message_type = COALESCE(?, message_type) AND id >= ? \
-     ORDER BY id LIMIT ?"
+    dead_letter_columns!(),
+    "WHERE message_type = COALESCE(?, message_type) AND id >= ? ORDER BY id LIMIT ?"
 );
+
+/// A dead letter by its message id (indexed). Binds: id.
+pub(crate) const DEAD_BY_MESSAGE_ID: &str = concat!(dead_letter_columns!(), "WHERE message_id = ?");
+
+/// The positions of the dead letters of a type (NULL: every one), without their payloads.
+/// Binds: type.
+pub(crate) const DEAD_POSITIONS: &str = SELECT_DEAD;
 
 /// The dead letters of a selection (the write transaction holds them). Binds: type (NULL:
 /// every one).
@@ -647,6 +686,10 @@ mod tests {
     fn fixed_statements_take_as_many_binds_as_they_say() {
         for (sql, binds) in [
             (INSERT_MESSAGE, NewMessage::BINDS),
+            (PENDING_BY_MESSAGE_ID, 1),
+            (DEAD_BY_MESSAGE_ID, 1),
+            (DEAD_POSITIONS, 1),
+            (BLOCKED_KEYS, 1),
             (CANDIDATES, 1),
             (RESCHEDULE, 5),
             (COPY_TO_DEAD, 3),
