@@ -362,3 +362,46 @@ mod tests {
         }
     }
 }
+
+/// The outbox's migrations of `backend`, as the library embeds them.
+fn outbox_migrations(backend: Backend) -> diesel_migrations::EmbeddedMigrations {
+    use diesel_migrations::{embed_migrations, EmbeddedMigrations};
+    const POSTGRES: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/postgres");
+    const MYSQL: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/mysql");
+    const SQLITE: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/sqlite");
+    match backend {
+        Backend::Postgres => POSTGRES,
+        Backend::Mysql => MYSQL,
+        Backend::Sqlite => SQLITE,
+    }
+}
+
+/// Brings a fresh database to the schema an older release left: the outbox's migrations of
+/// `backend` up to, not including, the one whose version ends with `before` (e.g. `"500"`), for
+/// tests that upgrade a database with messages in it. PostgreSQL has one migration more than
+/// the others (autovacuum settings), so versions, not counts, name the point.
+pub fn migrate_to_before<C>(conn: &mut C, backend: Backend, before: &str)
+where
+    C: diesel::Connection + diesel_migrations::MigrationHarness<C::Backend>,
+{
+    use diesel::migration::MigrationSource;
+    let migrations = outbox_migrations(backend);
+    let versions: Vec<String> = MigrationSource::<C::Backend>::migrations(&migrations)
+        .expect("the embedded migrations")
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .collect();
+    let stop = versions
+        .iter()
+        .position(|v| v.ends_with(before))
+        .unwrap_or_else(|| panic!("no outbox migration `..{before}` in {versions:?}"));
+    for _ in 0..stop {
+        conn.run_next_migration(outbox_migrations(backend))
+            .expect("running an outbox migration");
+    }
+    assert!(
+        conn.has_pending_migration(outbox_migrations(backend))
+            .expect("reading the applied migrations"),
+        "the migration ..{before} is left to run"
+    );
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::Connection;
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::MigrationHarness;
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
 };
@@ -20,9 +20,10 @@ use outbox_diesel::{
     outbox_handler, run_migrations, Batch, Context, DieselStore, EnqueueOptions, Error,
     HeaderError, Message, ProcessError, Worker,
 };
+use outbox_testkit::db::migrate_to_before;
 use outbox_testkit::http::Receiver;
 use outbox_testkit::outbox::{dead, endpoint, insert_before_headers, outcome, pending};
-use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb};
+use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb};
 use outbox_tests::handlers::Hook;
 use serde::{Deserialize, Serialize};
 
@@ -278,28 +279,13 @@ fn a_row_whose_headers_were_edited_into_nonsense_is_dead_lettered_alone<C: TestC
     assert!(letters[0].headers.is_empty());
 }
 
-const POSTGRES: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/postgres");
-const MYSQL: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/mysql");
-const SQLITE: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/sqlite");
-
 fn messages_written_before_the_headers_column_are_delivered_after_the_upgrade<C>(db: &TestDb)
 where
     C: TestConnection + MigrationHarness<<C as Connection>::Backend>,
 {
     let receiver = Receiver::ok();
     let mut conn = db.connect::<C>();
-    let source = || match db.backend() {
-        Backend::Postgres => POSTGRES,
-        Backend::Mysql => MYSQL,
-        Backend::Sqlite => SQLITE,
-    };
-    let before_headers = match db.backend() {
-        Backend::Postgres => 7,
-        Backend::Mysql | Backend::Sqlite => 6,
-    };
-    for _ in 0..before_headers {
-        conn.run_next_migration(source()).unwrap();
-    }
+    migrate_to_before(&mut conn, db.backend(), "800");
     for n in 0..20 {
         let payload = serde_json::to_string(&Hook::new(n)).unwrap();
         conn.batch_execute(&insert_before_headers(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::Connection;
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::MigrationHarness;
 use outbox_diesel::admin::{
     pending_messages, requeue_dead_letters, DeadLetterSelection, ListOptions, PendingMessage,
 };
@@ -20,6 +20,7 @@ use outbox_diesel::{
     outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, Message, OutboxManager,
     ProcessError, Worker,
 };
+use outbox_testkit::db::migrate_to_before;
 use outbox_testkit::outbox::{insert_before_headers, outcome};
 use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
@@ -402,10 +403,6 @@ fn concurrent_enqueues_and_two_workers_keep_every_key_in_order<C: TestConnection
     assert!(f.rows().is_empty());
 }
 
-const POSTGRES: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/postgres");
-const MYSQL: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/mysql");
-const SQLITE: EmbeddedMigrations = embed_migrations!("../outbox-diesel/migrations/sqlite");
-
 /// A database at the schema before parking, with a keyed backlog in it, upgrades and drains in
 /// order.
 fn a_keyed_backlog_from_before_parking_upgrades_and_drains_in_order<C>(db: &TestDb)
@@ -414,20 +411,7 @@ where
 {
     let run = new_run();
     let mut conn = db.connect::<C>();
-    // The migrations before the parking one.
-    let source = || match db.backend() {
-        Backend::Postgres => POSTGRES,
-        Backend::Mysql => MYSQL,
-        Backend::Sqlite => SQLITE,
-    };
-    let before_parking = match db.backend() {
-        Backend::Postgres => 4,
-        Backend::Mysql | Backend::Sqlite => 3,
-    };
-    for _ in 0..before_parking {
-        conn.run_next_migration(source()).unwrap();
-    }
-    assert!(conn.has_pending_migration(source()).unwrap());
+    migrate_to_before(&mut conn, db.backend(), "500");
     let keys = ["a", "b", "c"];
     for n in 0..90u32 {
         let key = keys[(n % 3) as usize];
