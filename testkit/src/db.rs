@@ -325,44 +325,6 @@ impl Drop for TestDb {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_split_at_the_database_name() {
-        assert_eq!(
-            split_db_url("postgres://u@h:5432/outbox_test?sslmode=disable"),
-            (
-                "postgres://u@h:5432/".to_owned(),
-                "outbox_test".to_owned(),
-                "?sslmode=disable".to_owned()
-            )
-        );
-        assert_eq!(
-            split_db_url("mysql://root@h:3306"),
-            (
-                "mysql://root@h:3306/".to_owned(),
-                String::new(),
-                String::new()
-            )
-        );
-    }
-
-    #[test]
-    fn an_sqlite_database_is_created_and_removed_with_its_companions() {
-        let db = TestDb::new(Backend::Sqlite).expect("SQLite needs no server");
-        let pool = db.pool::<diesel::SqliteConnection>(2);
-        let file = db.sqlite_file().expect("a file");
-        assert!(file.exists());
-        drop(pool);
-        drop(db);
-        for suffix in ["", "-wal", "-shm"] {
-            assert!(!PathBuf::from(format!("{}{suffix}", file.display())).exists());
-        }
-    }
-}
-
 /// The outbox's migrations of `backend`, as the library embeds them.
 fn outbox_migrations(backend: Backend) -> diesel_migrations::EmbeddedMigrations {
     use diesel_migrations::{embed_migrations, EmbeddedMigrations};
@@ -404,4 +366,42 @@ where
             .expect("reading the applied migrations"),
         "the migration ..{before} is left to run"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_at_the_database_name() {
+        assert_eq!(
+            split_db_url("postgres://u@h:5432/outbox_test?sslmode=disable"),
+            (
+                "postgres://u@h:5432/".to_owned(),
+                "outbox_test".to_owned(),
+                "?sslmode=disable".to_owned()
+            )
+        );
+        assert_eq!(
+            split_db_url("mysql://root@h:3306"),
+            (
+                "mysql://root@h:3306/".to_owned(),
+                String::new(),
+                String::new()
+            )
+        );
+    }
+
+    #[test]
+    fn an_sqlite_database_is_created_and_removed_with_its_companions() {
+        let db = TestDb::new(Backend::Sqlite).expect("SQLite needs no server");
+        let pool = db.pool::<diesel::SqliteConnection>(2);
+        let file = db.sqlite_file().expect("a file");
+        assert!(file.exists());
+        drop(pool);
+        drop(db);
+        for suffix in ["", "-wal", "-shm"] {
+            assert!(!PathBuf::from(format!("{}{suffix}", file.display())).exists());
+        }
+    }
 }
