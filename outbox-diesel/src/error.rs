@@ -91,6 +91,20 @@ pub enum Error {
         source: diesel::result::Error,
     },
 
+    /// An outbox table lacks a column a later migration adds: the database's outbox schema is
+    /// older than this library.
+    #[error(
+        "the outbox tables have no column `{column}`: their schema is older than this library; \
+         run outbox_diesel::run_migrations (or `outbox migrate`) on this database"
+    )]
+    SchemaOutOfDate {
+        /// The missing column.
+        column: &'static str,
+        /// What the database said.
+        #[source]
+        source: diesel::result::Error,
+    },
+
     /// The database URL's scheme names no backend the outbox supports.
     #[error(
         "unsupported database URL `{0}`: use postgres://, postgresql://, mysql://, sqlite://PATH, \
@@ -150,6 +164,12 @@ const OUTBOX_TABLES: [&str; 4] = [
 
 impl From<diesel::result::Error> for Error {
     fn from(error: diesel::result::Error) -> Self {
+        if let Some(column) = missing_outbox_column(&error) {
+            return Error::SchemaOutOfDate {
+                column,
+                source: error,
+            };
+        }
         match missing_outbox_table(&error) {
             Some(table) => Error::SchemaMissing {
                 table,
@@ -158,6 +178,26 @@ impl From<diesel::result::Error> for Error {
             None => Error::Database(error),
         }
     }
+}
+
+/// Columns that migrations after the first add to the outbox tables.
+const LATER_COLUMNS: [&str; 3] = ["headers", "parked", "payload_bytes"];
+
+/// Which later outbox column a database error says does not exist: PostgreSQL `column
+/// "headers" of relation "outbox_message" does not exist`, MySQL and MariaDB `Unknown column
+/// 'headers' in 'field list'`, SQLite `table outbox_message has no column named headers` or
+/// `no such column: headers`.
+fn missing_outbox_column(error: &diesel::result::Error) -> Option<&'static str> {
+    let diesel::result::Error::DatabaseError(_, info) = error else {
+        return None;
+    };
+    let message = info.message().to_ascii_lowercase();
+    LATER_COLUMNS.into_iter().find(|column| {
+        (message.contains(&format!("column \"{column}\"")) && message.contains("does not exist"))
+            || message.contains(&format!("unknown column '{column}'"))
+            || message.contains(&format!("no column named {column}"))
+            || message.contains(&format!("no such column: {column}"))
+    })
 }
 
 /// Which outbox table a database error says does not exist. The backends report it only in

@@ -286,6 +286,19 @@ where
     let receiver = Receiver::ok();
     let mut conn = db.connect::<C>();
     migrate_to_before(&mut conn, db.backend(), "800");
+    // This library's enqueue on the older schema: a clear error, not a bare SQL one.
+    let refused = Hook::new(99).enqueue(&mut conn).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            Error::SchemaOutOfDate {
+                column: "headers",
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("run_migrations"), "{refused}");
     for n in 0..20 {
         let payload = serde_json::to_string(&Hook::new(n)).unwrap();
         conn.batch_execute(&insert_before_headers(
