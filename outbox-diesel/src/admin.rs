@@ -11,10 +11,35 @@ use crate::sql::{
     BacklogRow, BlockedKeyRow, DeadLetterRow, Filter, PendingRow, Selection, Statements,
 };
 
-/// Which messages a listing returns.
+/// Which messages a listing returns: filters, and a page by position (keyset pagination: a
+/// page starts at a position, so reading the ten-thousandth page costs what the first does).
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let mut conn = SqliteConnection::establish(":memory:")?;
+/// # outbox_diesel::run_migrations(&mut conn)?;
+/// use outbox_diesel::admin::{self, ListOptions};
+///
+/// let mut options = ListOptions::new().message_type("comment.thankYou").limit(50);
+/// loop {
+///     let page = admin::pending_messages(&mut conn, &options)?;
+///     // ... show the page ...
+///     match page.last() {
+///         Some(last) if page.len() == 50 => options = options.after(last.position),
+///         _ => break,
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ListOptions {
     message_type: Option<String>,
+    ordering_key: Option<String>,
+    min_attempts: u32,
+    due_only: bool,
+    after: Option<i64>,
     limit: u32,
 }
 
@@ -22,6 +47,10 @@ impl Default for ListOptions {
     fn default() -> Self {
         ListOptions {
             message_type: None,
+            ordering_key: None,
+            min_attempts: 0,
+            due_only: false,
+            after: None,
             limit: 100,
         }
     }
@@ -39,10 +68,47 @@ impl ListOptions {
         self
     }
 
+    /// Only messages with this ordering key.
+    pub fn ordering_key(mut self, ordering_key: impl Into<String>) -> Self {
+        self.ordering_key = Some(ordering_key.into());
+        self
+    }
+
+    /// Pending messages only: those with at least this many attempts started (1: the ones
+    /// that have failed or are being tried). Ignored by dead-letter listings.
+    pub fn min_attempts(mut self, attempts: u32) -> Self {
+        self.min_attempts = attempts;
+        self
+    }
+
+    /// Pending messages only: those a worker could claim now (due, not held, not waiting
+    /// behind an earlier message of their key). Ignored by dead-letter listings.
+    pub fn due_only(mut self) -> Self {
+        self.due_only = true;
+        self
+    }
+
+    /// The page after the message at `position`: the next messages by position.
+    pub fn after(mut self, position: i64) -> Self {
+        self.after = Some(position);
+        self
+    }
+
     /// At most this many messages.
     pub fn limit(mut self, limit: u32) -> Self {
         self.limit = limit;
         self
+    }
+
+    fn filter(&self) -> Filter<'_> {
+        Filter {
+            message_type: self.message_type.as_deref(),
+            ordering_key: self.ordering_key.as_deref(),
+            min_attempts: self.min_attempts,
+            due_only: self.due_only,
+            position: self.after.map(|after| after.saturating_add(1)),
+            limit: Some(self.limit),
+        }
     }
 }
 
@@ -127,16 +193,12 @@ pub(crate) fn backlog_of(row: &BacklogRow) -> Backlog {
     )
 }
 
-/// Messages in the outbox, oldest first.
+/// Messages in the outbox, by position (enqueue order), as `options` filter and page them.
 pub fn pending_messages<C: OutboxConnection>(
     conn: &mut C,
     options: &ListOptions,
 ) -> Result<Vec<PendingMessage>> {
-    let filter = Filter {
-        message_type: options.message_type.as_deref(),
-        position: None,
-        limit: Some(options.limit),
-    };
+    let filter = options.filter();
     let rows: Vec<PendingRow> = with_backend!(conn.backend_connection(), c => c.pending(&filter))?;
     rows.into_iter().map(pending_message).collect()
 }
@@ -232,25 +294,20 @@ fn dead_letter_of(row: DeadLetterRow) -> Result<DeadLetter> {
     })
 }
 
-/// Dead letters, oldest first.
+/// Dead letters, by position, as `options` filter and page them (the pending-only filters
+/// do not apply).
 pub fn dead_letters<C: OutboxConnection>(
     conn: &mut C,
     options: &ListOptions,
 ) -> Result<Vec<DeadLetter>> {
-    let filter = Filter {
-        message_type: options.message_type.as_deref(),
-        position: None,
-        limit: Some(options.limit),
-    };
-    load_dead_letters(conn, &filter)
+    load_dead_letters(conn, &options.filter())
 }
 
 /// One dead letter by its position, if it exists.
 pub fn dead_letter<C: OutboxConnection>(conn: &mut C, position: i64) -> Result<Option<DeadLetter>> {
     let filter = Filter {
-        message_type: None,
         position: Some(position),
-        limit: Some(1),
+        ..Filter::new(Some(1))
     };
     Ok(load_dead_letters(conn, &filter)?
         .into_iter()

@@ -257,15 +257,50 @@ pub(crate) struct CountRow {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Filter<'a> {
     pub message_type: Option<&'a str>,
+    pub ordering_key: Option<&'a str>,
+    /// Pending messages only: at least this many attempts started.
+    pub min_attempts: u32,
+    /// Pending messages only: only those a claim could take now.
+    pub due_only: bool,
+    /// The lowest position listed: pages go on from the last position shown plus one.
     pub position: Option<i64>,
     pub limit: Option<u32>,
 }
 
 impl<'a> Filter<'a> {
-    /// The binds of every listing: type (NULL: any), from position, limit.
-    pub fn binds(&self) -> [Bind<'a>; 3] {
+    /// Every row, up to `limit`.
+    pub fn new(limit: Option<u32>) -> Self {
+        Filter {
+            message_type: None,
+            ordering_key: None,
+            min_attempts: 0,
+            due_only: false,
+            position: None,
+            limit,
+        }
+    }
+
+    /// The binds of the pending listing: type (NULL: any), key twice (NULL: any), least
+    /// attempts, due only (0/1), from position, limit.
+    pub fn pending_binds(&self) -> [Bind<'a>; 7] {
         [
             Bind::NullableText(self.message_type),
+            Bind::NullableText(self.ordering_key),
+            Bind::NullableText(self.ordering_key),
+            Bind::BigInt(i64::from(self.min_attempts)),
+            Bind::BigInt(i64::from(self.due_only)),
+            Bind::BigInt(self.position.unwrap_or(0)),
+            Bind::BigInt(self.limit.map_or(i64::MAX, i64::from)),
+        ]
+    }
+
+    /// The binds of the dead-letter listing: type (NULL: any), key twice (NULL: any), from
+    /// position, limit.
+    pub fn dead_binds(&self) -> [Bind<'a>; 5] {
+        [
+            Bind::NullableText(self.message_type),
+            Bind::NullableText(self.ordering_key),
+            Bind::NullableText(self.ordering_key),
             Bind::BigInt(self.position.unwrap_or(0)),
             Bind::BigInt(self.limit.map_or(i64::MAX, i64::from)),
         ]

@@ -249,10 +249,15 @@ macro_rules! pending_columns {
     };
 }
 
-/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
+/// Pending messages, by position: a page reads the primary key from its first position on,
+/// however deep it is. Binds: type (NULL: any), key twice (NULL: any), least attempts, due
+/// only (0/1), from position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
-    "WHERE message_type = COALESCE(?, message_type) AND id >= ? ORDER BY id LIMIT ?"
+    "WHERE message_type = COALESCE(?, message_type) \
+     AND (? IS NULL OR ordering_key = ?) AND attempts >= ? \
+     AND (? = 0 OR (NOT parked AND next_attempt_at <= UTC_TIMESTAMP(6))) \
+     AND id >= ? ORDER BY id LIMIT ?"
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
@@ -282,10 +287,12 @@ macro_rules! dead_letter_columns {
     };
 }
 
-/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
+/// Dead letters, by position. Binds: type (NULL: any), key twice (NULL: any), from position,
+/// limit.
 pub(crate) const DEAD_LETTERS: &str = concat!(
     dead_letter_columns!(),
-    "WHERE message_type = COALESCE(?, message_type) AND id >= ? ORDER BY id LIMIT ?"
+    "WHERE message_type = COALESCE(?, message_type) \
+     AND (? IS NULL OR ordering_key = ?) AND id >= ? ORDER BY id LIMIT ?"
 );
 
 /// A dead letter by its message id (indexed). Binds: id.
@@ -639,11 +646,11 @@ impl Statements for MysqlConnection {
     }
 
     fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        Prepared::new(PENDING, STYLE, &filter.binds()).load(self)
+        Prepared::new(PENDING, STYLE, &filter.pending_binds()).load(self)
     }
 
     fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
-        Prepared::new(DEAD_LETTERS, STYLE, &filter.binds()).load(self)
+        Prepared::new(DEAD_LETTERS, STYLE, &filter.dead_binds()).load(self)
     }
 
     fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
@@ -757,12 +764,12 @@ mod tests {
             (LOCK_OWNED, 2),
             (COPY_TO_DEAD, 2),
             (DELETE_ONE, 1),
-            (PENDING, 3),
+            (PENDING, 7),
             (PENDING_BY_MESSAGE_ID, 1),
             (DEAD_BY_MESSAGE_ID, 1),
             (DEAD_POSITIONS, 1),
             (BLOCKED_KEYS, 1),
-            (DEAD_LETTERS, 3),
+            (DEAD_LETTERS, 5),
             (PURGE, 1),
             (INBOX_RECORD, 1),
             (INBOX_SWEEP, 2),

@@ -196,10 +196,15 @@ macro_rules! pending_columns {
     };
 }
 
-/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
+/// Pending messages, by position: a page reads the primary key from its first position on,
+/// however deep it is. Binds: type (NULL: any), key twice (NULL: any), least attempts, due
+/// only (0/1), from position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
-    "WHERE message_type = COALESCE($1::text, message_type) AND id >= $2 ORDER BY id LIMIT $3"
+    "WHERE message_type = COALESCE($1::text, message_type) \
+     AND ($2::text IS NULL OR ordering_key = $3::text) AND attempts >= $4 \
+     AND ($5 = 0 OR (NOT parked AND next_attempt_at <= now())) \
+     AND id >= $6 ORDER BY id LIMIT $7"
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
@@ -230,10 +235,12 @@ macro_rules! dead_letter_columns {
     };
 }
 
-/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
+/// Dead letters, by position. Binds: type (NULL: any), key twice (NULL: any), from position,
+/// limit.
 pub(crate) const DEAD_LETTERS: &str = concat!(
     dead_letter_columns!(),
-    "WHERE message_type = COALESCE($1::text, message_type) AND id >= $2 ORDER BY id LIMIT $3"
+    "WHERE message_type = COALESCE($1::text, message_type) \
+     AND ($2::text IS NULL OR ordering_key = $3::text) AND id >= $4 ORDER BY id LIMIT $5"
 );
 
 /// A dead letter by its message id (indexed). Binds: id.
@@ -480,11 +487,11 @@ impl Statements for PgConnection {
     }
 
     fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        Prepared::new(PENDING, STYLE, &filter.binds()).load(self)
+        Prepared::new(PENDING, STYLE, &filter.pending_binds()).load(self)
     }
 
     fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
-        Prepared::new(DEAD_LETTERS, STYLE, &filter.binds()).load(self)
+        Prepared::new(DEAD_LETTERS, STYLE, &filter.dead_binds()).load(self)
     }
 
     fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {

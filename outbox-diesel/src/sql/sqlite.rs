@@ -217,10 +217,15 @@ macro_rules! pending_columns {
     };
 }
 
-/// Pending messages, by position. Binds: type (NULL: any), from position, limit.
+/// Pending messages, by position: a page reads the primary key from its first position on,
+/// however deep it is. Binds: type (NULL: any), key twice (NULL: any), least attempts, due
+/// only (0/1), from position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
-    "WHERE message_type = COALESCE(?, message_type) AND id >= ? ORDER BY id LIMIT ?"
+    "WHERE message_type = COALESCE(?, message_type) \
+     AND (? IS NULL OR ordering_key = ?) AND attempts >= ? \
+     AND (? = 0 OR (parked = 0 AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now'))) \
+     AND id >= ? ORDER BY id LIMIT ?"
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
@@ -255,10 +260,12 @@ macro_rules! dead_letter_columns {
     };
 }
 
-/// Dead letters, by position. Binds: type (NULL: any), from position, limit.
+/// Dead letters, by position. Binds: type (NULL: any), key twice (NULL: any), from position,
+/// limit.
 pub(crate) const DEAD_LETTERS: &str = concat!(
     dead_letter_columns!(),
-    "WHERE message_type = COALESCE(?, message_type) AND id >= ? ORDER BY id LIMIT ?"
+    "WHERE message_type = COALESCE(?, message_type) \
+     AND (? IS NULL OR ordering_key = ?) AND id >= ? ORDER BY id LIMIT ?"
 );
 
 /// A dead letter by its message id (indexed). Binds: id.
@@ -585,11 +592,11 @@ impl Statements for SqliteConnection {
     }
 
     fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        Prepared::new(PENDING, STYLE, &filter.binds()).load(self)
+        Prepared::new(PENDING, STYLE, &filter.pending_binds()).load(self)
     }
 
     fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
-        Prepared::new(DEAD_LETTERS, STYLE, &filter.binds()).load(self)
+        Prepared::new(DEAD_LETTERS, STYLE, &filter.dead_binds()).load(self)
     }
 
     fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
@@ -695,8 +702,8 @@ mod tests {
             (COPY_TO_DEAD, 3),
             (DELETE_OWNED, 2),
             (PROMOTE_STRANDED, 0),
-            (PENDING, 3),
-            (DEAD_LETTERS, 3),
+            (PENDING, 7),
+            (DEAD_LETTERS, 5),
             (PURGE, 1),
             (INBOX_RECORD, 1),
             (INBOX_SWEEP, 2),

@@ -1,0 +1,787 @@
+//! Which request gets which answer: sign-in first, then the pages, the actions and the JSON.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use diesel::r2d2::ManageConnection;
+use outbox_diesel::admin::{self, DeadLetter, DeadLetterSelection, FoundMessage, ListOptions};
+use outbox_diesel::{MessageId, OutboxConnection};
+use serde_json::{json, Value};
+
+use crate::chart::Sample;
+use crate::http::{Params, Request, Response};
+use crate::pages::{self, Bulk, DeadPage, Overview, PendingPage};
+use crate::Admin;
+
+/// Messages per page.
+pub(crate) const PAGE: u32 = 50;
+/// Blocked keys on the overview.
+const BLOCKED_SHOWN: u32 = 20;
+/// The cookie that carries an action's outcome to the page it redirects to.
+const FLASH: &str = "outbox_admin_flash";
+
+type Outcome = Result<Response, String>;
+
+pub(crate) fn handle<M>(admin: &Admin<M>, request: &Request) -> Response
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let method = request.method();
+    if method != "GET" && method != "POST" {
+        return Response::html(
+            405,
+            pages::problem(admin.base_path(), "Method not allowed."),
+        );
+    }
+    if method == "POST" && request.is_cross_site() {
+        log::warn!(
+            target: "outbox_admin",
+            "refused a cross-site POST to {} from {}",
+            request.path(),
+            request.peer_or_unknown()
+        );
+        return Response::html(
+            403,
+            pages::problem(admin.base_path(), "Cross-site request refused."),
+        );
+    }
+    let segments: Vec<&str> = request
+        .path()
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    match (method, segments.as_slice()) {
+        ("GET", ["login"]) => return login_form(admin, request, None, 200),
+        ("POST", ["login"]) => return login(admin, request),
+        ("POST", ["logout"]) => {
+            return Response::redirect(&format!("{}/login", admin.base_path()))
+                .set_cookie(admin.sessions.clear())
+        }
+        _ => {}
+    }
+    let api = segments.first() == Some(&"api");
+    let signed_in = admin.sessions.signed_in(request) || (api && admin.sessions.bearer(request));
+    if !signed_in {
+        return if api {
+            Response::json(
+                401,
+                &json!({"error": "sign in, or send Authorization: Bearer <admin token>"}),
+            )
+        } else if method == "GET" {
+            let next = format!("{}{}", admin.base_path(), request.path());
+            let request_with_next = Request::new("GET", "/login").header("x-next", &next);
+            login_form(admin, &request_with_next, None, 401)
+        } else {
+            Response::html(401, pages::problem(admin.base_path(), "Sign in first."))
+        };
+    }
+    let flash = read_flash(request);
+    let page = Page {
+        base: admin.base_path(),
+        flash: flash.as_deref(),
+    };
+    let query = request.query();
+    let outcome = match (method, segments.as_slice()) {
+        ("GET", []) => overview(admin, page),
+        ("GET", ["messages"]) => pending(admin, page, &query),
+        ("GET", ["messages", id]) => message(admin, page, id),
+        ("GET", ["find"]) => find(admin, &query),
+        ("GET", ["dead"]) => dead(admin, page, &query),
+        ("GET", ["dead", "confirm"]) => confirm(admin, page, &query, None),
+        ("POST", ["dead", action @ ("requeue" | "purge")]) => bulk(admin, page, request, action),
+        ("POST", ["dead", position, action @ ("requeue" | "purge")]) => {
+            one(admin, request, position, action)
+        }
+        ("GET", ["api", "overview"]) => overview_json(admin),
+        ("GET", ["api", "messages"]) => pending_json(admin, &query),
+        ("GET", ["api", "messages", id]) => message_json(admin, id),
+        ("GET", ["api", "dead"]) => dead_json(admin, &query),
+        ("GET", ["api", "blocked"]) => blocked_json(admin),
+        _ if api => Ok(Response::json(404, &json!({"error": "no such endpoint"}))),
+        _ => Ok(Response::html(
+            404,
+            pages::problem(admin.base_path(), "No such page."),
+        )),
+    };
+    let response = outcome.unwrap_or_else(|error| {
+        log::error!(target: "outbox_admin", "{} {}: {error}", method, request.path());
+        if api {
+            Response::json(500, &json!({ "error": error }))
+        } else {
+            Response::html(500, pages::problem(admin.base_path(), &error))
+        }
+    });
+    if flash.is_some() {
+        response.set_cookie(flash_cookie(admin.base_path(), "", 0))
+    } else {
+        response
+    }
+}
+
+/// What every page shows around its content.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Page<'a> {
+    pub base: &'a str,
+    pub flash: Option<&'a str>,
+}
+
+fn read_flash(request: &Request) -> Option<String> {
+    let value = request.cookie(FLASH).filter(|v| !v.is_empty())?;
+    form_urlencoded::parse(format!("m={value}").as_bytes())
+        .next()
+        .map(|(_, text)| text.into_owned())
+}
+
+fn flash_cookie(base: &str, text: &str, max_age: u32) -> String {
+    let value: String = form_urlencoded::byte_serialize(text.as_bytes()).collect();
+    format!("{FLASH}={value}; Path={base}; Max-Age={max_age}; HttpOnly; SameSite=Strict")
+}
+
+/// A redirect to `path` (below the base) that shows `text` there once.
+fn done(base: &str, path: &str, text: &str) -> Response {
+    Response::redirect(&format!("{base}{path}")).set_cookie(flash_cookie(base, text, 60))
+}
+
+/// Where to go after signing in: a path of this site only (never `//host` or a URL).
+fn safe_next(base: &str, next: Option<&str>) -> String {
+    match next {
+        Some(next)
+            if next.starts_with('/')
+                && !next.starts_with("//")
+                && !next.contains(|c: char| c == '\\' || c.is_control()) =>
+        {
+            next.to_owned()
+        }
+        _ => format!("{base}/"),
+    }
+}
+
+fn login_form<M: ManageConnection>(
+    admin: &Admin<M>,
+    request: &Request,
+    error: Option<&str>,
+    status: u16,
+) -> Response {
+    let query = request.query();
+    let next = safe_next(
+        admin.base_path(),
+        request.header_value("x-next").or(query.get("next")),
+    );
+    Response::html(status, pages::login(admin.base_path(), &next, error))
+}
+
+fn login<M: ManageConnection>(admin: &Admin<M>, request: &Request) -> Response {
+    let form = request.form();
+    let next = safe_next(admin.base_path(), form.get("next"));
+    if admin
+        .sessions
+        .is_token(form.get("token").unwrap_or_default())
+    {
+        log::info!(target: "outbox_admin", "an operator signed in from {}", request.peer_or_unknown());
+        Response::redirect(&next).set_cookie(admin.sessions.issue())
+    } else {
+        log::warn!(
+            target: "outbox_admin",
+            "a sign-in with a wrong token from {}",
+            request.peer_or_unknown()
+        );
+        Response::html(
+            401,
+            pages::login(
+                admin.base_path(),
+                &next,
+                Some("That is not the admin token."),
+            ),
+        )
+    }
+}
+
+fn connection<M>(admin: &Admin<M>) -> Result<diesel::r2d2::PooledConnection<M>, String>
+where
+    M: ManageConnection,
+{
+    admin
+        .pool
+        .get()
+        .map_err(|e| format!("no database connection: {e}"))
+}
+
+fn text<E: std::fmt::Display>(error: E) -> String {
+    error.to_string()
+}
+
+fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The overview's figures, recording a sample for the charts.
+fn overview_data<M>(admin: &Admin<M>) -> Result<Overview, String>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let mut conn = connection(admin)?;
+    let conn = &mut *conn;
+    let backlog = admin::backlog(conn).map_err(text)?;
+    let stats = admin::stats(conn).map_err(text)?;
+    let blocked = admin::blocked_keys(conn, BLOCKED_SHOWN).map_err(text)?;
+    let settled = admin
+        .worker_stats
+        .as_ref()
+        .map(|stats| stats())
+        .map(|s| s.succeeded + s.dead_lettered);
+    let mut samples = admin
+        .samples
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    samples.record(Sample {
+        at: SystemTime::now(),
+        pending: backlog.pending,
+        oldest_due_age: backlog.oldest_due_age,
+        settled,
+    });
+    Ok(Overview {
+        pending: backlog.pending,
+        in_flight: stats.iter().map(|s| s.in_flight).sum(),
+        dead: stats.iter().map(|s| s.dead).sum(),
+        oldest_due_age: backlog.oldest_due_age,
+        settled_per_second: samples.latest_rate(),
+        has_worker: admin.worker_stats.is_some(),
+        samples: samples.all().copied().collect(),
+        rates: samples.rates(),
+        stats,
+        blocked,
+        refresh: admin.refresh,
+    })
+}
+
+fn overview<M>(admin: &Admin<M>, page: Page<'_>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    Ok(Response::html(
+        200,
+        pages::overview(page, &overview_data(admin)?),
+    ))
+}
+
+fn overview_json<M>(admin: &Admin<M>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let o = overview_data(admin)?;
+    let samples: Vec<Value> = o
+        .samples
+        .iter()
+        .zip(&o.rates)
+        .map(|(s, rate)| {
+            json!({
+                "at_unix_ms": unix_ms(s.at),
+                "pending": s.pending,
+                "oldest_due_age_seconds": s.oldest_due_age.as_secs_f64(),
+                "settled_per_second": rate,
+            })
+        })
+        .collect();
+    let types: Vec<Value> = o
+        .stats
+        .iter()
+        .map(|s| {
+            json!({
+                "type": s.message_type,
+                "pending": s.pending,
+                "in_flight": s.in_flight,
+                "dead": s.dead,
+            })
+        })
+        .collect();
+    Ok(Response::json(
+        200,
+        &json!({
+            "pending": o.pending,
+            "in_flight": o.in_flight,
+            "dead": o.dead,
+            "oldest_due_age_seconds": o.oldest_due_age.as_secs_f64(),
+            "settled_per_second": o.settled_per_second,
+            "types": types,
+            "samples": samples,
+        }),
+    ))
+}
+
+/// The listing filters a query asks for, and the page it starts after.
+fn list_options(query: &Params) -> Result<ListOptions, String> {
+    let mut options = ListOptions::new().limit(PAGE + 1);
+    if let Some(t) = query.get("type") {
+        options = options.message_type(t);
+    }
+    if let Some(key) = query.get("key") {
+        options = options.ordering_key(key);
+    }
+    if let Some(attempts) = query.get("min_attempts") {
+        let attempts = attempts
+            .parse()
+            .map_err(|_| format!("min_attempts `{attempts}` is not a count"))?;
+        options = options.min_attempts(attempts);
+    }
+    if query.get("due").is_some_and(|due| due != "0") {
+        options = options.due_only();
+    }
+    if let Some(after) = query.get("after") {
+        let after = after
+            .parse()
+            .map_err(|_| format!("after `{after}` is not a position"))?;
+        options = options.after(after);
+    }
+    Ok(options)
+}
+
+/// Cuts a listing fetched with one extra row to a page; the position to continue after, if
+/// there is more.
+fn paged<T>(mut rows: Vec<T>, position: impl Fn(&T) -> i64) -> (Vec<T>, Option<i64>) {
+    let page = usize::try_from(PAGE).unwrap_or(usize::MAX);
+    if rows.len() > page {
+        rows.truncate(page);
+        let next = rows.last().map(position);
+        (rows, next)
+    } else {
+        (rows, None)
+    }
+}
+
+fn bad_request(base: &str, api: bool, error: &str) -> Response {
+    if api {
+        Response::json(400, &json!({ "error": error }))
+    } else {
+        Response::html(400, pages::problem(base, error))
+    }
+}
+
+fn pending<M>(admin: &Admin<M>, page: Page<'_>, query: &Params) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let options = match list_options(query) {
+        Ok(options) => options,
+        Err(error) => return Ok(bad_request(page.base, false, &error)),
+    };
+    let mut conn = connection(admin)?;
+    let rows = admin::pending_messages(&mut *conn, &options).map_err(text)?;
+    let (messages, next_after) = paged(rows, |m| m.position);
+    Ok(Response::html(
+        200,
+        pages::pending(
+            page,
+            &PendingPage {
+                query,
+                messages: &messages,
+                next_after,
+            },
+        ),
+    ))
+}
+
+fn pending_json<M>(admin: &Admin<M>, query: &Params) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let options = match list_options(query) {
+        Ok(options) => options,
+        Err(error) => return Ok(bad_request(admin.base_path(), true, &error)),
+    };
+    let mut conn = connection(admin)?;
+    let rows = admin::pending_messages(&mut *conn, &options).map_err(text)?;
+    let (messages, next_after) = paged(rows, |m| m.position);
+    let messages: Vec<Value> = messages.iter().map(pending_json_of).collect();
+    Ok(Response::json(
+        200,
+        &json!({ "messages": messages, "next_after": next_after }),
+    ))
+}
+
+fn headers_json(headers: &outbox_diesel::Headers) -> Value {
+    headers
+        .iter()
+        .map(|(name, value)| (name.to_owned(), Value::from(value)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+fn pending_json_of(m: &admin::PendingMessage) -> Value {
+    json!({
+        "position": m.position,
+        "message_id": m.message_id.to_string(),
+        "type": m.message_type,
+        "ordering_key": m.ordering_key,
+        "attempts": m.attempts,
+        "created_at_unix_ms": unix_ms(m.created_at),
+        "next_attempt_at_unix_ms": unix_ms(m.next_attempt_at),
+        "in_flight": m.in_flight,
+        "parked": m.parked,
+        "last_error": m.last_error,
+        "headers": headers_json(&m.headers),
+        "payload": m.payload,
+    })
+}
+
+fn dead_json_of(d: &DeadLetter) -> Value {
+    json!({
+        "position": d.position,
+        "message_id": d.message_id.to_string(),
+        "type": d.message_type,
+        "ordering_key": d.ordering_key,
+        "attempts": d.attempts,
+        "created_at_unix_ms": unix_ms(d.created_at),
+        "failed_at_unix_ms": unix_ms(d.failed_at),
+        "last_error": d.last_error,
+        "headers": headers_json(&d.headers),
+        "payload": d.payload,
+    })
+}
+
+fn found<M>(admin: &Admin<M>, id: &str) -> Result<Result<Option<FoundMessage>, String>, String>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let Ok(message_id) = id.parse::<MessageId>() else {
+        return Ok(Err(format!("`{id}` is not a message id (a UUID)")));
+    };
+    let mut conn = connection(admin)?;
+    Ok(Ok(
+        admin::find_message(&mut *conn, message_id).map_err(text)?
+    ))
+}
+
+fn message<M>(admin: &Admin<M>, page: Page<'_>, id: &str) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    Ok(match found(admin, id)? {
+        Err(error) => bad_request(page.base, false, &error),
+        Ok(None) => Response::html(404, pages::not_found_message(page, id)),
+        Ok(Some(message)) => Response::html(200, pages::message(page, &message)),
+    })
+}
+
+fn message_json<M>(admin: &Admin<M>, id: &str) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    Ok(match found(admin, id)? {
+        Err(error) => bad_request(admin.base_path(), true, &error),
+        Ok(None) => Response::json(
+            404,
+            &json!({"error": "no such message: delivered, purged, or never enqueued"}),
+        ),
+        Ok(Some(FoundMessage::Pending(m))) => Response::json(
+            200,
+            &json!({"state": "pending", "message": pending_json_of(&m)}),
+        ),
+        Ok(Some(FoundMessage::Dead(d))) => {
+            Response::json(200, &json!({"state": "dead", "message": dead_json_of(&d)}))
+        }
+    })
+}
+
+/// The search box: to the message page of a valid id.
+fn find<M>(admin: &Admin<M>, query: &Params) -> Outcome
+where
+    M: ManageConnection,
+{
+    let id = query.get("id").unwrap_or_default();
+    Ok(match id.parse::<MessageId>() {
+        Ok(id) => Response::redirect(&format!("{}/messages/{id}", admin.base_path())),
+        Err(_) => bad_request(
+            admin.base_path(),
+            false,
+            &format!("`{id}` is not a message id (a UUID)"),
+        ),
+    })
+}
+
+fn dead<M>(admin: &Admin<M>, page: Page<'_>, query: &Params) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let options = match list_options(query) {
+        Ok(options) => options,
+        Err(error) => return Ok(bad_request(page.base, false, &error)),
+    };
+    let mut conn = connection(admin)?;
+    let conn = &mut *conn;
+    let rows = admin::dead_letters(conn, &options).map_err(text)?;
+    let (letters, next_after) = paged(rows, |d| d.position);
+    let types: Vec<(String, u64)> = admin::stats(conn)
+        .map_err(text)?
+        .into_iter()
+        .filter(|s| s.dead > 0)
+        .map(|s| (s.message_type, s.dead))
+        .collect();
+    Ok(Response::html(
+        200,
+        pages::dead(
+            page,
+            &DeadPage {
+                query,
+                letters: &letters,
+                next_after,
+                types: &types,
+            },
+        ),
+    ))
+}
+
+fn dead_json<M>(admin: &Admin<M>, query: &Params) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let options = match list_options(query) {
+        Ok(options) => options,
+        Err(error) => return Ok(bad_request(admin.base_path(), true, &error)),
+    };
+    let mut conn = connection(admin)?;
+    let rows = admin::dead_letters(&mut *conn, &options).map_err(text)?;
+    let (letters, next_after) = paged(rows, |d| d.position);
+    let letters: Vec<Value> = letters.iter().map(dead_json_of).collect();
+    Ok(Response::json(
+        200,
+        &json!({ "dead_letters": letters, "next_after": next_after }),
+    ))
+}
+
+fn blocked_json<M>(admin: &Admin<M>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let mut conn = connection(admin)?;
+    let blocked = admin::blocked_keys(&mut *conn, 1000).map_err(text)?;
+    let keys: Vec<Value> = blocked
+        .iter()
+        .map(|b| {
+            json!({
+                "ordering_key": b.ordering_key,
+                "position": b.position,
+                "message_id": b.message_id.to_string(),
+                "type": b.message_type,
+                "attempts": b.attempts,
+                "last_error": b.last_error,
+                "next_attempt_at_unix_ms": unix_ms(b.next_attempt_at),
+                "waiting": b.waiting,
+            })
+        })
+        .collect();
+    Ok(Response::json(200, &json!({ "blocked_keys": keys })))
+}
+
+/// Which bulk action a confirmation is for, and what it selects.
+fn bulk_of<'q>(action: &str, params: &'q Params) -> Option<Bulk<'q>> {
+    let requeue = match action {
+        "requeue" => true,
+        "purge" => false,
+        _ => return None,
+    };
+    Some(Bulk {
+        requeue,
+        message_type: params.get("type"),
+    })
+}
+
+/// The confirmation of a bulk action, stating how many dead letters it selects now.
+/// `changed`: the count the operator confirmed, when it no longer holds.
+fn confirm<M>(admin: &Admin<M>, page: Page<'_>, query: &Params, changed: Option<usize>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let Some(bulk) = query.get("action").and_then(|a| bulk_of(a, query)) else {
+        return Ok(bad_request(
+            page.base,
+            false,
+            "action must be requeue or purge",
+        ));
+    };
+    let mut conn = connection(admin)?;
+    let count = admin::dead_letter_positions(&mut *conn, bulk.message_type)
+        .map_err(text)?
+        .len();
+    let status = if changed.is_some() { 409 } else { 200 };
+    Ok(Response::html(
+        status,
+        pages::confirm(page, bulk, count, changed),
+    ))
+}
+
+fn bulk<M>(admin: &Admin<M>, page: Page<'_>, request: &Request, action: &str) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let form = request.form();
+    let Some(bulk) = bulk_of(action, &form) else {
+        return Ok(bad_request(
+            page.base,
+            false,
+            "action must be requeue or purge",
+        ));
+    };
+    let Some(confirmed) = form.get("count").and_then(|c| c.parse::<usize>().ok()) else {
+        return Ok(bad_request(
+            page.base,
+            false,
+            "the confirmed count is missing",
+        ));
+    };
+    let mut conn = connection(admin)?;
+    let conn = &mut *conn;
+    let positions = admin::dead_letter_positions(conn, bulk.message_type).map_err(text)?;
+    if positions.len() != confirmed {
+        drop(positions);
+        let mut query = format!("action={action}");
+        if let Some(t) = bulk.message_type {
+            query.push_str("&type=");
+            query.extend(form_urlencoded::byte_serialize(t.as_bytes()));
+        }
+        let query = Request::new("GET", &format!("/?{query}")).query();
+        return confirm(admin, page, &query, Some(confirmed));
+    }
+    let selection = DeadLetterSelection::Positions(positions);
+    let what = match bulk.message_type {
+        Some(t) => format!("dead letters of type {t}"),
+        None => "dead letters".to_owned(),
+    };
+    let text_done = if bulk.requeue {
+        let moved = admin::requeue_dead_letters(conn, &selection).map_err(text)?;
+        format!("Re-queued {} {what}.", moved.len())
+    } else {
+        let purged = admin::purge_dead_letters(conn, &selection).map_err(text)?;
+        format!("Purged {purged} {what}.")
+    };
+    log::info!(
+        target: "outbox_admin",
+        "{} (confirmed {confirmed}) by an operator from {}",
+        text_done.trim_end_matches('.'),
+        request.peer_or_unknown()
+    );
+    Ok(done(page.base, "/dead", &text_done))
+}
+
+fn one<M>(admin: &Admin<M>, request: &Request, position: &str, action: &str) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let Ok(position) = position.parse::<i64>() else {
+        return Ok(bad_request(
+            admin.base_path(),
+            false,
+            &format!("`{position}` is not a position"),
+        ));
+    };
+    let selection = DeadLetterSelection::Positions(vec![position]);
+    let mut conn = connection(admin)?;
+    let conn = &mut *conn;
+    let text_done = if action == "requeue" {
+        match admin::requeue_dead_letters(conn, &selection)
+            .map_err(text)?
+            .len()
+        {
+            0 => format!("Dead letter #{position} is gone already."),
+            _ => format!("Re-queued dead letter #{position}."),
+        }
+    } else {
+        match admin::purge_dead_letters(conn, &selection).map_err(text)? {
+            0 => format!("Dead letter #{position} is gone already."),
+            _ => format!("Purged dead letter #{position}."),
+        }
+    };
+    log::info!(
+        target: "outbox_admin",
+        "{} by an operator from {}",
+        text_done.trim_end_matches('.'),
+        request.peer_or_unknown()
+    );
+    Ok(done(admin.base_path(), "/dead", &text_done))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_paths_of_this_site_are_followed_after_sign_in() {
+        assert_eq!(safe_next("/outbox", Some("/receiver")), "/receiver");
+        assert_eq!(
+            safe_next("/outbox", Some("/outbox/dead?type=a")),
+            "/outbox/dead?type=a"
+        );
+        for hostile in [
+            "//evil.example/",
+            "https://evil.example/",
+            "/\\evil.example",
+            "evil",
+            "/a\r\nSet-Cookie: x=1",
+        ] {
+            assert_eq!(safe_next("/outbox", Some(hostile)), "/outbox/", "{hostile}");
+        }
+        assert_eq!(safe_next("/ops", None), "/ops/");
+    }
+
+    #[test]
+    fn a_page_fetched_with_one_extra_row_knows_whether_more_follow() {
+        let full: Vec<i64> = (1..=i64::from(PAGE) + 1).collect();
+        let (rows, next) = paged(full, |p| *p);
+        assert_eq!(rows.len(), PAGE as usize);
+        assert_eq!(next, Some(i64::from(PAGE)));
+        let (rows, next) = paged(vec![3, 9], |p| *p);
+        assert_eq!((rows, next), (vec![3, 9], None));
+    }
+
+    #[test]
+    fn filters_are_read_from_the_query_and_nonsense_is_refused() {
+        let query = Request::new("GET", "/?type=a&key=k&min_attempts=2&due=1&after=40").query();
+        let options = format!("{:?}", list_options(&query).unwrap());
+        for part in [
+            "message_type: Some(\"a\")",
+            "ordering_key: Some(\"k\")",
+            "min_attempts: 2",
+            "due_only: true",
+            "after: Some(40)",
+            "limit: 51",
+        ] {
+            assert!(options.contains(part), "{part} in {options}");
+        }
+        let bad = Request::new("GET", "/?min_attempts=many").query();
+        assert!(list_options(&bad).unwrap_err().contains("min_attempts"));
+        let bad = Request::new("GET", "/?after=-x").query();
+        assert!(list_options(&bad).unwrap_err().contains("after"));
+    }
+
+    #[test]
+    fn a_flash_cookie_round_trips_any_text() {
+        let cookie = flash_cookie("/outbox", "Re-queued 3 dead letters of type a;b=c.", 60);
+        let value = cookie
+            .split("; ")
+            .next()
+            .unwrap()
+            .trim_start_matches("outbox_admin_flash=");
+        assert!(!value.contains(';') && !value.contains(' '), "{value}");
+        let request = Request::new("GET", "/").header("cookie", &format!("{FLASH}={value}"));
+        assert_eq!(
+            read_flash(&request).as_deref(),
+            Some("Re-queued 3 dead letters of type a;b=c.")
+        );
+        let cleared = Request::new("GET", "/").header("cookie", &format!("{FLASH}="));
+        assert_eq!(read_flash(&cleared), None);
+    }
+}

@@ -1,0 +1,620 @@
+//! The operator pages of `outbox-admin` and the listings under them, on every backend: filters
+//! and keyset pages that cover every message once, sign-in and cross-site refusals, bulk
+//! actions that do only the count the operator confirmed, a message page that shows what the
+//! message carries and escapes what it says, and the figures as JSON.
+
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use outbox_admin::{Admin, Request, Response};
+use outbox_diesel::admin::{self, ListOptions};
+use outbox_diesel::prelude::*;
+use outbox_diesel::store::{ClaimLimit, ClaimToken, Settlement, Store};
+use outbox_diesel::{outbox_handler, Context, DieselStore, EnqueueOptions, ProcessError};
+use outbox_testkit::outbox::{dead, outcome, pending};
+use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+const TOKEN: &str = "an-admin-token-for-the-tests";
+const LEASE: Duration = Duration::from_secs(60);
+
+#[outbox_handler("admin.mail")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Mail {
+    n: u32,
+}
+
+impl Handler for Mail {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+#[outbox_handler("admin.event")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Event {
+    n: u32,
+}
+
+impl Handler for Event {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+fn pages<C: TestConnection>(pool: &TestPool<C>) -> Admin<outbox_diesel::OutboxManager<C>> {
+    Admin::builder(pool.clone(), TOKEN)
+        .base_path("/ops/outbox")
+        .build()
+        .unwrap()
+}
+
+/// The `Cookie` header value a response's `Set-Cookie` asks for.
+fn cookie_of(response: &Response) -> String {
+    response
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("a Set-Cookie header")
+        .to_owned()
+}
+
+/// A signed-in operator's session cookie.
+fn sign_in<C: TestConnection>(admin: &Admin<outbox_diesel::OutboxManager<C>>) -> String {
+    let response = admin.handle(
+        &Request::new("POST", "/login")
+            .header("sec-fetch-site", "same-origin")
+            .body(format!("token={TOKEN}&next=%2Fops%2Foutbox%2Fdead")),
+    );
+    assert_eq!(response.status, 303, "{}", response.text());
+    assert_eq!(response.header("location"), Some("/ops/outbox/dead"));
+    cookie_of(&response)
+}
+
+fn get<C: TestConnection>(
+    admin: &Admin<outbox_diesel::OutboxManager<C>>,
+    cookie: &str,
+    path: &str,
+) -> Response {
+    admin.handle(&Request::new("GET", path).header("cookie", cookie))
+}
+
+fn post<C: TestConnection>(
+    admin: &Admin<outbox_diesel::OutboxManager<C>>,
+    cookie: &str,
+    path: &str,
+    form: &str,
+) -> Response {
+    admin.handle(
+        &Request::new("POST", path)
+            .header("cookie", cookie)
+            .header("sec-fetch-site", "same-origin")
+            .body(form.to_owned()),
+    )
+}
+
+fn json(response: &Response) -> Value {
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/json"),
+        "{}",
+        response.text()
+    );
+    serde_json::from_slice(&response.body).unwrap()
+}
+
+/// Claims every due message and settles each with `settle(message n, position)`.
+fn settle_all<C: TestConnection>(pool: &TestPool<C>, settle: impl Fn(usize) -> Option<Settlement>) {
+    let store = DieselStore::new(pool.clone());
+    let token = ClaimToken::new();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(1000), LEASE)
+        .unwrap();
+    let outcomes: Vec<_> = claimed
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let settlement = settle(i).unwrap_or(Settlement::Release);
+            outcome(token, m, settlement)
+        })
+        .collect();
+    store.settle(&outcomes).unwrap();
+}
+
+fn dead_letter(error: &str) -> Option<Settlement> {
+    Some(Settlement::DeadLetter {
+        error: error.to_owned(),
+    })
+}
+
+fn listings_filter_and_page_by_position_covering_every_message_once<C: TestConnection>(
+    db: &TestDb,
+) {
+    let pool = db.pool::<C>(4);
+    let mut conn = pool.get().unwrap();
+    // 130 messages: mail and events alternating; every third keyed "k1", every fifth "k2"
+    // (where not "k1"); the last ten delayed.
+    for n in 0..130u32 {
+        let mut options = EnqueueOptions::new();
+        if n % 3 == 0 {
+            options = options.ordering_key("k1");
+        } else if n % 5 == 0 {
+            options = options.ordering_key("k2");
+        }
+        if n >= 120 {
+            options = options.delay(Duration::from_secs(3600));
+        }
+        if n % 2 == 0 {
+            Mail { n }.enqueue_with(&mut conn, &options).unwrap();
+        } else {
+            Event { n }.enqueue_with(&mut conn, &options).unwrap();
+        }
+    }
+    conn.batch_execute("UPDATE outbox_message SET attempts = 2 WHERE id % 7 = 0")
+        .unwrap();
+    let every: Vec<i64> = admin::pending_messages(&mut conn, &ListOptions::new().limit(1000))
+        .unwrap()
+        .iter()
+        .map(|m| m.position)
+        .collect();
+    assert_eq!(every.len(), 130);
+
+    let walk = |options: ListOptions| -> Vec<admin::PendingMessage> {
+        let mut seen = Vec::new();
+        let mut options = options.limit(17);
+        loop {
+            let page = admin::pending_messages(&mut *pool.get().unwrap(), &options).unwrap();
+            let full = page.len() == 17;
+            seen.extend(page);
+            match seen.last() {
+                Some(last) if full => options = options.after(last.position),
+                _ => return seen,
+            }
+        }
+    };
+    let all = walk(ListOptions::new());
+    assert_eq!(
+        all.iter().map(|m| m.position).collect::<Vec<_>>(),
+        every,
+        "pages of 17 cover every message once, in order"
+    );
+    let mail = walk(ListOptions::new().message_type("admin.mail"));
+    assert_eq!(mail.len(), 65);
+    assert!(mail.iter().all(|m| m.message_type == "admin.mail"));
+    let k2 = walk(ListOptions::new().ordering_key("k2"));
+    let expected_k2 = (0..130).filter(|n| n % 3 != 0 && n % 5 == 0).count();
+    assert_eq!(k2.len(), expected_k2);
+    assert!(k2.iter().all(|m| m.ordering_key.as_deref() == Some("k2")));
+    let tried = walk(ListOptions::new().min_attempts(1));
+    assert_eq!(
+        tried.iter().map(|m| m.position).collect::<Vec<_>>(),
+        every
+            .iter()
+            .copied()
+            .filter(|p| p % 7 == 0)
+            .collect::<Vec<_>>()
+    );
+    // Due now: not delayed, and not behind an earlier message of its key once a claim has
+    // parked those (the claim below parks them and releases what it took).
+    settle_all(&pool, |_| None);
+    let due = walk(ListOptions::new().due_only());
+    assert!(!due.is_empty());
+    assert!(due
+        .iter()
+        .all(|m| !m.parked && m.next_attempt_at <= std::time::SystemTime::now()));
+    let due_keyed: Vec<_> = due
+        .iter()
+        .filter_map(|m| m.ordering_key.as_deref())
+        .collect();
+    assert_eq!(
+        due_keyed.iter().filter(|k| **k == "k1").count(),
+        1,
+        "one head per key is due: {due_keyed:?}"
+    );
+    assert!(
+        due.len() < 120 - 1,
+        "the delayed and parked ones are not due"
+    );
+
+    // Dead letters: filter by type and key, pages by position.
+    settle_all(&pool, |i| {
+        (i % 2 == 0).then(|| dead_letter("gave up")).flatten()
+    });
+    let letters = dead(&pool);
+    assert!(!letters.is_empty());
+    let mut paged = Vec::new();
+    let mut options = ListOptions::new().limit(3);
+    loop {
+        let page = admin::dead_letters(&mut conn, &options).unwrap();
+        let full = page.len() == 3;
+        paged.extend(page.iter().map(|d| d.position));
+        match page.last() {
+            Some(last) if full => options = options.after(last.position),
+            _ => break,
+        }
+    }
+    assert_eq!(
+        paged,
+        letters.iter().map(|d| d.position).collect::<Vec<_>>()
+    );
+    let keyed = admin::dead_letters(&mut conn, &ListOptions::new().ordering_key("k1")).unwrap();
+    assert_eq!(
+        keyed.len(),
+        letters
+            .iter()
+            .filter(|d| d.ordering_key.as_deref() == Some("k1"))
+            .count()
+    );
+}
+
+fn the_pages_need_the_token_and_refuse_cross_site_posts<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    Mail { n: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    settle_all(&pool, |_| dead_letter("for the sign-in test"));
+    let position = dead(&pool)[0].position;
+    let admin = pages(&pool);
+
+    // Nothing without signing in: the page asks for the token, the JSON says how.
+    let page = admin.handle(&Request::new("GET", "/dead"));
+    assert_eq!(page.status, 401);
+    assert!(page.text().contains("name=\"token\""));
+    assert!(
+        page.text().contains("value=\"/ops/outbox/dead\""),
+        "back here after"
+    );
+    assert_eq!(page.header("cache-control"), Some("no-store"));
+    assert!(page.header("content-security-policy").is_some_and(|csp| csp
+        .contains("default-src 'none'")
+        && csp.contains("frame-ancestors 'none'")));
+    assert_eq!(
+        admin.handle(&Request::new("GET", "/api/overview")).status,
+        401
+    );
+    let purge_unsigned = post(&admin, "", &format!("/dead/{position}/purge"), "");
+    assert_eq!(purge_unsigned.status, 401);
+    let wrong = admin.handle(
+        &Request::new("POST", "/login")
+            .header("sec-fetch-site", "same-origin")
+            .body("token=nope&next=%2F%2Fevil.example"),
+    );
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.header("set-cookie").is_none());
+    assert!(
+        wrong.text().contains("value=\"/ops/outbox/\""),
+        "no open redirect"
+    );
+    let forged = get(&admin, "outbox_admin=99999999999.AAAA", "/");
+    assert_eq!(forged.status, 401);
+
+    // The token signs in: an HttpOnly, SameSite=Strict cookie for the pages' path.
+    let set_cookie = admin
+        .handle(
+            &Request::new("POST", "/login")
+                .header("sec-fetch-site", "same-origin")
+                .body(format!("token={TOKEN}")),
+        )
+        .header("set-cookie")
+        .unwrap()
+        .to_owned();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/ops/outbox"] {
+        assert!(
+            set_cookie.contains(attribute),
+            "{attribute} in {set_cookie}"
+        );
+    }
+    let cookie = sign_in(&admin);
+    let overview = get(&admin, &cookie, "/");
+    assert_eq!(overview.status, 200);
+    assert!(
+        overview.text().contains("id=\"dead-count\">1<"),
+        "{}",
+        overview.text()
+    );
+
+    // Another site's form, with the operator's cookie: refused, nothing purged.
+    for (name, value) in [
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "http://evil.example"),
+    ] {
+        let cross = admin.handle(
+            &Request::new("POST", &format!("/dead/{position}/purge"))
+                .header("cookie", &cookie)
+                .header("host", "127.0.0.1:8000")
+                .header(name, value),
+        );
+        assert_eq!(cross.status, 403, "{name}");
+    }
+    let cross_login = admin.handle(
+        &Request::new("POST", "/login")
+            .header("sec-fetch-site", "cross-site")
+            .body(format!("token={TOKEN}")),
+    );
+    assert_eq!(cross_login.status, 403, "no login CSRF");
+    assert_eq!(dead(&pool).len(), 1);
+
+    // The bearer token reads the JSON, but does not open the HTML pages.
+    let bearer =
+        Request::new("GET", "/api/dead").header("authorization", &format!("Bearer {TOKEN}"));
+    assert_eq!(
+        json(&admin.handle(&bearer))["dead_letters"][0]["position"],
+        position
+    );
+    let bearer_page =
+        Request::new("GET", "/dead").header("authorization", &format!("Bearer {TOKEN}"));
+    assert_eq!(admin.handle(&bearer_page).status, 401);
+
+    // Signing out clears the cookie; another process's admin does not know this one's.
+    let out = post(&admin, &cookie, "/logout", "");
+    assert_eq!(out.status, 303);
+    assert!(out.header("set-cookie").unwrap().contains("Max-Age=0"));
+    let other = pages(&pool);
+    assert_eq!(get(&other, &cookie, "/").status, 401);
+    assert!(admin.is_signed_in(&Request::new("GET", "/x").header("cookie", &cookie)));
+}
+
+fn bulk_actions_do_only_the_count_the_operator_confirmed<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let mut conn = pool.get().unwrap();
+    for n in 0..5 {
+        if n < 3 {
+            Mail { n }.enqueue(&mut conn).unwrap();
+        } else {
+            Event { n }.enqueue(&mut conn).unwrap();
+        }
+    }
+    settle_all(&pool, |_| dead_letter("gave up"));
+    let admin = pages(&pool);
+    let cookie = sign_in(&admin);
+
+    let ask = get(
+        &admin,
+        &cookie,
+        "/dead/confirm?action=requeue&type=admin.mail",
+    );
+    assert_eq!(ask.status, 200);
+    assert!(
+        ask.text()
+            .contains("Re-queue <b>3</b> dead letters of type <b>admin.mail</b>"),
+        "{}",
+        ask.text()
+    );
+    assert!(ask.text().contains("name=\"count\" value=\"3\""));
+
+    // One more mail dead-letters after the operator read "3": nothing happens, the page says
+    // so with the new count.
+    Mail { n: 9 }.enqueue(&mut conn).unwrap();
+    settle_all(&pool, |_| dead_letter("gave up"));
+    let stale = post(&admin, &cookie, "/dead/requeue", "type=admin.mail&count=3");
+    assert_eq!(stale.status, 409);
+    assert!(stale.text().contains("id=\"changed\""), "{}", stale.text());
+    assert!(stale.text().contains("name=\"count\" value=\"4\""));
+    assert_eq!(dead(&pool).len(), 6);
+    assert!(pending(&pool).is_empty());
+
+    let done = post(&admin, &cookie, "/dead/requeue", "type=admin.mail&count=4");
+    assert_eq!(done.status, 303, "{}", done.text());
+    assert_eq!(done.header("location"), Some("/ops/outbox/dead"));
+    let flash = cookie_of(&done);
+    let after = get(&admin, &format!("{cookie}; {flash}"), "/dead");
+    assert!(
+        after
+            .text()
+            .contains("Re-queued 4 dead letters of type admin.mail."),
+        "{}",
+        after.text()
+    );
+    assert!(
+        after.header("set-cookie").unwrap().contains("Max-Age=0"),
+        "shown once"
+    );
+    assert_eq!(pending(&pool).len(), 4);
+    assert!(pending(&pool)
+        .iter()
+        .all(|m| m.message_type == "admin.mail"));
+    assert_eq!(dead(&pool).len(), 2);
+
+    // Purge of every type, one by one and in bulk; the confirmation states every type's count.
+    let ask = get(&admin, &cookie, "/dead/confirm?action=purge");
+    assert!(
+        ask.text()
+            .contains("Purge <b>2</b> dead letters of every type"),
+        "{}",
+        ask.text()
+    );
+    let first = dead(&pool)[0].position;
+    assert_eq!(
+        post(&admin, &cookie, &format!("/dead/{first}/purge"), "").status,
+        303
+    );
+    assert_eq!(
+        post(&admin, &cookie, "/dead/purge", "type=&count=2").status,
+        409
+    );
+    assert_eq!(post(&admin, &cookie, "/dead/purge", "count=1").status, 303);
+    assert!(dead(&pool).is_empty());
+    assert_eq!(
+        pending(&pool).len(),
+        4,
+        "purging dead letters leaves the pending alone"
+    );
+    let nothing = get(&admin, &cookie, "/dead/confirm?action=requeue");
+    assert!(nothing.text().contains("There are no dead letters"));
+    let gone = post(&admin, &cookie, &format!("/dead/{first}/requeue"), "");
+    let shown = get(&admin, &format!("{cookie}; {}", cookie_of(&gone)), "/dead");
+    assert!(shown.text().contains("is gone already"));
+}
+
+fn a_message_page_shows_what_it_carries_and_escapes_what_it_says<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let mut conn = pool.get().unwrap();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let kept = Mail { n: 7 }
+        .enqueue_with(
+            &mut conn,
+            &EnqueueOptions::new()
+                .ordering_key("member-7")
+                .header("traceparent", traceparent),
+        )
+        .unwrap();
+    let failed = Event { n: 8 }.enqueue(&mut conn).unwrap();
+    settle_all(&pool, |i| {
+        (i == 1)
+            .then(|| dead_letter("HTTP 500: <script>alert(1)</script>\u{1b}[2J"))
+            .flatten()
+    });
+    let admin = pages(&pool);
+    let cookie = sign_in(&admin);
+
+    let page = get(&admin, &cookie, &format!("/messages/{kept}"));
+    assert_eq!(page.status, 200);
+    let html = page.text();
+    assert!(html.contains(&format!("<code id=\"message-id\">{kept}</code>")));
+    assert!(
+        html.contains("{\n  &quot;n&quot;: 7\n}"),
+        "payload pretty-printed: {html}"
+    );
+    assert!(html.contains(&format!(
+        "<td>traceparent</td><td><code>{traceparent}</code>"
+    )));
+    assert!(html.contains("member-7"));
+
+    let page = get(&admin, &cookie, &format!("/messages/{failed}"));
+    let html = page.text();
+    assert!(html.contains("dead letter"));
+    assert!(
+        html.contains("HTTP 500: &lt;script&gt;alert(1)&lt;/script&gt;\\u{1b}[2J"),
+        "{html}"
+    );
+    assert!(!html.contains("<script>"));
+    assert!(html.contains("class=\"requeue\""));
+
+    let api = json(&get(&admin, &cookie, &format!("/api/messages/{failed}")));
+    assert_eq!(api["state"], "dead");
+    assert_eq!(api["message"]["type"], "admin.event");
+    let api = json(&get(&admin, &cookie, &format!("/api/messages/{kept}")));
+    assert_eq!(api["state"], "pending");
+    assert_eq!(api["message"]["headers"]["traceparent"], traceparent);
+
+    let missing = outbox_diesel::MessageId::new();
+    assert_eq!(
+        get(&admin, &cookie, &format!("/messages/{missing}")).status,
+        404
+    );
+    assert_eq!(get(&admin, &cookie, "/messages/not-a-uuid").status, 400);
+    let found = get(&admin, &cookie, &format!("/find?id=+{kept}+"));
+    assert_eq!(found.status, 303);
+    assert_eq!(
+        found.header("location"),
+        Some(format!("/ops/outbox/messages/{kept}").as_str())
+    );
+    assert_eq!(get(&admin, &cookie, "/find?id=%3Cb%3E").status, 400);
+}
+
+fn the_overview_shows_backlog_types_and_blocked_keys<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let mut conn = pool.get().unwrap();
+    for n in 0..4 {
+        Mail { n }
+            .enqueue_with(&mut conn, &EnqueueOptions::new().ordering_key("tenant <1>"))
+            .unwrap();
+    }
+    Event { n: 9 }.enqueue(&mut conn).unwrap();
+    // The head of "tenant <1>" fails and waits an hour: its key is blocked, three behind it.
+    settle_all(&pool, |i| {
+        (i == 0).then(|| Settlement::Retry {
+            delay: Duration::from_secs(3600),
+            error: "503 from the mail service".into(),
+        })
+    });
+    let settled = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let admin = {
+        let settled = settled.clone();
+        Admin::builder(pool.clone(), TOKEN)
+            .worker_stats(move || {
+                let mut stats = outbox_diesel::WorkerStats::default();
+                stats.succeeded = settled.load(std::sync::atomic::Ordering::SeqCst);
+                stats
+            })
+            .build()
+            .unwrap()
+    };
+    let cookie = {
+        let response = admin.handle(
+            &Request::new("POST", "/login")
+                .header("sec-fetch-site", "same-origin")
+                .body(format!("token={TOKEN}")),
+        );
+        cookie_of(&response)
+    };
+    let overview = json(&get(&admin, &cookie, "/api/overview"));
+    assert_eq!(overview["pending"], 5);
+    assert_eq!(overview["dead"], 0);
+    assert_eq!(
+        overview["settled_per_second"],
+        Value::Null,
+        "one sample: no rate yet"
+    );
+    assert_eq!(overview["samples"].as_array().unwrap().len(), 1);
+    let types: Vec<(&str, u64)> = overview["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["type"].as_str().unwrap(), t["pending"].as_u64().unwrap()))
+        .collect();
+    assert!(types.contains(&("admin.mail", 4)) && types.contains(&("admin.event", 1)));
+
+    let blocked = json(&get(&admin, &cookie, "/api/blocked"));
+    let keys = blocked["blocked_keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0]["ordering_key"], "tenant <1>");
+    assert_eq!(keys[0]["waiting"], 3);
+    assert_eq!(keys[0]["last_error"], "503 from the mail service");
+
+    let html = get(&admin, &cookie, "/").text();
+    assert!(html.contains("class=\"blocked-key\""));
+    assert!(html.contains("tenant &lt;1&gt;") && !html.contains("tenant <1>"));
+    assert!(
+        html.contains("href=\"/outbox/messages?key=tenant+%3C1%3E\""),
+        "{html}"
+    );
+    assert!(html.contains("<meta http-equiv=\"refresh\" content=\"10\">"));
+    assert!(
+        html.contains("id=\"settled-rate\">…<"),
+        "measuring until a second sample"
+    );
+
+    let bad = admin.handle(
+        &Request::new("GET", "/api/messages?min_attempts=lots")
+            .header("authorization", &format!("Bearer {TOKEN}")),
+    );
+    assert_eq!(bad.status, 400);
+    let listed = json(&get(
+        &admin,
+        &cookie,
+        "/api/messages?key=tenant+%3C1%3E&min_attempts=1",
+    ));
+    assert_eq!(listed["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["next_after"], Value::Null);
+}
+
+#[test]
+fn short_tokens_and_odd_base_paths_are_refused() {
+    let Some(db) = TestDb::new(outbox_testkit::Backend::Sqlite) else {
+        return;
+    };
+    let pool = db.pool::<diesel::SqliteConnection>(1);
+    let short = Admin::builder(pool.clone(), "short").build().unwrap_err();
+    assert!(short.to_string().contains("at least 16"), "{short}");
+    for path in ["outbox", "/outbox/", "/out\nbox", "/a;b"] {
+        let error = Admin::builder(pool.clone(), TOKEN).base_path(path).build();
+        assert!(error.is_err(), "{path:?}");
+    }
+}
+
+backend_tests!(
+    listings_filter_and_page_by_position_covering_every_message_once,
+    the_pages_need_the_token_and_refuse_cross_site_posts,
+    bulk_actions_do_only_the_count_the_operator_confirmed,
+    a_message_page_shows_what_it_carries_and_escapes_what_it_says,
+    the_overview_shows_backlog_types_and_blocked_keys,
+);
