@@ -88,8 +88,9 @@ impl Request {
 
     /// Whether a browser sent this on behalf of another site: `Sec-Fetch-Site` says so, or
     /// (older browsers) `Origin` names another host than `Host`. Requests without either
-    /// (scripts, `curl`) are not cross-site: they carry no one else's cookie.
-    pub(crate) fn is_cross_site(&self) -> bool {
+    /// (scripts, `curl`) are not cross-site: they carry no one else's cookie. The pages refuse
+    /// such `POST`s; an application can apply the same rule to its own forms.
+    pub fn is_cross_site(&self) -> bool {
         match self.header_value("sec-fetch-site") {
             Some(site) => site != "same-origin" && site != "none",
             None => match (self.header_value("origin"), self.header_value("host")) {

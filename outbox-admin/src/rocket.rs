@@ -61,7 +61,13 @@ pub fn request_of(request: &rocket::Request<'_>, base_path: &str) -> Request {
     };
     let mut neutral = Request::new(request.method().as_str(), &target);
     for header in request.headers().iter() {
-        neutral = neutral.header(header.name().as_str(), &header.value());
+        neutral = neutral.header(header.name().as_str(), header.value());
+    }
+    // Rocket's local test client hands cookies over in the jar, without a header.
+    if request.headers().get_one("cookie").is_none() {
+        for cookie in request.cookies().iter() {
+            neutral = neutral.header("cookie", &format!("{}={}", cookie.name(), cookie.value()));
+        }
     }
     match request.client_ip() {
         Some(ip) => neutral.peer(ip),

@@ -30,7 +30,7 @@ pub use routes::LOGGED_DELIVERIES;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use diesel::r2d2::Pool;
@@ -151,11 +151,15 @@ pub struct App {
     pub(crate) db: DbPool,
     pub(crate) inbox: Inbox,
     pub(crate) receiver_failing: AtomicBool,
-    pub(crate) admin_token: String,
-    pub(crate) admin_session: String,
+    /// The operator pages (`outbox-admin`), mounted at `/outbox`; their sign-in also opens
+    /// the blog's `/receiver` page.
+    pub(crate) admin: Arc<OutboxAdmin>,
     pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    worker: Mutex<Option<WorkerHandle>>,
+    worker: Arc<Mutex<Option<WorkerHandle>>>,
 }
+
+/// The operator pages over the blog's pool.
+pub(crate) type OutboxAdmin = outbox_admin::Admin<OutboxManager<db::AnyConnection>>;
 
 /// The blog, ready to launch.
 pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
@@ -193,19 +197,34 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
     drop(conn);
 
     let worker_pool = db.clone();
+    let worker: Arc<Mutex<Option<WorkerHandle>>> = Arc::default();
+    let worker_stats = Arc::clone(&worker);
+    let admin = outbox_admin::Admin::builder(db.clone(), settings.admin_token.clone())
+        .base_path("/outbox")
+        .cookie_path("/")
+        .worker_stats(move || {
+            worker_stats
+                .lock()
+                .ok()
+                .and_then(|slot| slot.as_ref().map(WorkerHandle::stats))
+                .unwrap_or_default()
+        })
+        .build()
+        .map_err(|e| format!("the admin pages (OUTBOX_ADMIN_TOKEN): {e}"))?;
+    let admin = Arc::new(admin);
     let app = App {
         db,
         inbox: Inbox::new([settings.webhook_secret.clone()]),
         receiver_failing: AtomicBool::new(false),
-        admin_token: settings.admin_token.clone(),
-        admin_session: random_token(),
+        admin: Arc::clone(&admin),
         metrics: metrics::recorder(),
-        worker: Mutex::new(None),
+        worker,
     };
     let retry_policy = settings.retry_policy.clone();
-    Ok(rocket::custom(figment)
+    let rocket = rocket::custom(figment)
         .manage(app)
-        .mount("/", routes::all())
+        .mount("/", routes::all());
+    Ok(outbox_admin::rocket::mount(rocket, admin)
         .attach(AdHoc::on_liftoff("outbox worker", move |rocket| {
             Box::pin(async move {
                 let Some(app) = rocket.state::<App>() else {

@@ -3,7 +3,6 @@
 use std::fmt::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use outbox_diesel::admin::{DeadLetter, TypeStats};
 use rocket::response::content::RawHtml;
 
 use crate::db::{Delivery, Post, ShownComment};
@@ -67,13 +66,6 @@ fn ago(unix_seconds: i64) -> String {
         60..=3599 => format!("{}m ago", age / 60),
         _ => format!("{}h ago", age / 3600),
     }
-}
-
-fn system_ago(time: SystemTime) -> String {
-    ago(time
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0))
 }
 
 fn message(notice: Option<&str>, error: Option<&str>) -> String {
@@ -175,81 +167,4 @@ pub fn receiver(deliveries: &[Delivery], failing: bool) -> RawHtml<String> {
     }
     body.push_str("</table>");
     layout("Mail receiver", &body)
-}
-
-/// The admin login form, for the operator page `next` (`/outbox` or `/receiver`).
-pub fn login(error: Option<&str>, next: &str) -> RawHtml<String> {
-    let body = format!(
-        "<h1>Outbox admin</h1>{}<p>Enter the admin token the blog printed when it started \
-         (or set with <code>OUTBOX_ADMIN_TOKEN</code>).</p>\
-         <form class=\"stack\" method=\"post\" action=\"/outbox/login\">\
-         <input type=\"hidden\" name=\"next\" value=\"{}\">\
-         <input name=\"token\" id=\"token\" type=\"password\" placeholder=\"admin token\" required>\
-         <button id=\"login\">Sign in</button></form>",
-        message(None, error),
-        escape(next)
-    );
-    layout("Outbox admin", &body)
-}
-
-/// Counts and dead letters, with the operator's actions.
-pub fn admin(stats: &[TypeStats], dead: &[DeadLetter], notice: Option<&str>) -> RawHtml<String> {
-    let pending: u64 = stats.iter().map(|s| s.pending - s.in_flight).sum();
-    let in_flight: u64 = stats.iter().map(|s| s.in_flight).sum();
-    let dead_count: u64 = stats.iter().map(|s| s.dead).sum();
-    let mut body = format!(
-        "<h1>Outbox</h1>{}<div class=\"counts\">\
-         <div class=\"count\"><b id=\"pending-count\">{pending}</b>pending</div>\
-         <div class=\"count\"><b id=\"in-flight-count\">{in_flight}</b>in flight</div>\
-         <div class=\"count\"><b id=\"dead-count\">{dead_count}</b>dead</div></div>\
-         <h2>By type</h2><table><tr><th>type</th><th>pending</th><th>in flight</th><th>dead</th>\
-         <th></th></tr>",
-        message(notice, None)
-    );
-    for s in stats {
-        let requeue = if s.dead > 0 {
-            format!(
-                "<form class=\"inline\" method=\"post\" action=\"/outbox/dead/requeue-type\">\
-                 <input type=\"hidden\" name=\"message_type\" value=\"{t}\">\
-                 <button class=\"quiet requeue-type\">Re-queue all {t}</button></form>",
-                t = escape(&s.message_type)
-            )
-        } else {
-            String::new()
-        };
-        let _ = write!(
-            body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{requeue}</td></tr>",
-            escape(&s.message_type),
-            s.pending - s.in_flight,
-            s.in_flight,
-            s.dead
-        );
-    }
-    body.push_str(
-        "</table><h2>Dead letters</h2><table id=\"dead-letters\"><tr><th>#</th><th>type</th>\
-         <th>attempts</th><th>failed</th><th>last error</th><th>payload</th><th></th></tr>",
-    );
-    for letter in dead {
-        let _ = write!(
-            body,
-            "<tr class=\"dead-letter\"><td>{position}</td><td>{t}</td><td>{attempts}</td><td>{failed}</td>\
-             <td><pre>{error}</pre></td><td><pre>{payload}</pre></td><td>\
-             <form class=\"inline\" method=\"post\" action=\"/outbox/dead/{position}/requeue\">\
-             <button class=\"requeue\">Re-queue</button></form> \
-             <form class=\"inline\" method=\"post\" action=\"/outbox/dead/{position}/purge\">\
-             <button class=\"danger purge\">Purge</button></form></td></tr>",
-            position = letter.position,
-            t = escape(&letter.message_type),
-            attempts = letter.attempts,
-            failed = system_ago(letter.failed_at),
-            error = escape(&letter.last_error),
-            payload = escape(&letter.payload),
-        );
-    }
-    if dead.is_empty() {
-        body.push_str("<tr><td colspan=\"7\">No dead letters.</td></tr>");
-    }
-    body.push_str("</table>");
-    layout("Outbox admin", &body)
 }

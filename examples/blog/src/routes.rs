@@ -4,11 +4,10 @@
 use std::sync::atomic::Ordering;
 
 use diesel::prelude::*;
-use outbox_diesel::admin::{self, DeadLetterSelection, ListOptions};
 use outbox_diesel::inbox::{InboxError, Received};
 use rocket::data::{Data, ToByteUnit};
 use rocket::form::Form;
-use rocket::http::{ContentType, Cookie, CookieJar, SameSite, Status};
+use rocket::http::{ContentType, Status};
 use rocket::request::{FromRequest, Outcome, Request};
 use rocket::response::content::RawHtml;
 use rocket::response::Redirect;
@@ -26,11 +25,6 @@ pub fn all() -> Vec<Route> {
         receiver_log,
         receive_webhook,
         set_receiver_mode,
-        admin_page,
-        admin_login,
-        requeue_one,
-        purge_one,
-        requeue_type,
         metrics,
     ]
 }
@@ -86,17 +80,8 @@ impl<'r> FromRequest<'r> for SameSite_ {
     type Error = &'static str;
 
     async fn from_request(request: &'r Request<'_>) -> Outcome<Self, Self::Error> {
-        let headers = request.headers();
-        let cross_site = match headers.get_one("sec-fetch-site") {
-            Some(site) => site != "same-origin" && site != "none",
-            None => match (headers.get_one("origin"), headers.get_one("host")) {
-                (Some(origin), Some(host)) => {
-                    origin.split_once("://").map(|(_, rest)| rest) != Some(host)
-                }
-                _ => false,
-            },
-        };
-        if cross_site {
+        // The admin pages' rule, so that the blog's forms and the operator's agree.
+        if outbox_admin::rocket::request_of(request, "").is_cross_site() {
             Outcome::Error((Status::Forbidden, "cross-site request refused"))
         } else {
             Outcome::Success(SameSite_)
@@ -135,16 +120,19 @@ async fn create_comment(
 
 /// The receiver's log shows members' e-mail addresses: operators only.
 #[get("/receiver")]
-async fn receiver_log(app: &State<App>, admin: Option<Admin>) -> Result<RawHtml<String>, Status> {
+async fn receiver_log(
+    app: &State<App>,
+    admin: Option<Admin>,
+) -> Result<Result<RawHtml<String>, Redirect>, Status> {
     if admin.is_none() {
-        return Ok(pages::login(None, "/receiver"));
+        return Ok(Err(Redirect::to("/outbox/login?next=%2Freceiver")));
     }
     let failing = app.receiver_failing.load(Ordering::SeqCst);
     let log = blocking(app, |conn| {
         crate::db::recent_deliveries(conn, 100).map_err(|e| e.to_string())
     })
     .await?;
-    Ok(pages::receiver(&log, failing))
+    Ok(Ok(pages::receiver(&log, failing)))
 }
 
 /// Every request header, for the signature check.
@@ -282,9 +270,7 @@ fn set_receiver_mode(
     Redirect::to(uri!(receiver_log))
 }
 
-const SESSION_COOKIE: &str = "outbox_admin";
-
-/// An operator signed in with the admin token.
+/// An operator signed in on the outbox admin pages (their cookie is sent to every path).
 struct Admin;
 
 #[rocket::async_trait]
@@ -295,141 +281,12 @@ impl<'r> FromRequest<'r> for Admin {
         let Some(app) = request.rocket().state::<App>() else {
             return Outcome::Error((Status::InternalServerError, ()));
         };
-        match request.cookies().get(SESSION_COOKIE) {
-            Some(cookie) if constant_time_eq(cookie.value(), &app.admin_session) => {
-                Outcome::Success(Admin)
-            }
-            _ => Outcome::Forward(Status::Unauthorized),
+        if outbox_admin::rocket::is_signed_in(&app.admin, request) {
+            Outcome::Success(Admin)
+        } else {
+            Outcome::Forward(Status::Unauthorized)
         }
     }
-}
-
-fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-}
-
-#[get("/outbox?<notice>")]
-async fn admin_page(
-    app: &State<App>,
-    admin: Option<Admin>,
-    notice: Option<String>,
-) -> Result<RawHtml<String>, Status> {
-    if admin.is_none() {
-        return Ok(pages::login(None, "/outbox"));
-    }
-    let (stats, dead) = blocking(app, |conn| {
-        let conn = &mut **conn;
-        let stats = admin::stats(conn).map_err(|e| e.to_string())?;
-        let dead =
-            admin::dead_letters(conn, &ListOptions::new().limit(200)).map_err(|e| e.to_string())?;
-        Ok((stats, dead))
-    })
-    .await?;
-    Ok(pages::admin(&stats, &dead, notice.as_deref()))
-}
-
-#[derive(rocket::FromForm)]
-struct Login {
-    token: String,
-    /// The operator page to go back to.
-    next: Option<String>,
-}
-
-#[post("/outbox/login", data = "<login>")]
-fn admin_login(
-    app: &State<App>,
-    _same_site: SameSite_,
-    cookies: &CookieJar<'_>,
-    login: Form<Login>,
-) -> Result<Redirect, RawHtml<String>> {
-    // Only the operator pages, never a URL from the form (no open redirect).
-    let next = match login.next.as_deref() {
-        Some("/receiver") => "/receiver",
-        _ => "/outbox",
-    };
-    if !constant_time_eq(login.token.trim(), &app.admin_token) {
-        return Err(pages::login(Some("That is not the admin token."), next));
-    }
-    cookies.add(
-        Cookie::build((SESSION_COOKIE, app.admin_session.clone()))
-            .http_only(true)
-            .same_site(SameSite::Strict)
-            .path("/"),
-    );
-    Ok(Redirect::to(next))
-}
-
-async fn admin_action(
-    app: &State<App>,
-    action: impl FnOnce(&mut DbConn) -> Result<String, String> + Send + 'static,
-) -> Result<Redirect, Status> {
-    let notice = blocking(app, action).await?;
-    Ok(Redirect::to(uri!(admin_page(notice = Some(notice)))))
-}
-
-#[post("/outbox/dead/<position>/requeue")]
-async fn requeue_one(
-    app: &State<App>,
-    _admin: Admin,
-    _same_site: SameSite_,
-    position: i64,
-) -> Result<Redirect, Status> {
-    admin_action(app, move |conn| {
-        let moved = admin::requeue_dead_letters(
-            &mut **conn,
-            &DeadLetterSelection::Positions(vec![position]),
-        )
-        .map_err(|e| e.to_string())?;
-        Ok(format!("Re-queued {} dead letter(s).", moved.len()))
-    })
-    .await
-}
-
-#[post("/outbox/dead/<position>/purge")]
-async fn purge_one(
-    app: &State<App>,
-    _admin: Admin,
-    _same_site: SameSite_,
-    position: i64,
-) -> Result<Redirect, Status> {
-    admin_action(app, move |conn| {
-        let purged =
-            admin::purge_dead_letters(&mut **conn, &DeadLetterSelection::Positions(vec![position]))
-                .map_err(|e| e.to_string())?;
-        Ok(format!("Purged {purged} dead letter(s)."))
-    })
-    .await
-}
-
-#[derive(rocket::FromForm)]
-struct TypeForm {
-    message_type: String,
-}
-
-#[post("/outbox/dead/requeue-type", data = "<form>")]
-async fn requeue_type(
-    app: &State<App>,
-    _admin: Admin,
-    _same_site: SameSite_,
-    form: Form<TypeForm>,
-) -> Result<Redirect, Status> {
-    let message_type = form.into_inner().message_type;
-    admin_action(app, move |conn| {
-        let moved = admin::requeue_dead_letters(
-            &mut **conn,
-            &DeadLetterSelection::MessageType(message_type.clone()),
-        )
-        .map_err(|e| e.to_string())?;
-        Ok(format!(
-            "Re-queued {} {message_type} dead letter(s).",
-            moved.len()
-        ))
-    })
-    .await
 }
 
 /// The worker's metrics in Prometheus' text format, for a scraper on the blog's loopback

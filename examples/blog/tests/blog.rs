@@ -83,12 +83,15 @@ fn cross_site_posts_are_refused() {
 fn the_receiver_page_and_its_switch_are_for_operators() {
     let db = TempDb::new("receiver-login");
     let client = local_client(&db);
-    let anonymous = client.get("/receiver").dispatch().into_string().unwrap();
-    assert!(
-        anonymous.contains("admin token"),
-        "a login form: {anonymous}"
+    let anonymous = client.get("/receiver").dispatch();
+    assert_eq!(anonymous.status(), Status::SeeOther);
+    assert_eq!(
+        anonymous.headers().get_one("location"),
+        Some("/outbox/login?next=%2Freceiver")
     );
-    assert!(!anonymous.contains("id=\"deliveries\""));
+    let login = client.get("/outbox/login?next=%2Freceiver").dispatch();
+    let login = login.into_string().unwrap();
+    assert!(login.contains("admin token") && login.contains("value=\"/receiver\""));
     let switch = client
         .post("/receiver/mode")
         .header(ContentType::Form)
@@ -118,7 +121,7 @@ fn the_receiver_page_and_its_switch_are_for_operators() {
             "token={ADMIN_TOKEN}&next=https%3A%2F%2Fevil.example"
         ))
         .dispatch();
-    assert_eq!(elsewhere.headers().get_one("location"), Some("/outbox"));
+    assert_eq!(elsewhere.headers().get_one("location"), Some("/outbox/"));
 }
 
 #[test]
@@ -195,7 +198,9 @@ fn only_a_receiver_on_this_machine_opens_loopback() {
 fn the_admin_page_needs_the_token() {
     let db = TempDb::new("admin");
     let client = local_client(&db);
-    let anonymous = client.get("/outbox").dispatch().into_string().unwrap();
+    let anonymous = client.get("/outbox").dispatch();
+    assert_eq!(anonymous.status(), Status::Unauthorized);
+    let anonymous = anonymous.into_string().unwrap();
     assert!(anonymous.contains("admin token"), "a login form");
     assert!(!anonymous.contains("dead-count"));
     assert_eq!(
@@ -218,9 +223,26 @@ fn the_admin_page_needs_the_token() {
         .body(format!("token={ADMIN_TOKEN}"))
         .dispatch();
     assert_eq!(signed_in.status(), Status::SeeOther);
+    for path in ["/outbox", "/outbox/", "/outbox/dead", "/outbox/messages"] {
+        let page = client.get(path).dispatch();
+        assert_eq!(page.status(), Status::Ok, "{path}");
+        let html = page.into_string().unwrap();
+        assert!(!html.contains(SECRET), "no secret on {path}");
+    }
     let page = client.get("/outbox").dispatch().into_string().unwrap();
     assert!(page.contains("id=\"dead-count\">0<"), "{page}");
-    assert!(!page.contains(SECRET), "no secret on the page");
+    // The pages' JSON works through Rocket too, and a too-large form is refused.
+    let overview = client.get("/outbox/api/overview").dispatch();
+    assert_eq!(overview.status(), Status::Ok);
+    let overview: serde_json::Value =
+        serde_json::from_str(&overview.into_string().unwrap()).unwrap();
+    assert_eq!(overview["dead"], 0);
+    let huge = client
+        .post("/outbox/dead/purge")
+        .header(ContentType::Form)
+        .body(format!("count=0&type={}", "x".repeat(64 * 1024)))
+        .dispatch();
+    assert_eq!(huge.status(), Status::PayloadTooLarge);
 }
 
 fn post_comment(client: &reqwest::blocking::Client, server: &Server, name: &str, body: &str) {
