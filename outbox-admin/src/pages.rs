@@ -34,6 +34,15 @@ pub(crate) fn escape(text: &str) -> String {
     out
 }
 
+/// "1 dead letter", "2 dead letters".
+pub(crate) fn dead_letters(count: usize) -> String {
+    if count == 1 {
+        "1 dead letter".to_owned()
+    } else {
+        format!("{count} dead letters")
+    }
+}
+
 /// A query string value.
 fn encode(text: &str) -> String {
     form_urlencoded::byte_serialize(text.as_bytes()).collect()
@@ -198,8 +207,8 @@ pub(crate) fn overview(page: Page<'_>, o: &Overview) -> String {
         format!(" · reloads every {} s", o.refresh.as_secs().max(1))
     };
     let mut body = format!(
-        "<h1>Outbox</h1><p class=\"meta\">Charts: the last {} samples, one per 5 s or more, \
-         taken while this page is open{refresh}.</p><div class=\"figures\">\
+        "<h1>Outbox</h1><p class=\"meta\">Charts: {} sample(s), at most one per 5 s, \
+         taken while these pages are read{refresh}.</p><div class=\"figures\">\
          <div class=\"figure\"><b id=\"pending-count\">{}</b>pending{}</div>\
          <div class=\"figure\"><b id=\"oldest-age\">{}</b>oldest due waits{}</div>\
          <div class=\"figure\">{rate}{}</div>\
@@ -553,9 +562,9 @@ pub(crate) fn confirm(
     } else {
         ("Purge", "purge", " class=\"danger\"")
     };
-    let what = match bulk.message_type {
-        Some(t) => format!("dead letters of type <b>{}</b>", escape(t)),
-        None => "dead letters of every type".to_owned(),
+    let of = match bulk.message_type {
+        Some(t) => format!("of type <b>{}</b>", escape(t)),
+        None => "of every type".to_owned(),
     };
     let changed = changed
         .map(|was| {
@@ -572,18 +581,19 @@ pub(crate) fn confirm(
     };
     let body = if count == 0 {
         format!(
-            "<h1>{verb}</h1>{changed}<p id=\"confirm-count\">There are no {what}.</p>\
-                 <p><a href=\"{base}/dead\">Back</a></p>"
+            "<h1>{verb}</h1>{changed}<p id=\"confirm-count\">There are no dead letters {of}.</p>\
+             <p><a href=\"{base}/dead\">Back</a></p>"
         )
     } else {
         format!(
-            "<h1>{verb} {count}?</h1>{changed}<p id=\"confirm-count\">{verb} <b>{count}</b> {what}? \
+            "<h1>{verb} {count}?</h1>{changed}<p id=\"confirm-count\">{verb} <b>{count}</b> {noun} {of}? \
              {consequence}</p><form method=\"post\" action=\"{base}/dead/{action}\">\
              <input type=\"hidden\" name=\"type\" value=\"{t}\">\
              <input type=\"hidden\" name=\"count\" value=\"{count}\">\
              <button id=\"confirm\"{class}>{verb} {count}</button> \
              <a href=\"{base}/dead\">Cancel</a></form>",
             t = escape(bulk.message_type.unwrap_or("")),
+            noun = if count == 1 { "dead letter" } else { "dead letters" },
         )
     };
     layout(page, verb, &body, None)

@@ -656,16 +656,16 @@ where
         return confirm(admin, page, &query, Some(confirmed));
     }
     let selection = DeadLetterSelection::Positions(positions);
-    let what = match bulk.message_type {
-        Some(t) => format!("dead letters of type {t}"),
-        None => "dead letters".to_owned(),
+    let of = match bulk.message_type {
+        Some(t) => format!(" of type {t}"),
+        None => String::new(),
     };
     let text_done = if bulk.requeue {
         let moved = admin::requeue_dead_letters(conn, &selection).map_err(text)?;
-        format!("Re-queued {} {what}.", moved.len())
+        format!("Re-queued {}{of}.", pages::dead_letters(moved.len()))
     } else {
         let purged = admin::purge_dead_letters(conn, &selection).map_err(text)?;
-        format!("Purged {purged} {what}.")
+        format!("Purged {}{of}.", pages::dead_letters(purged))
     };
     log::info!(
         target: "outbox_admin",

@@ -2,8 +2,9 @@
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them); elsewhere set
 //! `CHROMEDRIVER` and `CHROMIUM` to their paths. Without them the test says so and passes,
-//! except with `CI=true`, where it fails. The admin page's screenshot is saved as
-//! `target/browser/outbox-admin.png`.
+//! except with `CI=true`, where it fails. The admin pages' screenshots are saved in
+//! `target/browser/` (`outbox-overview.png`, `outbox-dead.png`, `outbox-message.png`,
+//! `outbox-confirm.png`).
 
 mod support;
 
@@ -134,6 +135,12 @@ impl Browser {
         }
     }
 
+    /// Opens `url` and clicks the first `css` there.
+    fn click_at(&self, url: &str, css: &str) {
+        self.goto(url);
+        self.click(css);
+    }
+
     fn click(&self, css: &str) {
         let element = self.find(css);
         self.call(
@@ -184,9 +191,11 @@ impl Browser {
     }
 
     fn screenshot(&self, path: &Path) {
-        use base64_decode::decode;
+        use base64::Engine;
         let png = self.call(reqwest::Method::GET, "/screenshot", json!(null));
-        let bytes = decode(png.as_str().expect("base64 PNG"));
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().expect("base64 PNG"))
+            .expect("a base64 screenshot");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, bytes).expect("writing the screenshot");
     }
@@ -198,29 +207,6 @@ impl Drop for Browser {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
-    }
-}
-
-/// Enough base64 for a screenshot, to keep the dependency list short.
-mod base64_decode {
-    pub fn decode(text: &str) -> Vec<u8> {
-        let value = |c: u8| match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            _ => 63,
-        };
-        let clean: Vec<u8> = text.bytes().filter(|c| !b"=\r\n".contains(c)).collect();
-        let mut out = Vec::with_capacity(clean.len() * 3 / 4);
-        for chunk in clean.chunks(4) {
-            let n = chunk.iter().enumerate().fold(0u32, |acc, (i, c)| {
-                acc | (u32::from(value(*c)) << (18 - 6 * i))
-            });
-            let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-            out.extend_from_slice(&bytes[..chunk.len() - 1]);
-        }
-        out
     }
 }
 
@@ -265,17 +251,28 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
     });
     comment(&browser, &server, "Linus", "Me too.");
 
-    let admin = browser.wait_for(&outbox, "two dead letters", |page| {
+    let overview = browser.wait_for(&outbox, "two dead letters", |page| {
         page.contains("id=\"dead-count\">2<")
     });
-    assert!(admin.contains("comment.thankYou") && admin.contains("comment.notification"));
-    assert!(admin.contains("gave up after 2 attempts"), "{admin}");
-    assert!(admin.contains("500"), "the last error names the status");
-    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/browser/outbox-admin.png");
-    browser.screenshot(&shot);
-    assert!(std::fs::metadata(&shot)
-        .map(|m| m.len() > 10_000)
-        .unwrap_or(false));
+    assert!(overview.contains("comment.thankYou") && overview.contains("comment.notification"));
+    assert!(overview.contains("class=\"spark\""), "the charts");
+    shoot(&browser, "outbox-overview");
+
+    let dead = browser.wait_for(&server.url("/outbox/dead"), "the dead letters", |page| {
+        page.matches("class=\"dead-letter\"").count() == 2
+    });
+    assert!(dead.contains("gave up after 2 attempts"), "{dead}");
+    assert!(dead.contains("500"), "the last error names the status");
+    shoot(&browser, "outbox-dead");
+
+    // One dead letter's page: its payload, its attempts, what went wrong.
+    browser.click(".dead-letter a");
+    let message = browser.settle("a dead letter's page", |page| {
+        page.contains("id=\"message-payload\"")
+    });
+    assert!(message.contains("dead letter") && message.contains("gave up after 2 attempts"));
+    assert!(message.contains("id=\"message-headers\""));
+    shoot(&browser, "outbox-message");
 
     browser.goto(&receiver);
     browser.click("#toggle-failing");
@@ -283,22 +280,58 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
         page.contains("healthy: deliveries")
     });
 
-    browser.goto(&outbox);
-    browser.click("button.requeue");
+    // One re-queued from its page, the other in bulk behind a confirmation with its count.
+    browser.click_at(&server.url("/outbox/dead"), "button.requeue");
     browser.settle("the first re-queue", |page| {
-        page.contains("Re-queued 1 dead letter")
+        page.contains("Re-queued dead letter #")
     });
-    browser.goto(&outbox);
-    browser.click("button.requeue");
-    browser.settle("the second re-queue", |page| {
-        page.contains("Re-queued 1 dead letter")
+    browser.click("#bulk tr:last-child a.bulk-requeue");
+    let confirm = browser.settle("the confirmation", |page| {
+        page.contains("id=\"confirm-count\"")
+    });
+    assert!(
+        confirm.contains("Re-queue <b>1</b> dead letter of every type"),
+        "{confirm}"
+    );
+    shoot(&browser, "outbox-confirm");
+    browser.click("#confirm");
+    browser.settle("the bulk re-queue", |page| {
+        page.contains("Re-queued 1 dead letter.")
     });
     browser.wait_for(&receiver, "Linus's thank-you after the re-queue", |page| {
         page.contains("linus@example.com") && page.matches("verified, delivered").count() >= 3
     });
-    let admin = browser.wait_for(&outbox, "no dead letters", |page| {
+    let overview = browser.wait_for(&outbox, "no dead letters", |page| {
         page.contains("id=\"dead-count\">0<")
     });
-    assert!(admin.contains("No dead letters."));
-    eprintln!("admin page screenshot: {}", shot.display());
+    assert!(overview.contains("No key is blocked."));
+
+    // The pending list's filters survive the round trip.
+    browser.goto(&server.url("/outbox/messages"));
+    browser.type_into("#filter-type", "comment.thankYou");
+    browser.click("#filter");
+    let filtered = browser.settle("the filtered list", |page| {
+        page.contains("value=\"comment.thankYou\"")
+    });
+    assert!(filtered.contains("No message matches.") || filtered.contains("pending-message"));
+
+    // Signing out ends the session: the pages ask for the token again.
+    browser.click("#sign-out");
+    browser.goto(&outbox);
+    browser.settle("the sign-in form", |page| page.contains("id=\"token\""));
+}
+
+/// Saves a screenshot as `target/browser/{name}.png` and checks it is a real image.
+fn shoot(browser: &Browser, name: &str) {
+    let shot =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../target/browser/{name}.png"));
+    browser.screenshot(&shot);
+    assert!(
+        std::fs::metadata(&shot)
+            .map(|m| m.len() > 10_000)
+            .unwrap_or(false),
+        "{} is no screenshot",
+        shot.display()
+    );
+    eprintln!("screenshot: {}", shot.display());
 }
