@@ -5,7 +5,7 @@
 //! The pages are plain request → response functions ([`Admin::handle`]), so any framework can
 //! serve them: hand over the method, the path below the mount point, the headers and the body,
 //! and send back the [`Response`]. With the `rocket` feature,
-//! [`rocket::mount`](crate::rocket::mount) does that for a Rocket 0.5 application.
+//! [`rocket::mount`] does that for a Rocket 0.5 application.
 //!
 //! - **HTML**: an overview (pending, in flight, dead, the oldest due message's wait, settled
 //!   per second, each with a small chart of the last minutes; counts by type; ordering keys
