@@ -280,18 +280,26 @@ impl<'a> Filter<'a> {
         }
     }
 
-    /// The binds of the pending listing: type (NULL: any), key twice (NULL: any), least
-    /// attempts, due only (0/1), from position, limit.
-    pub fn pending_binds(&self) -> [Bind<'a>; 7] {
-        [
+    /// The pending listing's statement, `by_key` when a key is asked for (it reads the
+    /// ordering index, whatever the plan) or `every` otherwise, and its binds: the key if
+    /// asked, then type (NULL: any), least attempts, due only (0/1), from position, limit.
+    pub fn pending_query<'s>(&self, every: &'s str, by_key: &'s str) -> (&'s str, Vec<Bind<'a>>) {
+        let mut binds = Vec::with_capacity(6);
+        let statement = match self.ordering_key {
+            Some(key) => {
+                binds.push(Bind::Text(key));
+                by_key
+            }
+            None => every,
+        };
+        binds.extend([
             Bind::NullableText(self.message_type),
-            Bind::NullableText(self.ordering_key),
-            Bind::NullableText(self.ordering_key),
             Bind::BigInt(i64::from(self.min_attempts)),
             Bind::BigInt(i64::from(self.due_only)),
             Bind::BigInt(self.position.unwrap_or(0)),
             Bind::BigInt(self.limit.map_or(i64::MAX, i64::from)),
-        ]
+        ]);
+        (statement, binds)
     }
 
     /// The binds of the dead-letter listing: type (NULL: any), key twice (NULL: any), from

@@ -250,14 +250,22 @@ macro_rules! pending_columns {
 }
 
 /// Pending messages, by position: a page reads the primary key from its first position on,
-/// however deep it is. Binds: type (NULL: any), key twice (NULL: any), least attempts, due
-/// only (0/1), from position, limit.
+/// however deep it is (a type or attempts filter walks it until the page is full). Binds:
+/// type (NULL: any), least attempts, due only (0/1), from position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
-    "WHERE message_type = COALESCE(?, message_type) \
-     AND (? IS NULL OR ordering_key = ?) AND attempts >= ? \
+    "WHERE message_type = COALESCE(?, message_type) AND attempts >= ? \
      AND (? = 0 OR (NOT parked AND next_attempt_at <= UTC_TIMESTAMP(6))) \
      AND id >= ? ORDER BY id LIMIT ?"
+);
+
+/// The pending messages of one ordering key, by position: the ordering index gives them in
+/// order. Binds: key, then as [`PENDING`].
+pub(crate) const PENDING_BY_KEY: &str = concat!(
+    pending_columns!(),
+    "WHERE ordering_key = ? AND message_type = COALESCE(?, message_type) AND attempts >= ? \
+     AND (? = 0 OR (NOT parked AND next_attempt_at <= UTC_TIMESTAMP(6))) \
+     AND id >= ? ORDER BY ordering_key, id LIMIT ?"
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
@@ -646,7 +654,8 @@ impl Statements for MysqlConnection {
     }
 
     fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        Prepared::new(PENDING, STYLE, &filter.pending_binds()).load(self)
+        let (statement, binds) = filter.pending_query(PENDING, PENDING_BY_KEY);
+        Prepared::new(statement, STYLE, &binds).load(self)
     }
 
     fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
@@ -764,7 +773,8 @@ mod tests {
             (LOCK_OWNED, 2),
             (COPY_TO_DEAD, 2),
             (DELETE_ONE, 1),
-            (PENDING, 7),
+            (PENDING, 5),
+            (PENDING_BY_KEY, 6),
             (PENDING_BY_MESSAGE_ID, 1),
             (DEAD_BY_MESSAGE_ID, 1),
             (DEAD_POSITIONS, 1),

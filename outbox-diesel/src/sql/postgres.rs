@@ -197,14 +197,22 @@ macro_rules! pending_columns {
 }
 
 /// Pending messages, by position: a page reads the primary key from its first position on,
-/// however deep it is. Binds: type (NULL: any), key twice (NULL: any), least attempts, due
-/// only (0/1), from position, limit.
+/// however deep it is (a type or attempts filter walks it until the page is full). Binds:
+/// type (NULL: any), least attempts, due only (0/1), from position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
-    "WHERE message_type = COALESCE($1::text, message_type) \
-     AND ($2::text IS NULL OR ordering_key = $3::text) AND attempts >= $4 \
-     AND ($5 = 0 OR (NOT parked AND next_attempt_at <= now())) \
-     AND id >= $6 ORDER BY id LIMIT $7"
+    "WHERE message_type = COALESCE($1::text, message_type) AND attempts >= $2 \
+     AND ($3 = 0 OR (NOT parked AND next_attempt_at <= now())) \
+     AND id >= $4 ORDER BY id LIMIT $5"
+);
+
+/// The pending messages of one ordering key, by position: the ordering index gives them in
+/// order. Binds: key, then as [`PENDING`].
+pub(crate) const PENDING_BY_KEY: &str = concat!(
+    pending_columns!(),
+    "WHERE ordering_key = $1 AND message_type = COALESCE($2::text, message_type) \
+     AND attempts >= $3 AND ($4 = 0 OR (NOT parked AND next_attempt_at <= now())) \
+     AND id >= $5 ORDER BY ordering_key, id LIMIT $6"
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
@@ -487,7 +495,8 @@ impl Statements for PgConnection {
     }
 
     fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        Prepared::new(PENDING, STYLE, &filter.pending_binds()).load(self)
+        let (statement, binds) = filter.pending_query(PENDING, PENDING_BY_KEY);
+        Prepared::new(statement, STYLE, &binds).load(self)
     }
 
     fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
@@ -571,6 +580,7 @@ mod tests {
             EXTEND_LEASES,
             PROMOTE_STRANDED,
             PENDING,
+            PENDING_BY_KEY,
             DEAD_LETTERS,
             REQUEUE,
             PURGE,

@@ -218,14 +218,22 @@ macro_rules! pending_columns {
 }
 
 /// Pending messages, by position: a page reads the primary key from its first position on,
-/// however deep it is. Binds: type (NULL: any), key twice (NULL: any), least attempts, due
-/// only (0/1), from position, limit.
+/// however deep it is (a type or attempts filter walks it until the page is full). Binds:
+/// type (NULL: any), least attempts, due only (0/1), from position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
-    "WHERE message_type = COALESCE(?, message_type) \
-     AND (? IS NULL OR ordering_key = ?) AND attempts >= ? \
+    "WHERE message_type = COALESCE(?, message_type) AND attempts >= ? \
      AND (? = 0 OR (parked = 0 AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now'))) \
      AND id >= ? ORDER BY id LIMIT ?"
+);
+
+/// The pending messages of one ordering key, by position: the ordering index gives them in
+/// order. Binds: key, then as [`PENDING`].
+pub(crate) const PENDING_BY_KEY: &str = concat!(
+    pending_columns!(),
+    "WHERE ordering_key = ? AND message_type = COALESCE(?, message_type) AND attempts >= ? \
+     AND (? = 0 OR (parked = 0 AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now'))) \
+     AND id >= ? ORDER BY ordering_key, id LIMIT ?"
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
@@ -592,7 +600,8 @@ impl Statements for SqliteConnection {
     }
 
     fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        Prepared::new(PENDING, STYLE, &filter.pending_binds()).load(self)
+        let (statement, binds) = filter.pending_query(PENDING, PENDING_BY_KEY);
+        Prepared::new(statement, STYLE, &binds).load(self)
     }
 
     fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
@@ -702,7 +711,8 @@ mod tests {
             (COPY_TO_DEAD, 3),
             (DELETE_OWNED, 2),
             (PROMOTE_STRANDED, 0),
-            (PENDING, 7),
+            (PENDING, 5),
+            (PENDING_BY_KEY, 6),
             (DEAD_LETTERS, 5),
             (PURGE, 1),
             (INBOX_RECORD, 1),
