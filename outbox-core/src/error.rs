@@ -11,6 +11,10 @@ pub enum FailureKind {
     /// No attempt will ever succeed (a 400, a payload the receiver rejects); the message goes to
     /// the dead-letter table at once.
     Permanent,
+    /// Not attempted: the destination is known to be down (a paused webhook endpoint). The
+    /// message waits for [`retry_after`](ProcessError::retry_after) without the attempt being
+    /// counted, so an outage, however long, does not use up its attempts.
+    Deferred,
 }
 
 /// Why [`Handler::process`](crate::Handler::process) did not complete.
@@ -41,6 +45,16 @@ impl ProcessError {
             kind: FailureKind::Permanent,
             reason: reason.to_string(),
             retry_after: None,
+        }
+    }
+
+    /// The message was not attempted because its destination is known to be down: it waits
+    /// `delay` and the attempt is not counted (see [`FailureKind::Deferred`]).
+    pub fn defer(reason: impl fmt::Display, delay: Duration) -> Self {
+        ProcessError {
+            kind: FailureKind::Deferred,
+            reason: reason.to_string(),
+            retry_after: Some(delay),
         }
     }
 
@@ -130,5 +144,12 @@ mod tests {
         assert_eq!(err.kind(), FailureKind::Permanent);
         assert_eq!(err.to_string(), "410 Gone");
         assert_eq!(err.retry_after(), Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn a_deferral_carries_its_wait() {
+        let err = ProcessError::defer("endpoint paused", Duration::from_secs(30));
+        assert_eq!(err.kind(), FailureKind::Deferred);
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
     }
 }

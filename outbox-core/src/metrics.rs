@@ -19,6 +19,7 @@
 //! | [`STORE_ERRORS`] | counter | `operation` | failed store calls: `claim`, `settle`, `extend_leases`, `housekeeping`, `backlog` |
 //! | [`PENDING`] | gauge | | messages in the outbox (due, delayed, held or parked), sampled |
 //! | [`OLDEST_DUE_AGE`] | gauge (s) | | how long the oldest due, unclaimed message has waited (0 when none waits), sampled |
+//! | [`ENDPOINT_STATE`] | gauge | `endpoint`, `state` | 1 for the state a webhook endpoint is in (`healthy`, `paused`, `disabled`), 0 for the others |
 //!
 //! The two sampled gauges come from one query the worker runs at start and then every
 //! [`WorkerBuilder::backlog_interval`](crate::WorkerBuilder::backlog_interval) (15 s by
@@ -51,6 +52,9 @@ pub const STORE_ERRORS: &str = "outbox_store_errors_total";
 pub const PENDING: &str = "outbox_pending_messages";
 /// How long the oldest due, unclaimed message has waited, sampled (gauge, seconds).
 pub const OLDEST_DUE_AGE: &str = "outbox_oldest_due_age_seconds";
+/// 1 for the state each webhook endpoint is in, 0 for the others, by `endpoint` and `state`
+/// (gauge). Alert on `outbox_webhook_endpoint_state{state!="healthy"} == 1`.
+pub const ENDPOINT_STATE: &str = "outbox_webhook_endpoint_state";
 
 /// The `type` label of messages no handler of this worker serves: unbounded strings from the
 /// database never become label values.
@@ -107,6 +111,11 @@ pub(crate) fn describe() {
         Unit::Seconds,
         "How long the oldest due, unclaimed outbox message has waited, sampled"
     );
+    describe_gauge!(
+        ENDPOINT_STATE,
+        Unit::Count,
+        "1 for the state a webhook endpoint is in (healthy, paused, disabled), 0 for the others"
+    );
 }
 
 pub(crate) fn processed(message_type: &str, outcome: &'static str) {
@@ -143,6 +152,16 @@ pub(crate) fn settlement() {
 
 pub(crate) fn store_error(operation: &'static str) {
     ::metrics::counter!(STORE_ERRORS, "operation" => operation).increment(1);
+}
+
+/// Records that webhook endpoint `endpoint` is in `state` (and in no other).
+#[cfg_attr(not(feature = "webhook"), allow(dead_code))]
+pub(crate) fn endpoint_state(endpoint: &str, state: &'static str) {
+    for each in ["healthy", "paused", "disabled"] {
+        let value = if each == state { 1.0 } else { 0.0 };
+        ::metrics::gauge!(ENDPOINT_STATE, "endpoint" => endpoint.to_owned(), "state" => each)
+            .set(value);
+    }
 }
 
 pub(crate) fn backlog(pending: u64, oldest_due_age: Duration) {

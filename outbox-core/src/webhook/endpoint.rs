@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::error::{is_retryable_status, WebhookError};
 use super::guard::{AddressGuard, BlockedHost, GuardedResolver};
+use super::health::{EndpointState, Gate, Health, HealthPolicy, Observed, Transition};
 use super::secret::WebhookSecret;
 use crate::context::Context;
 use crate::error::{FailureKind, ProcessError};
@@ -48,6 +49,9 @@ pub struct WebhookEndpoint {
 
 struct Inner {
     url: Url,
+    /// The endpoint's name in logs and metrics.
+    name: String,
+    health: Health,
     /// The URL as shown in errors and logs: without its password.
     shown_url: String,
     /// The URL's host, if it is an IP address: the client dials those without the resolver.
@@ -66,6 +70,8 @@ struct Inner {
 /// Configuration of a [`WebhookEndpoint`], from [`WebhookEndpoint::builder`].
 pub struct WebhookEndpointBuilder {
     url: String,
+    name: Option<String>,
+    health_policy: HealthPolicy,
     secrets: Vec<WebhookSecret>,
     timeout: Duration,
     connect_timeout: Duration,
@@ -80,6 +86,8 @@ impl WebhookEndpoint {
     pub fn builder(url: impl Into<String>) -> WebhookEndpointBuilder {
         WebhookEndpointBuilder {
             url: url.into(),
+            name: None,
+            health_policy: HealthPolicy::default(),
             secrets: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -93,6 +101,29 @@ impl WebhookEndpoint {
     /// The receiver's URL.
     pub fn url(&self) -> &Url {
         &self.inner.url
+    }
+
+    /// The endpoint's name in logs, metrics and the admin pages: the one given to the
+    /// builder, or the URL's host and port.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Where the endpoint stands: healthy, paused after failing again and again, or disabled
+    /// after a `410 Gone` (see [`HealthPolicy`]).
+    pub fn health(&self) -> EndpointState {
+        self.inner.health.state(Instant::now())
+    }
+
+    /// Sends deliveries again: clears a disabled (`410 Gone`) or paused state. Messages
+    /// dead-lettered meanwhile can then be re-queued.
+    pub fn enable(&self) {
+        self.inner.health.enable();
+        log::warn!(
+            "webhook endpoint {} enabled by the application",
+            self.inner.name
+        );
+        crate::metrics::endpoint_state(&self.inner.name, "healthy");
     }
 
     /// The limit on one whole request, from connecting to reading the answer.
@@ -156,12 +187,75 @@ impl WebhookEndpoint {
     }
 
     fn send(&self, ctx: &Context<'_>, id: &str, body: Vec<u8>) -> Result<(), ProcessError> {
-        match self
+        let inner = &*self.inner;
+        let probe = match inner.health.gate(Instant::now()) {
+            Gate::Send => false,
+            Gate::Probe => {
+                log::info!("webhook endpoint {}: probing with message {id}", inner.name);
+                true
+            }
+            Gate::Wait { delay, why } => {
+                return Err(ProcessError::defer(
+                    format!("not sent: webhook endpoint {} is {why}", inner.name),
+                    delay,
+                ))
+            }
+            Gate::Refuse(reason) => {
+                return Err(ProcessError::permanent(format!(
+                    "not sent: webhook endpoint {} is disabled ({reason}); enable it again \
+                     (WebhookEndpoint::enable, or the admin pages) and re-queue",
+                    inner.name
+                )))
+            }
+        };
+        let result = self
             .post_owned(id, ctx.headers(), body)
-            .and_then(WebhookResponse::error_for_status)
-        {
+            .and_then(WebhookResponse::error_for_status);
+        let observed = match &result {
+            Ok(_) => Observed::Answered,
+            Err(WebhookError::Status { status: 410, .. }) => {
+                Observed::Gone("the receiver answered 410 Gone")
+            }
+            Err(error) if error.failure_kind() == FailureKind::Retryable => {
+                Observed::Failed(match error {
+                    WebhookError::Status { .. } => "an HTTP status that asks to come back later",
+                    WebhookError::Timeout { .. } => "a timeout",
+                    _ => "no connection",
+                })
+            }
+            Err(WebhookError::Status { .. } | WebhookError::Redirect { .. }) => Observed::Answered,
+            Err(_) => Observed::Nothing,
+        };
+        if let Some(transition) = inner.health.record(observed, probe, Instant::now()) {
+            self.report(transition);
+        }
+        match result {
             Ok(_) => Ok(()),
             Err(error) => Err(self.failed(ctx, id, error)),
+        }
+    }
+
+    fn report(&self, transition: Transition) {
+        let name = &self.inner.name;
+        match transition {
+            Transition::Paused(length) => {
+                log::warn!(
+                    "webhook endpoint {name} paused for {length:?} after consecutive failures: \
+                     its messages wait without counting attempts until a probe gets an answer"
+                );
+                crate::metrics::endpoint_state(name, "paused");
+            }
+            Transition::Resumed => {
+                log::warn!("webhook endpoint {name} answered a probe: deliveries resume");
+                crate::metrics::endpoint_state(name, "healthy");
+            }
+            Transition::Disabled => {
+                log::error!(
+                    "webhook endpoint {name} answered 410 Gone and is disabled: its messages are \
+                     dead-lettered until it is enabled again"
+                );
+                crate::metrics::endpoint_state(name, "disabled");
+            }
         }
     }
 
@@ -355,6 +449,21 @@ impl WebhookEndpointBuilder {
         self
     }
 
+    /// The endpoint's name in logs, metrics and the admin pages (default: the URL's host and
+    /// port). Keep it short and fixed: it is a metric label.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// When to pause deliveries to a receiver that keeps failing (default: after 10
+    /// consecutive failures, 30 s doubling up to 15 minutes; [`HealthPolicy::never_pause`]
+    /// turns pausing off). A `410 Gone` disables the endpoint whatever the policy.
+    pub fn health_policy(mut self, policy: HealthPolicy) -> Self {
+        self.health_policy = policy;
+        self
+    }
+
     /// The limit on one whole request, from connecting to reading the answer (default 10 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -424,6 +533,10 @@ impl WebhookEndpointBuilder {
             .parse::<IpAddr>()
             .ok();
         let shown_url = redact(&url);
+        let name = self.name.unwrap_or_else(|| match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        });
         if self.secrets.is_empty() {
             return Err(WebhookError::NoSecret { url: shown_url });
         }
@@ -445,6 +558,8 @@ impl WebhookEndpointBuilder {
         Ok(WebhookEndpoint {
             inner: Arc::new(Inner {
                 url,
+                name,
+                health: Health::new(self.health_policy),
                 shown_url,
                 literal_ip,
                 secrets: self.secrets,

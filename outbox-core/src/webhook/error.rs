@@ -202,7 +202,7 @@ impl WebhookError {
         }
         let error = match self.failure_kind() {
             FailureKind::Retryable => ProcessError::retryable(reason),
-            FailureKind::Permanent => ProcessError::permanent(reason),
+            _ => ProcessError::permanent(reason),
         };
         match self.retry_after() {
             Some(delay) => error.with_retry_after(delay),

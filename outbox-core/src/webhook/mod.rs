@@ -74,12 +74,14 @@
 mod endpoint;
 mod error;
 mod guard;
+mod health;
 mod secret;
 mod verify;
 
 pub use endpoint::{WebhookEndpoint, WebhookEndpointBuilder, WebhookResponse};
 pub use error::WebhookError;
 pub use guard::is_special_purpose;
+pub use health::{EndpointState, HealthPolicy};
 pub use secret::{WebhookSecret, MIN_SECRET_LEN};
 pub use verify::{
     verify, verify_at, VerifiedWebhook, VerifyError, WebhookHeaders, DEFAULT_TOLERANCE,

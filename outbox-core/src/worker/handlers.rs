@@ -44,6 +44,10 @@ pub(crate) enum Attempt {
     StillStuck,
 }
 
+/// The least a deferred message waits: a handler that defers without saying how long must
+/// not have its message claimed again at once, over and over.
+const DEFERRED_WITHOUT_DELAY: Duration = Duration::from_secs(1);
+
 /// What a finished attempt means for its message: the settlement, given the message's retry
 /// policy. Pure, so that the settlement policy is tested without threads or a store.
 pub(crate) fn settle_attempt(n: u32, attempt: Attempt, policy: &RetryPolicy) -> Settlement {
@@ -53,6 +57,15 @@ pub(crate) fn settle_attempt(n: u32, attempt: Attempt, policy: &RetryPolicy) -> 
             return Settlement::DeadLetter {
                 error: storable(reason),
             }
+        }
+        Attempt::Failed(failure) if failure.kind() == FailureKind::Deferred => {
+            return Settlement::Defer {
+                delay: failure
+                    .retry_after()
+                    .unwrap_or(DEFERRED_WITHOUT_DELAY)
+                    .clamp(DEFERRED_WITHOUT_DELAY, MAX_DURATION),
+                reason: storable(failure.reason().to_owned()),
+            };
         }
         Attempt::Failed(failure) if failure.kind() == FailureKind::Permanent => {
             return Settlement::DeadLetter {
@@ -454,6 +467,25 @@ mod tests {
                 error: "gave up after 3 attempts: 503".into()
             }
         );
+    }
+
+    #[test]
+    fn a_deferral_waits_without_counting_even_on_the_last_attempt() {
+        let deferred = |delay| Attempt::Failed(ProcessError::defer("endpoint paused", delay));
+        let last = settle_attempt(3, deferred(Duration::from_secs(30)), &policy());
+        assert_eq!(
+            last,
+            Settlement::Defer {
+                delay: Duration::from_secs(30),
+                reason: "endpoint paused".into()
+            }
+        );
+        let eager = settle_attempt(1, deferred(Duration::ZERO), &policy());
+        assert!(
+            matches!(eager, Settlement::Defer { delay, .. } if delay == Duration::from_secs(1))
+        );
+        let endless = settle_attempt(1, deferred(Duration::MAX), &policy());
+        assert!(matches!(endless, Settlement::Defer { delay, .. } if delay == MAX_DURATION));
     }
 
     #[test]
