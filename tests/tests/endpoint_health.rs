@@ -1,0 +1,164 @@
+//! Endpoint health against a real receiver, on every backend: an outage pauses the endpoint
+//! and its messages wait without spending their attempts (without the pause, every one of them
+//! would be dead-lettered), a probe finds the receiver back and all are delivered once; a
+//! `410 Gone` disables the endpoint, dead-letters what follows with that reason, and after
+//! `enable` the re-queued messages are delivered.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use outbox_diesel::admin::{requeue_dead_letters, DeadLetterSelection};
+use outbox_diesel::prelude::*;
+use outbox_diesel::webhook::{EndpointState, HealthPolicy, WebhookEndpoint};
+use outbox_diesel::{DieselStore, RetryPolicy, Worker};
+use outbox_testkit::http::{Receiver, Reply};
+use outbox_testkit::outbox::{dead, pending, secret};
+use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb};
+use outbox_tests::handlers::Hook;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn endpoint(receiver: &Receiver, policy: HealthPolicy) -> WebhookEndpoint {
+    WebhookEndpoint::builder(receiver.url("/hook"))
+        .name("mail")
+        .secret(secret())
+        .timeout(Duration::from_secs(5))
+        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .health_policy(policy)
+        .build()
+        .unwrap()
+}
+
+/// Three quick attempts: without pausing, an outage longer than a second dead-letters all.
+fn impatient() -> RetryPolicy {
+    RetryPolicy::new()
+        .max_attempts(3)
+        .initial_backoff(Duration::from_millis(20))
+        .max_backoff(Duration::from_millis(50))
+}
+
+fn an_outage_pauses_the_endpoint_and_messages_wait_without_spending_attempts<C>(db: &TestDb)
+where
+    C: TestConnection,
+{
+    let receiver = Receiver::start(|_, _| Reply::status(503));
+    let pool = db.pool::<C>(4);
+    for n in 0..20 {
+        Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    let mail = endpoint(
+        &receiver,
+        HealthPolicy::new()
+            .failures_to_pause(3)
+            .first_pause(Duration::from_millis(500))
+            .longest_pause(Duration::from_secs(1)),
+    );
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .retry_policy(impatient())
+        .webhook(mail.clone())
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(PATIENCE, || matches!(
+            mail.health(),
+            EndpointState::Paused { .. }
+        )),
+        "paused: {:?}",
+        mail.health()
+    );
+    // Four seconds of outage: long enough for every message's three attempts many times over.
+    std::thread::sleep(Duration::from_secs(4));
+    let during = receiver.count();
+    assert!(
+        dead(&pool).is_empty(),
+        "nothing dead-lettered: {:?}",
+        dead(&pool)
+    );
+    assert!(
+        during < 30,
+        "the receiver saw {during} requests: the failures before the pause, in-flight ones and \
+         a probe per pause, not three per message"
+    );
+    let waiting = pending(&pool);
+    assert_eq!(waiting.len(), 20);
+    assert!(
+        waiting.iter().any(|m| m
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("webhook endpoint mail is paused"))),
+        "{waiting:?}"
+    );
+    assert!(
+        waiting.iter().all(|m| m.attempts <= 3),
+        "deferrals are not attempts: {:?}",
+        waiting.iter().map(|m| m.attempts).collect::<Vec<_>>()
+    );
+
+    receiver.set_behaviour(|_, _| Reply::status(200));
+    // A message leaves the outbox only when the receiver took it.
+    assert!(
+        eventually(PATIENCE, || pending(&pool).is_empty()),
+        "all delivered after the probe: {:?}",
+        mail.health()
+    );
+    assert_eq!(receiver.unique(), 20);
+    worker.shutdown(PATIENCE).unwrap();
+    assert!(matches!(
+        mail.health(),
+        EndpointState::Healthy {
+            consecutive_failures: 0
+        }
+    ));
+    assert!(pending(&pool).is_empty() && dead(&pool).is_empty());
+}
+
+fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, _| Reply::status(410));
+    let pool = db.pool::<C>(4);
+    let mail = endpoint(&receiver, HealthPolicy::new());
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .handler_threads(1)
+        .retry_policy(impatient())
+        .webhook(mail.clone())
+        .spawn()
+        .unwrap();
+    for n in 0..5 {
+        Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 5));
+    assert_eq!(receiver.count(), 1, "one 410, then nothing is sent");
+    let letters = dead(&pool);
+    let gone: Vec<_> = letters
+        .iter()
+        .filter(|d| d.last_error.contains("410"))
+        .collect();
+    assert_eq!(gone.len(), 5, "{letters:?}");
+    assert_eq!(
+        letters
+            .iter()
+            .filter(|d| d.last_error.contains("webhook endpoint mail is disabled"))
+            .count(),
+        4,
+        "{letters:?}"
+    );
+    assert_eq!(mail.health().name(), "disabled");
+
+    receiver.set_behaviour(|_, _| Reply::status(200));
+    mail.enable();
+    requeue_dead_letters(&mut pool.get().unwrap(), &DeadLetterSelection::All).unwrap();
+    assert!(
+        eventually(PATIENCE, || pending(&pool).is_empty()
+            && dead(&pool).is_empty()),
+        "delivered once enabled"
+    );
+    assert_eq!(receiver.count(), 6, "the 410, then each message once");
+    worker.shutdown(PATIENCE).unwrap();
+    assert!(pending(&pool).is_empty() && dead(&pool).is_empty());
+}
+
+backend_tests!(
+    an_outage_pauses_the_endpoint_and_messages_wait_without_spending_attempts,
+    gone_disables_the_endpoint_until_it_is_enabled,
+);
