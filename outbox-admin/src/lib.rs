@@ -69,6 +69,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use diesel::r2d2::{ManageConnection, Pool};
+use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{OutboxConnection, WorkerStats};
 
 pub use http::{Request, Response};
@@ -108,6 +109,7 @@ pub struct Admin<M: ManageConnection> {
     base_path: String,
     sessions: Sessions,
     worker_stats: Option<StatsSource>,
+    endpoints: Vec<WebhookEndpoint>,
     samples: Mutex<Samples>,
     refresh: Duration,
 }
@@ -130,6 +132,7 @@ pub struct AdminBuilder<M: ManageConnection> {
     secure_cookie: bool,
     session_lifetime: Duration,
     worker_stats: Option<StatsSource>,
+    endpoints: Vec<WebhookEndpoint>,
     refresh: Duration,
 }
 
@@ -196,6 +199,14 @@ where
         self
     }
 
+    /// A webhook endpoint whose health the overview shows (healthy, paused after repeated
+    /// failures, or disabled after a `410 Gone`), with a button that enables it again. Give
+    /// the same endpoint (a clone) the worker delivers through.
+    pub fn endpoint(mut self, endpoint: WebhookEndpoint) -> Self {
+        self.endpoints.push(endpoint);
+        self
+    }
+
     /// The pages, ready to serve.
     pub fn build(self) -> Result<Admin<M>, AdminError> {
         let token = self.token.trim();
@@ -227,6 +238,7 @@ where
             base_path: self.base_path,
             sessions,
             worker_stats: self.worker_stats,
+            endpoints: self.endpoints,
             samples: Mutex::new(Samples::default()),
             refresh: self.refresh,
         })
@@ -256,6 +268,7 @@ where
             secure_cookie: false,
             session_lifetime: Duration::from_secs(12 * 3600),
             worker_stats: None,
+            endpoints: Vec::new(),
             refresh: Duration::from_secs(10),
         }
     }
@@ -275,7 +288,8 @@ where
     /// `min_attempts`, `due=1`, `after`), `GET /messages/{message_id}`, `GET /dead` (query
     /// `type`, `key`, `after`), `GET /dead/confirm?action=requeue|purge&type=`,
     /// `POST /dead/requeue` and `POST /dead/purge` (form `type`, `count`: done only if the
-    /// count still holds), `POST /dead/{position}/requeue|purge`, `GET|POST /login`,
+    /// count still holds), `POST /dead/{position}/requeue|purge`,
+    /// `POST /endpoints/{name}/enable`, `GET|POST /login`,
     /// `POST /logout`.
     ///
     /// JSON (`GET`, cookie or bearer token): `/api/overview` (`pending`, `in_flight`,
@@ -284,7 +298,8 @@ where
     /// `oldest_due_age_seconds`, `settled_per_second`}]), `/api/messages` (the pending
     /// page's query; `messages` and `next_after`, null on the last page), `/api/messages/{id}`
     /// (`state`: `pending` or `dead`, and the message), `/api/dead` (`dead_letters`,
-    /// `next_after`), `/api/blocked` (`blocked_keys`). Times are Unix milliseconds, durations
+    /// `next_after`), `/api/blocked` (`blocked_keys`), `/api/endpoints` (`endpoints`
+    /// [{`name`, `state`, `consecutive_failures`, `probe_in_seconds`, `reason`}]). Times are Unix milliseconds, durations
     /// seconds.
     pub fn handle(&self, request: &Request) -> Response {
         routes::handle(self, request)

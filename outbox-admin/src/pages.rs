@@ -4,6 +4,7 @@ use std::fmt::Write;
 use std::time::{Duration, SystemTime};
 
 use outbox_diesel::admin::{BlockedKey, DeadLetter, FoundMessage, PendingMessage, TypeStats};
+use outbox_diesel::webhook::EndpointState;
 use outbox_diesel::Headers;
 
 use crate::chart::{sparkline, Sample};
@@ -184,6 +185,8 @@ pub(crate) struct Overview {
     pub rates: Vec<Option<f64>>,
     pub stats: Vec<TypeStats>,
     pub blocked: Vec<BlockedKey>,
+    /// The webhook endpoints given to the builder: name and state.
+    pub endpoints: Vec<(String, EndpointState)>,
     pub refresh: Duration,
 }
 
@@ -268,7 +271,60 @@ pub(crate) fn overview(page: Page<'_>, o: &Overview) -> String {
         body.push_str("<tr><td colspan=\"7\">No key is blocked.</td></tr>");
     }
     body.push_str("</table>");
+    if !o.endpoints.is_empty() {
+        body.push_str(&endpoints(&base, &o.endpoints));
+    }
     layout(page, "Overview", &body, Some(o.refresh))
+}
+
+/// The webhook endpoints' health, with a button to enable one that is paused or disabled.
+fn endpoints(base: &str, endpoints: &[(String, EndpointState)]) -> String {
+    let mut table = "<h2>Webhook endpoints</h2><p class=\"meta\">Paused: failing again and again; \
+         its messages wait without spending attempts until a probe gets an answer. Disabled: it \
+         answered 410 Gone; its messages are dead-lettered until it is enabled.</p>\
+         <table id=\"endpoints\"><tr><th>endpoint</th><th>state</th><th>consecutive failures</th>\
+         <th>details</th><th></th></tr>"
+        .to_owned();
+    for (name, state) in endpoints {
+        let (failures, details) = match state {
+            EndpointState::Healthy {
+                consecutive_failures,
+            } => (*consecutive_failures, String::new()),
+            EndpointState::Paused {
+                consecutive_failures,
+                probe_in,
+                last_error,
+            } => (
+                *consecutive_failures,
+                format!(
+                    "next probe in {}; last failure: {}",
+                    age(*probe_in),
+                    escape(last_error)
+                ),
+            ),
+            EndpointState::Disabled { reason } => (0, escape(reason)),
+            _ => (0, String::new()),
+        };
+        let enable = if state.name() == "healthy" {
+            String::new()
+        } else {
+            format!(
+                "<form class=\"inline\" method=\"post\" action=\"{base}/endpoints/{}/enable\">\
+                 <button class=\"quiet enable-endpoint\">Enable</button></form>",
+                percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC)
+            )
+        };
+        let _ = write!(
+            table,
+            "<tr class=\"endpoint\"><td>{}</td><td><span class=\"state {class}\">{state}</span></td>\
+             <td>{failures}</td><td>{details}</td><td>{enable}</td></tr>",
+            escape(name),
+            class = if state.name() == "healthy" { "" } else { "dead" },
+            state = state.name(),
+        );
+    }
+    table.push_str("</table>");
+    table
 }
 
 /// A filter form's text field, keeping what was asked.

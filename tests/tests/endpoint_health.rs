@@ -7,6 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+use outbox_admin::{Admin, Request};
 use outbox_diesel::admin::{requeue_dead_letters, DeadLetterSelection};
 use outbox_diesel::prelude::*;
 use outbox_diesel::webhook::{EndpointState, HealthPolicy, WebhookEndpoint};
@@ -145,8 +146,48 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
     );
     assert_eq!(mail.health().name(), "disabled");
 
+    // The operator sees it on the admin pages and enables it there.
+    let admin = Admin::builder(pool.clone(), "an-admin-token-for-the-tests")
+        .endpoint(mail.clone())
+        .build()
+        .unwrap();
+    let bearer = "Bearer an-admin-token-for-the-tests";
+    let listed =
+        admin.handle(&Request::new("GET", "/api/endpoints").header("authorization", bearer));
+    let listed: serde_json::Value = serde_json::from_slice(&listed.body).unwrap();
+    assert_eq!(listed["endpoints"][0]["name"], "mail");
+    assert_eq!(listed["endpoints"][0]["state"], "disabled");
+    assert!(listed["endpoints"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("410"));
+    let signed_in = admin.handle(
+        &Request::new("POST", "/login")
+            .header("sec-fetch-site", "same-origin")
+            .body("token=an-admin-token-for-the-tests"),
+    );
+    let cookie = signed_in
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let overview = admin
+        .handle(&Request::new("GET", "/").header("cookie", &cookie))
+        .text();
+    assert!(
+        overview.contains("action=\"/outbox/endpoints/mail/enable\""),
+        "{overview}"
+    );
     receiver.set_behaviour(|_, _| Reply::status(200));
-    mail.enable();
+    let enabled = admin.handle(
+        &Request::new("POST", "/endpoints/mail/enable")
+            .header("cookie", &cookie)
+            .header("sec-fetch-site", "same-origin"),
+    );
+    assert_eq!(enabled.status, 303);
+    assert_eq!(mail.health().name(), "healthy");
     requeue_dead_letters(&mut pool.get().unwrap(), &DeadLetterSelection::All).unwrap();
     assert!(
         eventually(PATIENCE, || pending(&pool).is_empty()
