@@ -231,17 +231,26 @@ fn retry_after_is_honoured_and_clamped() {
 #[test]
 fn client_errors_are_permanent() {
     let receiver = serve(vec![
-        raw("410 Gone", &[], "no such hook"),
         raw("400 Bad Request", &[("Retry-After", "5")], ""),
+        raw("410 Gone", &[], "no such hook"),
     ]);
     let endpoint = to(&receiver).build().unwrap();
-    let gone = deliver_to(&endpoint).unwrap_err();
-    assert_eq!(gone.kind(), FailureKind::Permanent);
-    assert!(gone.reason().ends_with("410 Gone: no such hook"), "{gone}");
     let bad = deliver_to(&endpoint).unwrap_err();
     assert_eq!(bad.kind(), FailureKind::Permanent);
     assert!(bad.reason().contains("400 Bad Request"), "{bad}");
     assert_eq!(bad.retry_after(), None);
+    assert_eq!(
+        endpoint.health().name(),
+        "healthy",
+        "a 400 is about the message"
+    );
+    let gone = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(gone.kind(), FailureKind::Permanent);
+    assert!(gone.reason().ends_with("410 Gone: no such hook"), "{gone}");
+    // 410 disabled the endpoint: the next delivery is refused without a request.
+    let refused = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(refused.kind(), FailureKind::Permanent);
+    assert!(refused.reason().contains("is disabled"), "{refused}");
 }
 
 #[test]

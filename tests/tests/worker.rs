@@ -217,7 +217,8 @@ fn a_receiver_that_always_fails_leads_to_a_dead_letter<C: TestConnection>(db: &T
 
 fn client_errors_are_dead_lettered_after_one_attempt<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|request, _| match n_of(request) {
-        1 => Reply::status(410),
+        // Not 410: that one disables the endpoint (endpoint_health.rs).
+        1 => Reply::status(404),
         _ => Reply::status(400),
     });
     let pool = db.pool::<C>(8);
@@ -233,7 +234,7 @@ fn client_errors_are_dead_lettered_after_one_attempt<C: TestConnection>(db: &Tes
     );
     let letters = dead(&pool);
     assert!(letters.iter().all(|l| l.attempts == 1));
-    assert!(letters.iter().any(|l| l.last_error.contains("410")));
+    assert!(letters.iter().any(|l| l.last_error.contains("404")));
     assert!(letters.iter().any(|l| l.last_error.contains("400")));
 }
 
@@ -350,7 +351,7 @@ fn poison_messages_are_dead_lettered_while_the_rest_flows<C: TestConnection>(db:
 }
 
 fn dead_letters_can_be_requeued_and_purged<C: TestConnection>(db: &TestDb) {
-    let receiver = Receiver::start(|_, _| Reply::status(410));
+    let receiver = Receiver::start(|_, _| Reply::status(400));
     let pool = db.pool::<C>(8);
     let ids = enqueue_all(
         &mut pool.get().unwrap(),

@@ -174,6 +174,7 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
             .iter()
             .fold(
                 WebhookEndpoint::builder(webhook_url.clone())
+                    .name("mail")
                     .secret(settings.webhook_secret.clone())
                     .timeout(Duration::from_secs(5)),
                 |builder, address| builder.allow_address(*address),
@@ -202,6 +203,7 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
     let admin = outbox_admin::Admin::builder(db.clone(), settings.admin_token.clone())
         .base_path("/outbox")
         .cookie_path("/")
+        .endpoint(endpoint.clone())
         .worker_stats(move || {
             worker_stats
                 .lock()
