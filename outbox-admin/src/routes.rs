@@ -418,6 +418,30 @@ fn paged<T>(mut rows: Vec<T>, position: impl Fn(&T) -> i64) -> (Vec<T>, Option<i
     }
 }
 
+/// The page of a listing the query asks for and the position to continue after, or the
+/// answer to a query that makes no sense.
+type Listed<T> = Result<Result<(Vec<T>, Option<i64>), Response>, String>;
+
+fn listed<M, T>(
+    admin: &Admin<M>,
+    query: &Params,
+    api: bool,
+    load: impl FnOnce(&mut M::Connection, &ListOptions) -> outbox_diesel::Result<Vec<T>>,
+    position: impl Fn(&T) -> i64,
+) -> Listed<T>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let options = match list_options(query) {
+        Ok(options) => options,
+        Err(error) => return Ok(Err(bad_request(admin.base_path(), api, &error))),
+    };
+    let mut conn = connection(admin)?;
+    let rows = load(&mut conn, &options).map_err(text)?;
+    Ok(Ok(paged(rows, position)))
+}
+
 fn bad_request(base: &str, api: bool, error: &str) -> Response {
     if api {
         Response::json(400, &json!({ "error": error }))
@@ -431,13 +455,16 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let options = match list_options(query) {
-        Ok(options) => options,
-        Err(error) => return Ok(bad_request(page.base, false, &error)),
+    let (messages, next_after) = match listed(
+        admin,
+        query,
+        false,
+        |c, o| admin::pending_messages(c, o),
+        |m| m.position,
+    )? {
+        Ok(page) => page,
+        Err(answer) => return Ok(answer),
     };
-    let mut conn = connection(admin)?;
-    let rows = admin::pending_messages(&mut *conn, &options).map_err(text)?;
-    let (messages, next_after) = paged(rows, |m| m.position);
     Ok(Response::html(
         200,
         pages::pending(
@@ -456,13 +483,16 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let options = match list_options(query) {
-        Ok(options) => options,
-        Err(error) => return Ok(bad_request(admin.base_path(), true, &error)),
+    let (messages, next_after) = match listed(
+        admin,
+        query,
+        true,
+        |c, o| admin::pending_messages(c, o),
+        |m| m.position,
+    )? {
+        Ok(page) => page,
+        Err(answer) => return Ok(answer),
     };
-    let mut conn = connection(admin)?;
-    let rows = admin::pending_messages(&mut *conn, &options).map_err(text)?;
-    let (messages, next_after) = paged(rows, |m| m.position);
     let messages: Vec<Value> = messages.iter().map(pending_json_of).collect();
     Ok(Response::json(
         200,
@@ -578,15 +608,18 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let options = match list_options(query) {
-        Ok(options) => options,
-        Err(error) => return Ok(bad_request(page.base, false, &error)),
+    let (letters, next_after) = match listed(
+        admin,
+        query,
+        false,
+        |c, o| admin::dead_letters(c, o),
+        |d| d.position,
+    )? {
+        Ok(page) => page,
+        Err(answer) => return Ok(answer),
     };
     let mut conn = connection(admin)?;
-    let conn = &mut *conn;
-    let rows = admin::dead_letters(conn, &options).map_err(text)?;
-    let (letters, next_after) = paged(rows, |d| d.position);
-    let types: Vec<(String, u64)> = admin::stats(conn)
+    let types: Vec<(String, u64)> = admin::stats(&mut *conn)
         .map_err(text)?
         .into_iter()
         .filter(|s| s.dead > 0)
@@ -611,13 +644,16 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let options = match list_options(query) {
-        Ok(options) => options,
-        Err(error) => return Ok(bad_request(admin.base_path(), true, &error)),
+    let (letters, next_after) = match listed(
+        admin,
+        query,
+        true,
+        |c, o| admin::dead_letters(c, o),
+        |d| d.position,
+    )? {
+        Ok(page) => page,
+        Err(answer) => return Ok(answer),
     };
-    let mut conn = connection(admin)?;
-    let rows = admin::dead_letters(&mut *conn, &options).map_err(text)?;
-    let (letters, next_after) = paged(rows, |d| d.position);
     let letters: Vec<Value> = letters.iter().map(dead_json_of).collect();
     Ok(Response::json(
         200,

@@ -226,19 +226,35 @@ impl WebhookEndpoint {
             Err(WebhookError::Status { .. } | WebhookError::Redirect { .. }) => Observed::Answered,
             Err(_) => Observed::Nothing,
         };
-        if let Some(transition) = inner.health.record(observed, probe, Instant::now()) {
+        let transition = inner.health.record(observed, probe, Instant::now());
+        if let Some(transition) = &transition {
             self.report(transition);
         }
-        match result {
-            Ok(_) => Ok(()),
-            Err(error) => Err(self.failed(ctx, id, error)),
+        match (result, transition) {
+            (Ok(_), _) => Ok(()),
+            // A failed probe is the outage's, not the message's: it waits for the next probe
+            // without spending an attempt, so no outage, however long, uses up its retries.
+            (Err(error), Some(Transition::Paused(length))) if probe => {
+                let error = self.failed(ctx, id, error);
+                Err(ProcessError::defer(
+                    format!(
+                        "not delivered: the probe of paused webhook endpoint {} failed ({}); \
+                         next probe in {length:?}",
+                        inner.name,
+                        error.reason()
+                    ),
+                    length,
+                ))
+            }
+            (Err(error), _) => Err(self.failed(ctx, id, error)),
         }
     }
 
-    fn report(&self, transition: Transition) {
+    fn report(&self, transition: &Transition) {
         let name = &self.inner.name;
         match transition {
             Transition::Paused(length) => {
+                let length = *length;
                 log::warn!(
                     "webhook endpoint {name} paused for {length:?} after consecutive failures: \
                      its messages wait without counting attempts until a probe gets an answer"

@@ -8,8 +8,9 @@
 //!   not sent; their messages are deferred until the pause ends, **without counting an
 //!   attempt**, so an outage of any length uses up nobody's retries. When the pause ends, the
 //!   next delivery goes out as the probe (one at a time; the others keep waiting). If the
-//!   receiver answers, the endpoint is healthy again; if not, the next pause is twice as long,
-//!   up to [`HealthPolicy::longest_pause`].
+//!   receiver answers, the endpoint is healthy again; if not, the probe's message is deferred
+//!   too (a failed probe is the outage's, not the message's: no attempt is counted) and the
+//!   next pause is twice as long, up to [`HealthPolicy::longest_pause`].
 //! - **Disabled**, after a `410 Gone` (the receiver says it will never take deliveries again,
 //!   as the Standard Webhooks spec asks senders to honour): every delivery fails permanently,
 //!   so messages are dead-lettered with that reason, until
