@@ -455,16 +455,11 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let (messages, next_after) = match listed(
-        admin,
-        query,
-        false,
-        |c, o| admin::pending_messages(c, o),
-        |m| m.position,
-    )? {
-        Ok(page) => page,
-        Err(answer) => return Ok(answer),
-    };
+    let (messages, next_after) =
+        match listed(admin, query, false, admin::pending_messages, |m| m.position)? {
+            Ok(page) => page,
+            Err(answer) => return Ok(answer),
+        };
     Ok(Response::html(
         200,
         pages::pending(
@@ -483,16 +478,11 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let (messages, next_after) = match listed(
-        admin,
-        query,
-        true,
-        |c, o| admin::pending_messages(c, o),
-        |m| m.position,
-    )? {
-        Ok(page) => page,
-        Err(answer) => return Ok(answer),
-    };
+    let (messages, next_after) =
+        match listed(admin, query, true, admin::pending_messages, |m| m.position)? {
+            Ok(page) => page,
+            Err(answer) => return Ok(answer),
+        };
     let messages: Vec<Value> = messages.iter().map(pending_json_of).collect();
     Ok(Response::json(
         200,
@@ -608,16 +598,11 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let (letters, next_after) = match listed(
-        admin,
-        query,
-        false,
-        |c, o| admin::dead_letters(c, o),
-        |d| d.position,
-    )? {
-        Ok(page) => page,
-        Err(answer) => return Ok(answer),
-    };
+    let (letters, next_after) =
+        match listed(admin, query, false, admin::dead_letters, |d| d.position)? {
+            Ok(page) => page,
+            Err(answer) => return Ok(answer),
+        };
     let mut conn = connection(admin)?;
     let types: Vec<(String, u64)> = admin::stats(&mut *conn)
         .map_err(text)?
@@ -644,16 +629,11 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let (letters, next_after) = match listed(
-        admin,
-        query,
-        true,
-        |c, o| admin::dead_letters(c, o),
-        |d| d.position,
-    )? {
-        Ok(page) => page,
-        Err(answer) => return Ok(answer),
-    };
+    let (letters, next_after) =
+        match listed(admin, query, true, admin::dead_letters, |d| d.position)? {
+            Ok(page) => page,
+            Err(answer) => return Ok(answer),
+        };
     let letters: Vec<Value> = letters.iter().map(dead_json_of).collect();
     Ok(Response::json(
         200,
