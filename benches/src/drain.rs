@@ -207,8 +207,8 @@ pub fn spawn_worker<C: BenchConnection>(
 }
 
 /// What one timed drain found.
-struct Drained {
-    per_s: f64,
+pub(crate) struct Drained {
+    pub per_s: f64,
     seconds: f64,
     cpu: Value,
     pg: Value,
@@ -216,7 +216,7 @@ struct Drained {
 }
 
 /// (ii) The worker with a no-op handler drains `count` messages of `kind`: no HTTP.
-fn noop_drain<C: BenchConnection>(
+pub(crate) fn noop_drain<C: BenchConnection>(
     db: &BenchDb,
     opts: &Opts,
     count: usize,
@@ -409,7 +409,7 @@ fn one_at_a_time<C: BenchConnection>(
 }
 
 /// The backlog: `--count`, else 100,000 (2,000 with --quick).
-fn backlog(opts: &Opts) -> usize {
+pub(crate) fn backlog(opts: &Opts) -> usize {
     opts.count
         .unwrap_or(if opts.quick { 2_000 } else { 100_000 })
         .max(1)
@@ -421,6 +421,9 @@ pub fn run(opts: &Opts) -> Res<bool> {
 }
 
 fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
+    if opts.metrics {
+        return crate::metrics_cost::metrics_drain_on::<C>(opts, db);
+    }
     if !opts.keys.is_empty() {
         return keyed_drain_on::<C>(opts, db);
     }

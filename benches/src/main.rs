@@ -5,8 +5,8 @@
 //! cargo run --release -p outbox-bench -- <scenario> --backend postgres|mysql|sqlite [--quick]
 //! ```
 //!
-//! Scenarios: `enqueue`, `drain`, `latency`, `memory`, `scale` (and `explain`, the claim query's
-//! plan). Each prints one JSON object per line on stdout (one per run, then a summary with
+//! Scenarios: `enqueue`, `drain` (with `--keys K,…` the keyed drains, with `--metrics` the cost
+//! of recording metrics), `latency`, `memory`, `scale` (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
 //! medians and spread) and a short human summary on stderr. A scenario that loses or duplicates
 //! messages exits non-zero; a missed speed target only prints `"target_met": false`.
 
@@ -19,6 +19,7 @@ mod handlers;
 mod latency;
 mod library_sql;
 mod memory;
+mod metrics_cost;
 mod raw_client;
 mod report;
 mod stats;
@@ -162,6 +163,10 @@ pub struct Opts {
     /// the unkeyed drain (e.g. `--keys 16,1000`); `explain` prefills over the first.
     #[arg(long, value_delimiter = ',')]
     pub keys: Vec<usize>,
+    /// `drain` only: the no-op drain with the worker's metrics recorded (a Prometheus
+    /// recorder) and not, side by side; the figure is their ratio.
+    #[arg(long)]
+    pub metrics: bool,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,
