@@ -69,7 +69,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use diesel::r2d2::{ManageConnection, Pool};
-use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{OutboxConnection, WorkerStats};
 
 pub use http::{Request, Response};
@@ -109,7 +108,6 @@ pub struct Admin<M: ManageConnection> {
     base_path: String,
     sessions: Sessions,
     worker_stats: Option<StatsSource>,
-    endpoints: Vec<WebhookEndpoint>,
     samples: Mutex<Samples>,
     refresh: Duration,
 }
@@ -132,7 +130,6 @@ pub struct AdminBuilder<M: ManageConnection> {
     secure_cookie: bool,
     session_lifetime: Duration,
     worker_stats: Option<StatsSource>,
-    endpoints: Vec<WebhookEndpoint>,
     refresh: Duration,
 }
 
@@ -199,14 +196,6 @@ where
         self
     }
 
-    /// A webhook endpoint whose health the overview shows (healthy, paused after repeated
-    /// failures, or disabled after a `410 Gone`), with a button that enables it again. Give
-    /// the same endpoint (a clone) the worker delivers through.
-    pub fn endpoint(mut self, endpoint: WebhookEndpoint) -> Self {
-        self.endpoints.push(endpoint);
-        self
-    }
-
     /// The pages, ready to serve.
     pub fn build(self) -> Result<Admin<M>, AdminError> {
         let token = self.token.trim();
@@ -238,7 +227,6 @@ where
             base_path: self.base_path,
             sessions,
             worker_stats: self.worker_stats,
-            endpoints: self.endpoints,
             samples: Mutex::new(Samples::default()),
             refresh: self.refresh,
         })
@@ -268,7 +256,6 @@ where
             secure_cookie: false,
             session_lifetime: Duration::from_secs(12 * 3600),
             worker_stats: None,
-            endpoints: Vec::new(),
             refresh: Duration::from_secs(10),
         }
     }
@@ -299,8 +286,9 @@ where
     /// page's query; `messages` and `next_after`, null on the last page), `/api/messages/{id}`
     /// (`state`: `pending` or `dead`, and the message), `/api/dead` (`dead_letters`,
     /// `next_after`), `/api/blocked` (`blocked_keys`), `/api/endpoints` (`endpoints`
-    /// [{`name`, `state`, `consecutive_failures`, `probe_in_seconds`, `reason`}]). Times are Unix milliseconds, durations
-    /// seconds.
+    /// [{`name`, `state`, `consecutive_failures`, `last_error`, `next_probe_at_unix_ms`,
+    /// `disabled_reason`, `reported_at_unix_ms`}]: the webhook endpoints as the workers report
+    /// them). Times are Unix milliseconds, durations seconds.
     pub fn handle(&self, request: &Request) -> Response {
         routes::handle(self, request)
     }

@@ -3,8 +3,9 @@
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
 
-use outbox_diesel::admin::{BlockedKey, DeadLetter, FoundMessage, PendingMessage, TypeStats};
-use outbox_diesel::webhook::EndpointState;
+use outbox_diesel::admin::{
+    BlockedKey, DeadLetter, EndpointStatus, FoundMessage, PendingMessage, TypeStats,
+};
 use outbox_diesel::Headers;
 
 use crate::chart::{sparkline, Sample};
@@ -185,8 +186,8 @@ pub(crate) struct Overview {
     pub rates: Vec<Option<f64>>,
     pub stats: Vec<TypeStats>,
     pub blocked: Vec<BlockedKey>,
-    /// The webhook endpoints given to the builder: name and state.
-    pub endpoints: Vec<(String, EndpointState)>,
+    /// The webhook endpoints the workers report.
+    pub endpoints: Vec<EndpointStatus>,
     pub refresh: Duration,
 }
 
@@ -277,50 +278,46 @@ pub(crate) fn overview(page: Page<'_>, o: &Overview) -> String {
     layout(page, "Overview", &body, Some(o.refresh))
 }
 
-/// The webhook endpoints' health, with a button to enable one that is paused or disabled.
-fn endpoints(base: &str, endpoints: &[(String, EndpointState)]) -> String {
+/// The webhook endpoints' health as the workers report it, with a button to enable one that
+/// is paused or disabled.
+fn endpoints(base: &str, endpoints: &[EndpointStatus]) -> String {
     let mut table = "<h2>Webhook endpoints</h2><p class=\"meta\">Paused: failing again and again; \
          its messages wait without spending attempts until a probe gets an answer. Disabled: it \
-         answered 410 Gone; its messages are dead-lettered until it is enabled.</p>\
+         answered 410 Gone or an operator disabled it; its messages are dead-lettered until it \
+         is enabled. The workers report every few seconds and follow an enable as fast.</p>\
          <table id=\"endpoints\"><tr><th>endpoint</th><th>state</th><th>consecutive failures</th>\
-         <th>details</th><th></th></tr>"
+         <th>details</th><th>reported</th><th></th></tr>"
         .to_owned();
-    for (name, state) in endpoints {
-        let (failures, details) = match state {
-            EndpointState::Healthy {
-                consecutive_failures,
-            } => (*consecutive_failures, String::new()),
-            EndpointState::Paused {
-                consecutive_failures,
-                probe_in,
-                last_error,
-            } => (
-                *consecutive_failures,
-                format!(
-                    "next probe in {}; last failure: {}",
-                    age(*probe_in),
-                    escape(last_error)
-                ),
+    for e in endpoints {
+        let details = match (&e.disabled_reason, &e.last_error, e.next_probe_at) {
+            (Some(reason), _, _) => escape(reason),
+            (None, Some(error), Some(probe)) => format!(
+                "next probe {}; last failure: {}",
+                when(probe),
+                escape(error)
             ),
-            EndpointState::Disabled { reason } => (0, escape(reason)),
-            _ => (0, String::new()),
+            (None, Some(error), None) => format!("last failure: {}", escape(error)),
+            (None, None, _) => String::new(),
         };
-        let enable = if state.name() == "healthy" {
+        let healthy = e.state == "healthy";
+        let enable = if healthy {
             String::new()
         } else {
             format!(
                 "<form class=\"inline\" method=\"post\" action=\"{base}/endpoints/{}/enable\">\
                  <button class=\"quiet enable-endpoint\">Enable</button></form>",
-                percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC)
+                percent_encoding::utf8_percent_encode(&e.name, percent_encoding::NON_ALPHANUMERIC)
             )
         };
         let _ = write!(
             table,
-            "<tr class=\"endpoint\"><td>{}</td><td><span class=\"state {class}\">{state}</span></td>\
-             <td>{failures}</td><td>{details}</td><td>{enable}</td></tr>",
-            escape(name),
-            class = if state.name() == "healthy" { "" } else { "dead" },
-            state = state.name(),
+            "<tr class=\"endpoint\"><td>{}</td><td><span class=\"state {class}\">{}</span></td>\
+             <td>{}</td><td>{details}</td><td>{}</td><td>{enable}</td></tr>",
+            escape(&e.name),
+            escape(&e.state),
+            e.consecutive_failures,
+            when(e.reported_at),
+            class = if healthy { "" } else { "dead" },
         );
     }
     table.push_str("</table>");

@@ -4,7 +4,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use diesel::r2d2::ManageConnection;
 use outbox_diesel::admin::{self, DeadLetter, DeadLetterSelection, FoundMessage, ListOptions};
-use outbox_diesel::webhook::EndpointState;
 use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::{json, Value};
 
@@ -98,8 +97,8 @@ where
         ("GET", ["api", "messages", id]) => message_json(admin, id),
         ("GET", ["api", "dead"]) => dead_json(admin, &query),
         ("GET", ["api", "blocked"]) => blocked_json(admin),
-        ("GET", ["api", "endpoints"]) => Ok(endpoints_json(admin)),
-        ("POST", ["endpoints", name, "enable"]) => Ok(enable_endpoint(admin, request, name)),
+        ("GET", ["api", "endpoints"]) => endpoints_json(admin),
+        ("POST", ["endpoints", name, "enable"]) => enable_endpoint(admin, request, name),
         _ if api => Ok(Response::json(404, &json!({"error": "no such endpoint"}))),
         _ => Ok(Response::html(
             404,
@@ -255,71 +254,59 @@ where
         rates: samples.rates(),
         stats,
         blocked,
-        endpoints: admin
-            .endpoints
-            .iter()
-            .map(|e| (e.name().to_owned(), e.health()))
-            .collect(),
+        endpoints: admin::endpoints(conn).map_err(text)?,
         refresh: admin.refresh,
     })
 }
 
-fn endpoints_json<M: ManageConnection>(admin: &Admin<M>) -> Response {
-    let endpoints: Vec<Value> = admin
-        .endpoints
+fn endpoints_json<M>(admin: &Admin<M>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let endpoints = admin::endpoints(&mut *connection(admin)?).map_err(text)?;
+    let endpoints: Vec<Value> = endpoints
         .iter()
-        .map(|endpoint| {
-            let health = endpoint.health();
-            let (failures, probe_in, reason) = match &health {
-                EndpointState::Healthy {
-                    consecutive_failures,
-                } => (*consecutive_failures, None, None),
-                EndpointState::Paused {
-                    consecutive_failures,
-                    probe_in,
-                    last_error,
-                } => (
-                    *consecutive_failures,
-                    Some(probe_in.as_secs_f64()),
-                    Some(last_error.clone()),
-                ),
-                EndpointState::Disabled { reason } => (0, None, Some(reason.clone())),
-                _ => (0, None, None),
-            };
+        .map(|e| {
             json!({
-                "name": endpoint.name(),
-                "state": health.name(),
-                "consecutive_failures": failures,
-                "probe_in_seconds": probe_in,
-                "reason": reason,
+                "name": e.name,
+                "state": e.state,
+                "consecutive_failures": e.consecutive_failures,
+                "last_error": e.last_error,
+                "next_probe_at_unix_ms": e.next_probe_at.map(unix_ms),
+                "disabled_reason": e.disabled_reason,
+                "reported_at_unix_ms": unix_ms(e.reported_at),
             })
         })
         .collect();
-    Response::json(200, &json!({ "endpoints": endpoints }))
+    Ok(Response::json(200, &json!({ "endpoints": endpoints })))
 }
 
-fn enable_endpoint<M: ManageConnection>(
-    admin: &Admin<M>,
-    request: &Request,
-    name: &str,
-) -> Response {
+fn enable_endpoint<M>(admin: &Admin<M>, request: &Request, name: &str) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
     let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
-    let Some(endpoint) = admin.endpoints.iter().find(|e| e.name() == name) else {
-        return Response::html(404, pages::problem(admin.base_path(), "No such endpoint."));
-    };
-    let was = endpoint.health();
-    endpoint.enable();
+    if !admin::enable_endpoint(&mut *connection(admin)?, &name).map_err(text)? {
+        return Ok(Response::html(
+            404,
+            pages::problem(admin.base_path(), "No such endpoint."),
+        ));
+    }
     log::info!(
         target: "outbox_admin",
-        "webhook endpoint {name} enabled (it was {}) by an operator from {}",
-        was.name(),
+        "webhook endpoint {name} enabled by an operator from {}",
         request.peer_or_unknown()
     );
-    done(
+    Ok(done(
         admin.base_path(),
         "/",
-        &format!("Enabled webhook endpoint {name}. Re-queue its dead letters to deliver them."),
-    )
+        &format!(
+            "Enabled webhook endpoint {name}: the workers send to it again within a few seconds. \
+             Re-queue its dead letters to deliver them."
+        ),
+    ))
 }
 
 fn overview<M>(admin: &Admin<M>, page: Page<'_>) -> Outcome

@@ -16,7 +16,7 @@ seconds, payloads are the stored JSON (a string if the stored text is not JSON).
 Exit codes: 0 success, 1 error (one `error: ` line on stderr), 2 usage error.";
 
 /// Operate a transactional outbox: run its migrations, look at pending messages and dead
-/// letters, re-queue or purge dead letters.
+/// letters, re-queue or purge dead letters, see and switch webhook endpoints.
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version, after_help = AFTER_HELP)]
 pub struct Cli {
@@ -66,6 +66,33 @@ pub enum Command {
         /// At most this many keys.
         #[arg(long, default_value_t = 100, value_name = "N")]
         limit: u32,
+    },
+    /// Webhook endpoints as the workers report them: healthy, paused (failing again and again:
+    /// deliveries wait and are probed with backoff) or disabled (after a `410 Gone` or an
+    /// operator's disable: deliveries are dead-lettered).
+    Endpoints,
+    /// Enable or disable a webhook endpoint for every worker that delivers to it.
+    #[command(subcommand)]
+    Endpoint(EndpointCommand),
+}
+
+/// `outbox endpoint ...`
+#[derive(Debug, Subcommand)]
+pub enum EndpointCommand {
+    /// Send to the endpoint again, whatever disabled or paused it; the workers follow within a
+    /// few seconds. Messages dead-lettered meanwhile can then be re-queued.
+    Enable {
+        /// The endpoint's name (the first column of `outbox endpoints`).
+        name: String,
+    },
+    /// Stop sending to the endpoint, as a `410 Gone` does: within a few seconds the workers
+    /// dead-letter its messages with the reason, until `outbox endpoint enable`.
+    Disable {
+        /// The endpoint's name (the first column of `outbox endpoints`).
+        name: String,
+        /// Why, recorded with the dead letters.
+        #[arg(long, default_value = "disabled by an operator")]
+        reason: String,
     },
 }
 

@@ -21,6 +21,14 @@ pub enum CliError {
     )]
     UnknownMessage(outbox_diesel::MessageId),
 
+    /// No worker has reported a webhook endpoint of this name.
+    #[error(
+        "no webhook endpoint named `{}` has been reported by a worker (`outbox endpoints` lists \
+         those that have)",
+        crate::table::one_line(.0)
+    )]
+    UnknownEndpoint(String),
+
     /// The operator did not confirm a purge.
     #[error("aborted: nothing was purged")]
     Aborted,

@@ -5,9 +5,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use outbox_diesel::admin::{dead_letters, pending_messages, DeadLetter, ListOptions};
+use outbox_diesel::admin::{self, dead_letters, pending_messages, DeadLetter, ListOptions};
 use outbox_diesel::prelude::*;
-use outbox_diesel::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store, StoredEndpoint};
 use outbox_diesel::{DieselStore, EnqueueOptions, Message};
 use outbox_testkit::outbox::outcome;
 use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
@@ -869,7 +869,107 @@ fn a_large_dry_run_shows_the_first_dead_letters_and_counts_the_rest<C: TestConne
     assert_eq!(dead(&pool).len(), 80, "a dry run changes nothing");
 }
 
+/// `outbox endpoints` shows what the workers recorded; `endpoint disable|enable` changes it in
+/// the store, where the workers' next sync reads it (the disable with its reason, the enable as
+/// one more enable to follow); an unknown name is one clear error; reasons are shown escaped.
+fn endpoints<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(2);
+    assert!(outbox(db.url(), &["endpoints"])
+        .ok()
+        .starts_with("no webhook endpoints reported"));
+    let store = DieselStore::new(pool.clone());
+    // What a worker's sync does with endpoints it has not recorded yet: records them healthy.
+    let mut seen = Vec::new();
+    let mut sync = |seen: &mut Vec<StoredEndpoint>| {
+        store
+            .sync_endpoints(&["mail", "billing"], &mut |stored| {
+                *seen = stored.to_vec();
+                Vec::new()
+            })
+            .unwrap();
+    };
+    sync(&mut seen);
+    assert_eq!(
+        seen,
+        [
+            StoredEndpoint::new("billing", None, 0),
+            StoredEndpoint::new("mail", None, 0)
+        ]
+    );
+    let table = outbox(db.url(), &["endpoints"]).ok();
+    assert_eq!(
+        headers(&table),
+        [
+            "ENDPOINT",
+            "STATE",
+            "FAILURES",
+            "NEXT PROBE",
+            "REPORTED",
+            "DETAIL"
+        ]
+    );
+    let rows = table_rows(&table);
+    assert_eq!(rows.len(), 2, "{table}");
+    assert_eq!(rows[0][..4], ["billing", "healthy", "0", "-"]);
+    assert_eq!(rows[1][..4], ["mail", "healthy", "0", "-"]);
+
+    let reason = "partner maintenance \u{1b}[31still red";
+    let disabled = outbox(
+        db.url(),
+        &["endpoint", "disable", "mail", "--reason", reason],
+    )
+    .ok();
+    assert!(
+        disabled.starts_with("disabled webhook endpoint mail"),
+        "{disabled}"
+    );
+    let table = outbox(db.url(), &["endpoints"]).ok();
+    assert!(!table.contains('\u{1b}'), "{table:?}");
+    let json = outbox(db.url(), &["--json", "endpoints"]).json();
+    assert_eq!(json["endpoints"][1]["name"], "mail");
+    assert_eq!(json["endpoints"][1]["state"], "disabled");
+    assert_eq!(json["endpoints"][1]["disabled_reason"], reason);
+    assert_eq!(json["endpoints"][0]["state"], "healthy");
+    assert!(json["endpoints"][1]["reported_at"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    sync(&mut seen);
+    assert_eq!(seen[1], StoredEndpoint::new("mail", Some(reason.into()), 0));
+    // Disabling twice changes nothing but is no error (a row that matched, on MySQL too).
+    outbox(
+        db.url(),
+        &["endpoint", "disable", "mail", "--reason", reason],
+    )
+    .ok();
+
+    let enabled = outbox(db.url(), &["endpoint", "enable", "mail"]).ok();
+    assert!(
+        enabled.starts_with("enabled webhook endpoint mail"),
+        "{enabled}"
+    );
+    sync(&mut seen);
+    assert_eq!(seen[1], StoredEndpoint::new("mail", None, 1));
+    let json = outbox(db.url(), &["--json", "endpoint", "enable", "mail"]).json();
+    assert_eq!(json, json!({ "enabled": "mail" }));
+    sync(&mut seen);
+    assert_eq!(seen[1].enables, 2, "each enable counts");
+    assert_eq!(
+        admin::endpoints(&mut pool.get().unwrap()).unwrap()[1].state,
+        "healthy"
+    );
+
+    let unknown = outbox(db.url(), &["endpoint", "enable", "nobody"]);
+    assert_eq!(
+        unknown.error(),
+        "error: no webhook endpoint named `nobody` has been reported by a worker (`outbox \
+         endpoints` lists those that have)"
+    );
+    assert_eq!(outbox(db.url(), &["endpoint", "disable", "nobody"]).code, 1);
+}
+
 backend_tests!(
+    endpoints,
     show_by_message_id,
     blocked_keys,
     a_large_dry_run_shows_the_first_dead_letters_and_counts_the_rest,

@@ -276,6 +276,21 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Shares the health of the worker's webhook endpoints (named `names`) with other workers
+    /// and with operators, in one transaction: records the endpoints the store does not know
+    /// yet, reads them (locked against concurrent changes), hands them to `reconcile` (which
+    /// applies what the store says: an operator enabled or disabled one, another worker was
+    /// told `410 Gone`) and writes the reports it returns. The worker calls it when it starts
+    /// and every few seconds. The default shares nothing.
+    fn sync_endpoints(
+        &self,
+        names: &[&str],
+        reconcile: &mut dyn FnMut(&[StoredEndpoint]) -> Vec<EndpointReport>,
+    ) -> Result<(), StoreError> {
+        let _ = (names, reconcile);
+        Ok(())
+    }
+
     /// Whether [`listen`](Store::listen) gives a listener, which then holds a connection of its
     /// own (counted by the worker before it calls [`check`](Store::check)).
     fn listens(&self) -> bool {
@@ -334,6 +349,49 @@ impl Backlog {
             oldest_due_age,
         }
     }
+}
+
+/// A webhook endpoint as the store keeps it: [`Store::sync_endpoints`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredEndpoint {
+    /// The endpoint's name.
+    pub name: String,
+    /// Why it is disabled, if the store says it is: a `410 Gone` some worker was told, or an
+    /// operator's decision.
+    pub disabled: Option<String>,
+    /// How many times an operator has enabled it: a worker that sees the count grow enables its
+    /// endpoint.
+    pub enables: i64,
+}
+
+impl StoredEndpoint {
+    /// An endpoint named `name`, disabled for `disabled` if given, enabled `enables` times.
+    pub fn new(name: impl Into<String>, disabled: Option<String>, enables: i64) -> Self {
+        StoredEndpoint {
+            name: name.into(),
+            disabled,
+            enables,
+        }
+    }
+}
+
+/// One endpoint's health as a worker reports it: [`Store::sync_endpoints`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EndpointReport {
+    /// The endpoint's name.
+    pub name: String,
+    /// `healthy`, `paused` or `disabled`.
+    pub state: &'static str,
+    /// Retryable failures since the receiver last answered.
+    pub consecutive_failures: u32,
+    /// The last failure, while paused.
+    pub last_error: Option<String>,
+    /// How long until the next probe, while paused.
+    pub probe_in: Option<Duration>,
+    /// Why it is disabled.
+    pub disabled_reason: Option<String>,
 }
 
 /// Waits for a store's notifications.

@@ -428,6 +428,74 @@ pub fn purge_dead_letters<C: OutboxConnection>(
     Ok(purged)
 }
 
+/// A webhook endpoint's health as the workers that deliver to it report it: every worker given
+/// the endpoint with `WorkerBuilder::webhook` writes what it sees when it starts and every few
+/// seconds after (the last report wins when several deliver to it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EndpointStatus {
+    /// The endpoint's name (`WebhookEndpointBuilder::name`).
+    pub name: String,
+    /// `healthy`, `paused` (failing again and again: deliveries wait, probed with backoff) or
+    /// `disabled` (after a `410 Gone` or an operator's disable: deliveries are dead-lettered).
+    pub state: String,
+    /// Retryable failures since the receiver last answered.
+    pub consecutive_failures: u32,
+    /// The last failure, while paused.
+    pub last_error: Option<String>,
+    /// When the next probe may go out, while paused.
+    pub next_probe_at: Option<SystemTime>,
+    /// Why it is disabled.
+    pub disabled_reason: Option<String>,
+    /// When a worker last reported it: a report older than a minute means no running worker
+    /// delivers to it.
+    pub reported_at: SystemTime,
+}
+
+/// Every webhook endpoint a worker has reported, by name.
+pub fn endpoints<C: OutboxConnection>(conn: &mut C) -> Result<Vec<EndpointStatus>> {
+    let rows = with_backend!(conn.backend_connection(), c => c.endpoints())?;
+    Ok(rows
+        .into_iter()
+        .map(|row| EndpointStatus {
+            name: row.name,
+            state: row.state,
+            consecutive_failures: row.consecutive_failures.max(0).unsigned_abs(),
+            last_error: row.last_error,
+            next_probe_at: row.next_probe_at.map(time_from_micros),
+            disabled_reason: row.disabled_reason,
+            reported_at: time_from_micros(row.reported_at),
+        })
+        .collect())
+}
+
+/// Enables a webhook endpoint for every worker that delivers to it, whatever disabled or paused
+/// it: each follows within a few seconds (its next sync with the store). Messages dead-lettered
+/// while it was disabled stay dead letters until re-queued. Returns `false` if no worker has
+/// reported an endpoint of that name.
+pub fn enable_endpoint<C: OutboxConnection>(conn: &mut C, name: &str) -> Result<bool> {
+    let changed = with_backend!(conn.backend_connection(), c => c.enable_endpoint(name))?;
+    if changed > 0 {
+        log::warn!("outbox: webhook endpoint {name} enabled by an operator");
+    }
+    Ok(changed > 0)
+}
+
+/// Disables a webhook endpoint for every worker that delivers to it, as a `410 Gone` does: within
+/// a few seconds its deliveries stop and their messages are dead-lettered with `reason`, until
+/// [`enable_endpoint`]. Returns `false` if no worker has reported an endpoint of that name.
+pub fn disable_endpoint<C: OutboxConnection>(
+    conn: &mut C,
+    name: &str,
+    reason: &str,
+) -> Result<bool> {
+    let changed = with_backend!(conn.backend_connection(), c => c.disable_endpoint(name, reason))?;
+    if changed > 0 {
+        log::warn!("outbox: webhook endpoint {name} disabled by an operator: {reason}");
+    }
+    Ok(changed > 0)
+}
+
 /// Counts of one message type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
 use diesel::{Connection, QueryResult};
 use outbox_core::store::{
-    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Pruned, SettleTarget,
-    Settlement, Store, StoreError,
+    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, EndpointReport, Listener, Outcome, Pruned,
+    SettleTarget, Settlement, Store, StoreError, StoredEndpoint,
 };
 use outbox_core::{Headers, MessageId, ProcessError};
 
@@ -286,6 +286,18 @@ where
         }
     }
 
+    fn sync_endpoints(
+        &self,
+        names: &[&str],
+        reconcile: &mut dyn FnMut(&[StoredEndpoint]) -> Vec<EndpointReport>,
+    ) -> Result<(), StoreError> {
+        self.with_held(
+            &self.claim_connection,
+            "sharing the webhook endpoints' health",
+            |conn| with_backend!(conn.backend_connection(), c => sql::sync_endpoints(c, names, reconcile)),
+        )
+    }
+
     fn prune(&self) -> Result<Pruned, StoreError> {
         let mut cursor = self
             .idempotency_sweep
@@ -351,6 +363,7 @@ where
                     "SELECT settled_at FROM outbox_idempotency WHERE 1 = 0",
                 )
             })
+            .and_then(|_| execute_batch(&mut *conn, "SELECT 1 FROM outbox_endpoint WHERE 1 = 0"))
             .map_err(|e| {
                 StoreError::new(
                     "the outbox tables are missing, out of date or unreadable (run \

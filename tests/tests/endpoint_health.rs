@@ -3,19 +3,23 @@
 //! pause, every one of them would be dead-lettered), a probe finds the receiver back and all
 //! are delivered; a
 //! `410 Gone` disables the endpoint, dead-letters what follows with that reason, and after
-//! `enable` the re-queued messages are delivered.
+//! an operator's enable the re-queued messages are delivered. The state is shared through the
+//! store: a 410 survives a restart and reaches the other workers, and so do an operator's
+//! disable and enable.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use outbox_admin::{Admin, Request};
-use outbox_diesel::admin::{requeue_dead_letters, DeadLetterSelection};
+use outbox_diesel::admin::{
+    disable_endpoint, enable_endpoint, endpoints, requeue_dead_letters, DeadLetterSelection,
+};
 use outbox_diesel::prelude::*;
 use outbox_diesel::webhook::{EndpointState, HealthPolicy, WebhookEndpoint};
 use outbox_diesel::{DieselStore, RetryPolicy, Worker};
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::outbox::{dead, pending, secret};
-use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb};
+use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
 use outbox_tests::handlers::Hook;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -151,18 +155,25 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
     );
     assert_eq!(mail.health().name(), "disabled");
 
-    // The operator sees it on the admin pages and enables it there.
+    // The worker recorded it in the store: the operator sees it on the admin pages (which
+    // know nothing of the endpoint object) and enables it there.
     let admin = Admin::builder(pool.clone(), "an-admin-token-for-the-tests")
-        .endpoint(mail.clone())
         .build()
         .unwrap();
     let bearer = "Bearer an-admin-token-for-the-tests";
-    let listed =
-        admin.handle(&Request::new("GET", "/api/endpoints").header("authorization", bearer));
-    let listed: serde_json::Value = serde_json::from_slice(&listed.body).unwrap();
+    let listed = || {
+        let listed =
+            admin.handle(&Request::new("GET", "/api/endpoints").header("authorization", bearer));
+        serde_json::from_slice::<serde_json::Value>(&listed.body).unwrap()
+    };
+    assert!(
+        eventually(PATIENCE, || listed()["endpoints"][0]["state"] == "disabled"),
+        "{}",
+        listed()
+    );
+    let listed = listed();
     assert_eq!(listed["endpoints"][0]["name"], "mail");
-    assert_eq!(listed["endpoints"][0]["state"], "disabled");
-    assert!(listed["endpoints"][0]["reason"]
+    assert!(listed["endpoints"][0]["disabled_reason"]
         .as_str()
         .unwrap()
         .contains("410"));
@@ -192,7 +203,10 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
             .header("sec-fetch-site", "same-origin"),
     );
     assert_eq!(enabled.status, 303);
-    assert_eq!(mail.health().name(), "healthy");
+    assert!(
+        eventually(PATIENCE, || mail.health().name() == "healthy"),
+        "the worker follows the operator's enable"
+    );
     requeue_dead_letters(&mut pool.get().unwrap(), &DeadLetterSelection::All).unwrap();
     assert!(
         eventually(PATIENCE, || pending(&pool).is_empty()
@@ -204,7 +218,129 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
     assert!(pending(&pool).is_empty() && dead(&pool).is_empty());
 }
 
+fn recorded_state<C: TestConnection>(pool: &TestPool<C>) -> Option<String> {
+    endpoints(&mut pool.get().unwrap())
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == "mail")
+        .map(|e| e.state)
+}
+
+/// A `410 Gone` survives a restart: the next run's worker reads the disable from the store
+/// before its first claim, so the receiver that said "gone" gets nothing more, even with
+/// messages waiting from the start; an operator's enable in the store reaches it.
+fn a_gone_endpoint_stays_disabled_after_a_restart<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, _| Reply::status(410));
+    let pool = db.pool::<C>(4);
+    let spawn = |mail: &WebhookEndpoint| {
+        Worker::builder(DieselStore::new(pool.clone()))
+            .poll_interval(Duration::from_millis(50))
+            .handler_threads(1)
+            .retry_policy(impatient())
+            .webhook(mail.clone())
+            .spawn()
+            .unwrap()
+    };
+    let first_run = endpoint(&receiver, HealthPolicy::new());
+    let worker = spawn(&first_run);
+    Hook::new(0).enqueue(&mut pool.get().unwrap()).unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
+    assert!(eventually(PATIENCE, || recorded_state(&pool).as_deref()
+        == Some("disabled")));
+    worker.shutdown(PATIENCE).unwrap();
+
+    // The receiver would take deliveries now; the endpoint is still disabled.
+    receiver.set_behaviour(|_, _| Reply::status(200));
+    for n in 1..4 {
+        Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    let second_run = endpoint(&receiver, HealthPolicy::new());
+    assert_eq!(second_run.health().name(), "healthy", "a new process");
+    let worker = spawn(&second_run);
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 4));
+    assert_eq!(
+        receiver.count(),
+        1,
+        "only the first run's 410 was ever sent"
+    );
+    assert!(
+        matches!(second_run.health(), EndpointState::Disabled { reason } if reason.contains("410"))
+    );
+
+    assert!(enable_endpoint(&mut pool.get().unwrap(), "mail").unwrap());
+    assert!(eventually(PATIENCE, || second_run.health().name() == "healthy"));
+    requeue_dead_letters(&mut pool.get().unwrap(), &DeadLetterSelection::All).unwrap();
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()
+        && dead(&pool).is_empty()));
+    assert_eq!(receiver.count(), 5, "the 410, then each message once");
+    assert!(eventually(PATIENCE, || recorded_state(&pool).as_deref()
+        == Some("healthy")));
+    worker.shutdown(PATIENCE).unwrap();
+}
+
+/// Two workers (two processes' endpoint objects of one name): an operator's disable reaches
+/// both and dead-letters with the operator's reason; the enable reaches both; a `410 Gone` told
+/// to one reaches the other through the store.
+fn what_one_worker_or_an_operator_decides_reaches_every_worker<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, _| Reply::status(200));
+    let pool = db.pool::<C>(8);
+    let (a, b) = (
+        endpoint(&receiver, HealthPolicy::new()),
+        endpoint(&receiver, HealthPolicy::new()),
+    );
+    let workers: Vec<_> = [&a, &b]
+        .into_iter()
+        .map(|mail| {
+            Worker::builder(DieselStore::new(pool.clone()))
+                .poll_interval(Duration::from_millis(50))
+                .handler_threads(1)
+                .retry_policy(impatient())
+                .webhook(mail.clone())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    assert!(eventually(PATIENCE, || recorded_state(&pool).is_some()));
+    assert!(!disable_endpoint(&mut pool.get().unwrap(), "someone-else", "why").unwrap());
+    assert!(disable_endpoint(
+        &mut pool.get().unwrap(),
+        "mail",
+        "the partner asked us to stop"
+    )
+    .unwrap());
+    let disabled = |mail: &WebhookEndpoint| matches!(mail.health(), EndpointState::Disabled { reason } if reason == "the partner asked us to stop");
+    assert!(eventually(PATIENCE, || disabled(&a) && disabled(&b)));
+    for n in 0..4 {
+        Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 4));
+    assert_eq!(receiver.count(), 0);
+    assert!(dead(&pool)
+        .iter()
+        .all(|d| d.last_error.contains("the partner asked us to stop")));
+
+    assert!(enable_endpoint(&mut pool.get().unwrap(), "mail").unwrap());
+    assert!(eventually(PATIENCE, || a.health().name() == "healthy"
+        && b.health().name() == "healthy"));
+    assert_eq!(recorded_state(&pool).as_deref(), Some("healthy"));
+
+    receiver.set_behaviour(|_, _| Reply::status(410));
+    Hook::new(10).enqueue(&mut pool.get().unwrap()).unwrap();
+    assert!(eventually(PATIENCE, || a.health().name() == "disabled"
+        && b.health().name() == "disabled"));
+    assert_eq!(
+        receiver.count(),
+        1,
+        "one worker was told; the other learnt it from the store"
+    );
+    for worker in workers {
+        worker.shutdown(PATIENCE).unwrap();
+    }
+}
+
 backend_tests!(
     an_outage_pauses_the_endpoint_and_messages_wait_without_spending_attempts,
     gone_disables_the_endpoint_until_it_is_enabled,
+    a_gone_endpoint_stays_disabled_after_a_restart,
+    what_one_worker_or_an_operator_decides_reaches_every_worker,
 );

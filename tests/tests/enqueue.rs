@@ -322,8 +322,8 @@ fn serialization_failure_is_returned_and_the_transaction_goes_on<C: TestConnecti
 
 fn outbox_migrations(db: &TestDb) -> usize {
     match db.backend() {
-        Backend::Postgres => 8,
-        Backend::Mysql | Backend::Sqlite => 7,
+        Backend::Postgres => 9,
+        Backend::Mysql | Backend::Sqlite => 8,
     }
 }
 

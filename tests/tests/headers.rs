@@ -311,8 +311,8 @@ where
     }
     assert_eq!(
         run_migrations(&mut conn).unwrap().len(),
-        1,
-        "the headers column"
+        2,
+        "the headers column and the endpoints' table"
     );
 
     let pool = db.pool::<C>(4);

@@ -441,8 +441,9 @@ where
     );
     assert_eq!(
         run_migrations(&mut conn).unwrap().len(),
-        4,
-        "the parking one, the idempotency keys', the dead letters' age index and the headers"
+        5,
+        "the parking one, the idempotency keys', the dead letters' age index, the headers and \
+         the endpoints' table"
     );
 
     let pool = db.pool::<C>(4);

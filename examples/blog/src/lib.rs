@@ -203,7 +203,6 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
     let admin = outbox_admin::Admin::builder(db.clone(), settings.admin_token.clone())
         .base_path("/outbox")
         .cookie_path("/")
-        .endpoint(endpoint.clone())
         .worker_stats(move || {
             worker_stats
                 .lock()

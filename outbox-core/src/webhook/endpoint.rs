@@ -13,11 +13,14 @@ use serde::Serialize;
 
 use super::error::{is_retryable_status, WebhookError};
 use super::guard::{AddressGuard, BlockedHost, GuardedResolver};
-use super::health::{EndpointState, Gate, Health, HealthPolicy, Observed, Transition};
+use super::health::{
+    adopt, Adopt, EndpointState, Gate, Health, HealthPolicy, Observed, Transition,
+};
 use super::secret::WebhookSecret;
 use crate::context::Context;
 use crate::error::{FailureKind, ProcessError};
 use crate::headers::{is_reserved, Headers};
+use crate::store::{EndpointReport, StoredEndpoint};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -117,13 +120,62 @@ impl WebhookEndpoint {
 
     /// Sends deliveries again: clears a disabled (`410 Gone`) or paused state. Messages
     /// dead-lettered meanwhile can then be re-queued.
+    ///
+    /// This changes the endpoint in this process only; operators enable an endpoint for every
+    /// worker through the store (`outbox endpoint enable NAME`, the admin pages), which the
+    /// workers that deliver to it read every few seconds.
     pub fn enable(&self) {
+        self.enabled_by("the application");
+    }
+
+    fn enabled_by(&self, whom: &str) {
         self.inner.health.enable();
-        log::warn!(
-            "webhook endpoint {} enabled by the application",
-            self.inner.name
-        );
+        log::warn!("webhook endpoint {} enabled by {whom}", self.inner.name);
         crate::metrics::endpoint_state(&self.inner.name, "healthy");
+    }
+
+    /// Applies what the store says about this endpoint (an operator's enable or disable, a
+    /// `410 Gone` another worker was told), given the operator's count of enables this worker
+    /// saw last.
+    pub(crate) fn adopt(&self, stored: &StoredEndpoint, enables_seen: Option<i64>) {
+        let disabled_here = matches!(self.health(), EndpointState::Disabled { .. });
+        match adopt(stored, enables_seen, disabled_here) {
+            Adopt::Enable => self.enabled_by("an operator"),
+            Adopt::Disable(reason) => {
+                self.inner.health.disable(&reason);
+                log::warn!(
+                    "webhook endpoint {} is disabled, as the store records: {reason}",
+                    self.inner.name
+                );
+                crate::metrics::endpoint_state(&self.inner.name, "disabled");
+            }
+            Adopt::Nothing => {}
+        }
+    }
+
+    /// The endpoint's health as the worker reports it to the store.
+    pub(crate) fn store_report(&self) -> EndpointReport {
+        let state = self.health();
+        let name = state.name();
+        let (consecutive_failures, last_error, probe_in, disabled_reason) = match state {
+            EndpointState::Healthy {
+                consecutive_failures,
+            } => (consecutive_failures, None, None, None),
+            EndpointState::Paused {
+                consecutive_failures,
+                probe_in,
+                last_error,
+            } => (consecutive_failures, Some(last_error), Some(probe_in), None),
+            EndpointState::Disabled { reason } => (0, None, None, Some(reason)),
+        };
+        EndpointReport {
+            name: self.inner.name.clone(),
+            state: name,
+            consecutive_failures,
+            last_error,
+            probe_in,
+            disabled_reason,
+        }
     }
 
     /// The limit on one whole request, from connecting to reading the answer.

@@ -307,6 +307,42 @@ impl Health {
         m.pause = None;
         m.consecutive_failures = 0;
     }
+
+    /// Disables the endpoint for `reason` (what another worker or an operator decided).
+    pub fn disable(&self, reason: &str) {
+        let mut m = self.machine();
+        m.pause = None;
+        m.disabled = Some(reason.to_owned());
+    }
+}
+
+/// What a worker does to its endpoint after reading the store's record of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Adopt {
+    /// An operator enabled it since the worker last looked.
+    Enable,
+    /// The store says it is disabled and this worker does not know yet.
+    Disable(String),
+    Nothing,
+}
+
+/// Decides what the store's record means for a worker's endpoint. `enables_seen` is the
+/// operator's count of enables when this worker last read it (`None`: never read, so an
+/// earlier enable is history, not news); `disabled_here` whether the endpoint is disabled in
+/// this worker. An operator's enable wins over a disable in the same record, since the enable
+/// clears the record's disable.
+pub(crate) fn adopt(
+    stored: &crate::store::StoredEndpoint,
+    enables_seen: Option<i64>,
+    disabled_here: bool,
+) -> Adopt {
+    if enables_seen.is_some_and(|seen| stored.enables > seen) {
+        return Adopt::Enable;
+    }
+    match &stored.disabled {
+        Some(reason) if !disabled_here => Adopt::Disable(reason.clone()),
+        _ => Adopt::Nothing,
+    }
 }
 
 #[cfg(test)]
@@ -442,5 +478,46 @@ mod tests {
             h.record(Observed::Failed("503"), false, now),
             Some(Transition::Paused(LONGEST_ANY_PAUSE))
         );
+    }
+
+    fn stored(disabled: Option<&str>, enables: i64) -> crate::store::StoredEndpoint {
+        crate::store::StoredEndpoint::new("mail", disabled.map(str::to_owned), enables)
+    }
+
+    #[test]
+    fn a_worker_adopts_a_disable_it_does_not_know_and_an_enable_that_is_news() {
+        // First read: the record's enables are history; its disable is adopted.
+        assert_eq!(adopt(&stored(None, 3), None, false), Adopt::Nothing);
+        assert_eq!(
+            adopt(&stored(Some("410 Gone"), 3), None, false),
+            Adopt::Disable("410 Gone".into())
+        );
+        // Already disabled here: nothing to do, whatever the reason.
+        assert_eq!(
+            adopt(&stored(Some("410 Gone"), 3), Some(3), true),
+            Adopt::Nothing
+        );
+        // The operator enabled it since: enable, disabled here or not.
+        assert_eq!(adopt(&stored(None, 4), Some(3), true), Adopt::Enable);
+        assert_eq!(adopt(&stored(None, 4), Some(3), false), Adopt::Enable);
+        // An enable the worker has seen is not repeated.
+        assert_eq!(adopt(&stored(None, 4), Some(4), false), Adopt::Nothing);
+        // A disable recorded after the last enable is adopted.
+        assert_eq!(
+            adopt(&stored(Some("an operator"), 4), Some(4), false),
+            Adopt::Disable("an operator".into())
+        );
+    }
+
+    #[test]
+    fn a_disable_from_the_store_refuses_deliveries_until_enabled() {
+        let health = health(3);
+        health.disable("disabled by an operator");
+        assert_eq!(
+            health.gate(Instant::now()),
+            Gate::Refuse("disabled by an operator".into())
+        );
+        health.enable();
+        assert_eq!(health.gate(Instant::now()), Gate::Send);
     }
 }

@@ -45,6 +45,8 @@ pub(crate) struct Claimer {
     follow_ups: &'static [u64],
     next_housekeeping: Instant,
     next_backlog: Instant,
+    #[cfg(feature = "webhook")]
+    endpoints: super::endpoints::EndpointSync,
 }
 
 impl Claimer {
@@ -66,7 +68,16 @@ impl Claimer {
             next_housekeeping: Instant::now() + HOUSEKEEPING_EVERY,
             // The gauges are there from the start.
             next_backlog: Instant::now(),
+            #[cfg(feature = "webhook")]
+            endpoints: Default::default(),
         }
+    }
+
+    /// The webhook endpoints whose health the claimer shares through the store.
+    #[cfg(feature = "webhook")]
+    pub fn with_endpoints(mut self, endpoints: super::endpoints::EndpointSync) -> Self {
+        self.endpoints = endpoints;
+        self
     }
 
     pub fn run(mut self) {
@@ -80,6 +91,8 @@ impl Claimer {
     }
 
     fn step(&mut self) {
+        #[cfg(feature = "webhook")]
+        self.endpoints.run(self.shared.store.as_ref());
         self.housekeeping();
         self.sample_backlog();
         let shared = &self.shared;

@@ -24,6 +24,8 @@ const DEFAULT_BACKLOG_INTERVAL: Duration = Duration::from_secs(15);
 pub struct WorkerBuilder<S> {
     pub(super) store: S,
     pub(super) resources: Resources,
+    #[cfg(feature = "webhook")]
+    pub(super) endpoints: super::endpoints::EndpointSync,
     settings: Settings,
 }
 
@@ -75,6 +77,8 @@ impl<S: Store> WorkerBuilder<S> {
         WorkerBuilder {
             store,
             resources: Resources::new(),
+            #[cfg(feature = "webhook")]
+            endpoints: Default::default(),
             settings: Settings {
                 handler_threads: DEFAULT_HANDLER_THREADS,
                 batch_size: DEFAULT_BATCH_SIZE,
@@ -180,10 +184,15 @@ impl<S: Store> WorkerBuilder<S> {
         self
     }
 
-    /// Adds a webhook endpoint as a resource and makes the handler timeout cover its timeout.
+    /// Adds a webhook endpoint as a resource, makes the handler timeout cover its timeout, and
+    /// shares its health through the store: the worker records it when it starts and every few
+    /// seconds (for `outbox endpoints` and the admin pages), adopts a disable recorded there (a
+    /// `410 Gone` another worker or an earlier run was told, an operator's `outbox endpoint
+    /// disable`) and follows an operator's enable.
     #[cfg(feature = "webhook")]
     pub fn webhook(mut self, endpoint: crate::webhook::WebhookEndpoint) -> Self {
         self.settings.handler_timeout = self.settings.handler_timeout.max(endpoint.timeout());
+        self.endpoints.add(endpoint.clone());
         self.resources.insert(endpoint);
         self
     }

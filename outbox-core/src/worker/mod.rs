@@ -23,6 +23,8 @@ mod acker;
 mod backoff;
 mod claimer;
 mod config;
+#[cfg(feature = "webhook")]
+mod endpoints;
 mod handle;
 mod handlers;
 mod held;
@@ -131,6 +133,8 @@ impl<S: Store> WorkerBuilder<S> {
             wake_rx,
             capacity_rx,
         );
+        #[cfg(feature = "webhook")]
+        let claimer = claimer.with_endpoints(self.endpoints);
         shared
             .threads
             .spawn("outbox-claimer".into(), move || claimer.run())?;

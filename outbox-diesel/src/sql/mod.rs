@@ -104,6 +104,42 @@ macro_rules! fixed_statement_methods {
             Prepared::new(BLOCKED_KEYS, STYLE, &[Bind::BigInt(limit)]).load(self)
         }
 
+        fn add_endpoint(&mut self, name: &str) -> QueryResult<()> {
+            run(self, ADD_ENDPOINT, &[Bind::Text(name)]).map(drop)
+        }
+
+        fn lock_endpoint(&mut self, name: &str) -> QueryResult<Vec<StoredEndpointRow>> {
+            Prepared::new(LOCK_ENDPOINT, STYLE, &[Bind::Text(name)]).load(self)
+        }
+
+        fn report_endpoint(&mut self, report: &EndpointReport) -> QueryResult<()> {
+            let binds = [
+                Bind::Text(report.state),
+                Bind::BigInt(i64::from(report.consecutive_failures)),
+                Bind::NullableText(report.last_error.as_deref()),
+                Bind::NullableBigInt(report.probe_in.map(micros)),
+                Bind::NullableText(report.disabled_reason.as_deref()),
+                Bind::Text(&report.name),
+            ];
+            run(self, REPORT_ENDPOINT, &binds).map(drop)
+        }
+
+        fn endpoints(&mut self) -> QueryResult<Vec<EndpointRow>> {
+            Prepared::new(ENDPOINTS, STYLE, &[]).load(self)
+        }
+
+        fn enable_endpoint(&mut self, name: &str) -> QueryResult<usize> {
+            run(self, ENABLE_ENDPOINT, &[Bind::Text(name)])
+        }
+
+        fn disable_endpoint(&mut self, name: &str, reason: &str) -> QueryResult<usize> {
+            run(
+                self,
+                DISABLE_ENDPOINT,
+                &[Bind::Text(reason), Bind::Text(name)],
+            )
+        }
+
         fn backlog(&mut self) -> QueryResult<BacklogRow> {
             let rows: Vec<BacklogRow> = Prepared::new(BACKLOG, STYLE, &[]).load(self)?;
             rows.into_iter()
@@ -125,7 +161,7 @@ use std::collections::BTreeMap;
 
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName};
-use outbox_core::store::{ClaimLimit, Outcome, Settlement};
+use outbox_core::store::{ClaimLimit, EndpointReport, Outcome, Settlement, StoredEndpoint};
 
 use crate::enqueue::NewMessage;
 use bind::Bind;
@@ -229,6 +265,48 @@ pub(crate) struct BlockedKeyRow {
     pub(crate) next_attempt_at: i64,
     #[diesel(sql_type = BigInt)]
     pub(crate) waiting: i64,
+}
+
+/// A webhook endpoint as a worker reads it to adopt what the store says.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct StoredEndpointRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) name: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) state: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) disabled_reason: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) enables: i64,
+}
+
+impl StoredEndpointRow {
+    fn into_stored(self) -> StoredEndpoint {
+        let disabled = (self.state == DISABLED).then(|| self.disabled_reason.unwrap_or_default());
+        StoredEndpoint::new(self.name, disabled, self.enables)
+    }
+}
+
+/// The state word of a disabled endpoint, as workers and operators write it.
+pub(crate) const DISABLED: &str = "disabled";
+
+/// A webhook endpoint as listed.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct EndpointRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) name: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) state: String,
+    #[diesel(sql_type = Integer)]
+    pub(crate) consecutive_failures: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) last_error: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) next_probe_at: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) disabled_reason: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) reported_at: i64,
 }
 
 /// A row of one text column named `message_id`.
@@ -516,6 +594,56 @@ pub(crate) trait Statements: Sized {
 
     /// Heads of ordering keys waiting for a retry, at most `limit`, soonest retry first.
     fn blocked_keys(&mut self, limit: i64) -> QueryResult<Vec<BlockedKeyRow>>;
+
+    /// Records a webhook endpoint as healthy unless it is known.
+    fn add_endpoint(&mut self, name: &str) -> QueryResult<()>;
+
+    /// A webhook endpoint, locked until the transaction ends (no row: unknown).
+    fn lock_endpoint(&mut self, name: &str) -> QueryResult<Vec<StoredEndpointRow>>;
+
+    /// Writes a worker's report of a webhook endpoint.
+    fn report_endpoint(&mut self, report: &EndpointReport) -> QueryResult<()>;
+
+    /// Every webhook endpoint, by name.
+    fn endpoints(&mut self) -> QueryResult<Vec<EndpointRow>>;
+
+    /// An operator's enable; how many endpoints it changed (0: unknown name).
+    fn enable_endpoint(&mut self, name: &str) -> QueryResult<usize>;
+
+    /// An operator's disable; how many endpoints it changed (0: unknown name).
+    fn disable_endpoint(&mut self, name: &str, reason: &str) -> QueryResult<usize>;
+}
+
+/// One sync of a worker's webhook endpoints ([`Store::sync_endpoints`](outbox_core::store::Store::sync_endpoints)):
+/// in one transaction, the unknown ones recorded, all read locked (in name order, so that two
+/// workers lock them in one order), handed to `reconcile`, its reports written.
+pub(crate) fn sync_endpoints<C: Statements>(
+    c: &mut C,
+    names: &[&str],
+    reconcile: &mut dyn FnMut(&[StoredEndpoint]) -> Vec<EndpointReport>,
+) -> QueryResult<()> {
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    // The settlement's transaction: a write transaction at once on SQLite; on PostgreSQL a
+    // report lost to a database crash is simply written again a few seconds later.
+    c.settle_transaction(|c| {
+        for name in &names {
+            c.add_endpoint(name)?;
+        }
+        let mut stored = Vec::with_capacity(names.len());
+        for name in &names {
+            stored.extend(
+                c.lock_endpoint(name)?
+                    .into_iter()
+                    .map(StoredEndpointRow::into_stored),
+            );
+        }
+        for report in reconcile(&stored) {
+            c.report_endpoint(&report)?;
+        }
+        Ok(())
+    })
 }
 
 /// How many batches of [`ID_CHUNK`] rows one pruning pass of the worker reads or deletes at

@@ -1,0 +1,104 @@
+//! `outbox endpoints` and `outbox endpoint enable|disable`: the webhook endpoints' health as
+//! the workers report it, and an operator's say over it.
+
+use std::time::SystemTime;
+
+use outbox_diesel::admin;
+use outbox_diesel::OutboxConnection;
+use serde_json::{json, Value};
+
+use super::Output;
+use crate::error::CliError;
+use crate::format;
+use crate::table::{self, Align, Table};
+
+/// Characters of an error or reason shown in a table cell.
+const DETAIL_WIDTH: usize = 60;
+
+pub(super) fn list<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Output, CliError> {
+    let endpoints = admin::endpoints(conn)?;
+    if json {
+        let endpoints: Vec<Value> = endpoints
+            .iter()
+            .map(|e| {
+                json!({
+                    "name": e.name,
+                    "state": e.state,
+                    "consecutive_failures": e.consecutive_failures,
+                    "last_error": e.last_error,
+                    "next_probe_at": e.next_probe_at.map(format::timestamp_micros),
+                    "disabled_reason": e.disabled_reason,
+                    "reported_at": format::timestamp_micros(e.reported_at),
+                })
+            })
+            .collect();
+        return Ok(Output::json(&json!({ "endpoints": endpoints })));
+    }
+    if endpoints.is_empty() {
+        return Ok(Output::text(
+            "no webhook endpoints reported (workers report those given to \
+             WorkerBuilder::webhook)\n"
+                .to_owned(),
+        ));
+    }
+    let now = SystemTime::now();
+    let mut table = Table::new(&[
+        ("ENDPOINT", Align::Left),
+        ("STATE", Align::Left),
+        ("FAILURES", Align::Right),
+        ("NEXT PROBE", Align::Left),
+        ("REPORTED", Align::Left),
+        ("DETAIL", Align::Left),
+    ]);
+    for e in &endpoints {
+        let detail = e.disabled_reason.as_deref().or(e.last_error.as_deref());
+        table.row(vec![
+            table::truncate(&e.name, DETAIL_WIDTH),
+            table::truncate(&e.state, DETAIL_WIDTH),
+            e.consecutive_failures.to_string(),
+            e.next_probe_at
+                .map_or_else(|| "-".to_owned(), |at| format::relative(at, now)),
+            format::relative(e.reported_at, now),
+            table::truncate(detail.unwrap_or("-"), DETAIL_WIDTH),
+        ]);
+    }
+    Ok(Output::text(table.render()))
+}
+
+pub(super) fn enable<C: OutboxConnection>(
+    conn: &mut C,
+    name: &str,
+    json: bool,
+) -> Result<Output, CliError> {
+    if !admin::enable_endpoint(conn, name)? {
+        return Err(CliError::UnknownEndpoint(name.to_owned()));
+    }
+    if json {
+        return Ok(Output::json(&json!({ "enabled": name })));
+    }
+    Ok(Output::text(format!(
+        "enabled webhook endpoint {}: the workers delivering to it send again within a few \
+         seconds; messages dead-lettered meanwhile stay dead letters until re-queued \
+         (`outbox dead requeue`)\n",
+        table::one_line(name)
+    )))
+}
+
+pub(super) fn disable<C: OutboxConnection>(
+    conn: &mut C,
+    name: &str,
+    reason: &str,
+    json: bool,
+) -> Result<Output, CliError> {
+    if !admin::disable_endpoint(conn, name, reason)? {
+        return Err(CliError::UnknownEndpoint(name.to_owned()));
+    }
+    if json {
+        return Ok(Output::json(&json!({ "disabled": name, "reason": reason })));
+    }
+    Ok(Output::text(format!(
+        "disabled webhook endpoint {}: within a few seconds the workers stop delivering to it \
+         and dead-letter its messages, until `outbox endpoint enable`\n",
+        table::one_line(name)
+    )))
+}
