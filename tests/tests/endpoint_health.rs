@@ -105,6 +105,20 @@ where
         waiting.iter().map(|m| m.attempts).collect::<Vec<_>>()
     );
 
+    // The workers' report in the store, as `outbox endpoints` and the admin pages show it.
+    assert!(eventually(PATIENCE, || recorded_state(&pool).as_deref()
+        == Some("paused")));
+    let recorded = endpoints(&mut pool.get().unwrap()).unwrap().remove(0);
+    assert!(recorded.consecutive_failures >= 3, "{recorded:?}");
+    assert!(
+        recorded
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("503")),
+        "{recorded:?}"
+    );
+    assert!(recorded.next_probe_at.is_some() && recorded.disabled_reason.is_none());
+
     receiver.set_behaviour(|_, _| Reply::status(200));
     // A message leaves the outbox only when the receiver took it.
     assert!(

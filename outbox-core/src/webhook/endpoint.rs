@@ -263,20 +263,22 @@ impl WebhookEndpoint {
         let result = self
             .post_owned(id, ctx.headers(), body)
             .and_then(WebhookResponse::error_for_status);
-        let observed = match &result {
-            Ok(_) => Observed::Answered,
-            Err(WebhookError::Status { status: 410, .. }) => {
+        // The failure as the operator sees it on the endpoint (status, timeout, refused).
+        let failure = result
+            .as_ref()
+            .err()
+            .filter(|error| error.failure_kind() == FailureKind::Retryable)
+            .map(ToString::to_string);
+        let observed = match (&result, &failure) {
+            (Ok(_), _) => Observed::Answered,
+            (Err(WebhookError::Status { status: 410, .. }), _) => {
                 Observed::Gone("the receiver answered 410 Gone")
             }
-            Err(error) if error.failure_kind() == FailureKind::Retryable => {
-                Observed::Failed(match error {
-                    WebhookError::Status { .. } => "an HTTP status that asks to come back later",
-                    WebhookError::Timeout { .. } => "a timeout",
-                    _ => "no connection",
-                })
+            (_, Some(failure)) => Observed::Failed(failure),
+            (Err(WebhookError::Status { .. } | WebhookError::Redirect { .. }), None) => {
+                Observed::Answered
             }
-            Err(WebhookError::Status { .. } | WebhookError::Redirect { .. }) => Observed::Answered,
-            Err(_) => Observed::Nothing,
+            (Err(_), None) => Observed::Nothing,
         };
         let transition = inner.health.record(observed, probe, Instant::now());
         if let Some(transition) = &transition {
