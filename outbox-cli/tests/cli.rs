@@ -966,6 +966,18 @@ fn endpoints<C: TestConnection>(db: &TestDb) {
          endpoints` lists those that have)"
     );
     assert_eq!(outbox(db.url(), &["endpoint", "disable", "nobody"]).code, 1);
+
+    // The longest name an endpoint may have fits the store whole, on every backend.
+    let longest = "é".repeat(255); // webhook::MAX_ENDPOINT_NAME
+    store
+        .sync_endpoints(&[&longest], &mut |_| Vec::new())
+        .unwrap();
+    let names: Vec<String> = admin::endpoints(&mut pool.get().unwrap())
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&longest), "{names:?}");
 }
 
 backend_tests!(

@@ -22,6 +22,8 @@ use crate::error::{FailureKind, ProcessError};
 use crate::headers::{is_reserved, Headers};
 use crate::store::{EndpointReport, StoredEndpoint};
 
+/// The longest endpoint name, in characters: the store's key column holds 255.
+pub const MAX_ENDPOINT_NAME: usize = 255;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_MAX_RESPONSE_BODY: usize = 64 * 1024;
@@ -607,6 +609,14 @@ impl WebhookEndpointBuilder {
             Some(port) => format!("{host}:{port}"),
             None => host.to_owned(),
         });
+        let problem = match name.chars().count() {
+            0 => Some("empty"),
+            n if n > MAX_ENDPOINT_NAME => Some("too long"),
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            return Err(WebhookError::InvalidName { name, problem });
+        }
         if self.secrets.is_empty() {
             return Err(WebhookError::NoSecret { url: shown_url });
         }
@@ -888,6 +898,32 @@ mod tests {
             "{err}"
         );
         assert_eq!(err.failure_kind(), FailureKind::Permanent);
+
+        // Names key the endpoint in the store: 1 to 255 characters, counted as characters.
+        let err = build(base().name(""));
+        assert!(
+            matches!(
+                err,
+                WebhookError::InvalidName {
+                    problem: "empty",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = build(base().name("é".repeat(MAX_ENDPOINT_NAME + 1)));
+        assert!(
+            matches!(
+                err,
+                WebhookError::InvalidName {
+                    problem: "too long",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let longest = base().name("é".repeat(MAX_ENDPOINT_NAME)).build().unwrap();
+        assert_eq!(longest.name().chars().count(), MAX_ENDPOINT_NAME);
     }
 
     #[test]

@@ -2,6 +2,7 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use super::endpoint::MAX_ENDPOINT_NAME;
 use crate::error::{FailureKind, ProcessError};
 
 /// Why a webhook endpoint could not be built, or a delivery did not succeed.
@@ -39,6 +40,18 @@ pub enum WebhookError {
     UnsupportedScheme {
         /// The scheme given.
         scheme: String,
+    },
+
+    /// The endpoint's name is empty or longer than the store keeps.
+    #[error(
+        "webhook endpoint name {name:?} is {problem}: a name is 1 to {MAX_ENDPOINT_NAME} \
+         characters (it keys the endpoint's health in the outbox_endpoint table)"
+    )]
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// `empty` or `too long`.
+        problem: &'static str,
     },
 
     /// The endpoint was built without any signing secret.

@@ -78,7 +78,7 @@ mod health;
 mod secret;
 mod verify;
 
-pub use endpoint::{WebhookEndpoint, WebhookEndpointBuilder, WebhookResponse};
+pub use endpoint::{WebhookEndpoint, WebhookEndpointBuilder, WebhookResponse, MAX_ENDPOINT_NAME};
 pub use error::WebhookError;
 pub use guard::is_special_purpose;
 pub use health::{EndpointState, HealthPolicy};
