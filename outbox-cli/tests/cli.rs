@@ -880,7 +880,7 @@ fn endpoints<C: TestConnection>(db: &TestDb) {
     let store = DieselStore::new(pool.clone());
     // What a worker's sync does with endpoints it has not recorded yet: records them healthy.
     let mut seen = Vec::new();
-    let mut sync = |seen: &mut Vec<StoredEndpoint>| {
+    let sync = |seen: &mut Vec<StoredEndpoint>| {
         store
             .sync_endpoints(&["mail", "billing"], &mut |stored| {
                 *seen = stored.to_vec();
