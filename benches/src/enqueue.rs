@@ -1,7 +1,8 @@
 //! `enqueue`: what the outbox adds to a business transaction.
 //!
 //! (a) a transaction of one business-row INSERT; (b) the same plus a hand-written raw SQL INSERT
-//! of the same outbox row; (c) the same plus the library's `enqueue`. And 100 messages per
+//! of the same outbox row; (c) the same plus the library's `enqueue`, and (c2) with W3C trace
+//! context headers (`EnqueueOptions::header`). And 100 messages per
 //! transaction, as one `Batch` and as 100 single enqueues. Variants take turns in short slices
 //! (a, b, c, batch, single, a, b, ...), each on freshly emptied tables, so that the machine's
 //! noise falls on all of them alike; a run's rate of a variant is over all its slices.
@@ -10,13 +11,17 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use outbox_diesel::prelude::*;
-use outbox_diesel::{Batch, MessageId};
+use outbox_diesel::{Batch, EnqueueOptions, MessageId};
 use serde_json::{json, Map, Value};
 
 use crate::db::{on_fresh_database, BenchConnection, BenchDb};
 use crate::handlers::Hook;
 use crate::report::Report;
 use crate::{cpu, failed, stats, Opts, Res};
+
+/// A trace context as an instrumented web request carries it (the W3C spec's examples).
+const SAMPLE_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const SAMPLE_TRACESTATE: &str = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -28,6 +33,8 @@ enum Variant {
     B2,
     /// Plus `enqueue`.
     C,
+    /// Plus `enqueue` with W3C trace context headers (`traceparent`, `tracestate`).
+    CTraced,
     /// 100 messages as one Batch.
     Batch100,
     /// 100 single enqueues.
@@ -35,11 +42,12 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Variant; 6] = [
+    const ALL: [Variant; 7] = [
         Variant::A,
         Variant::B,
         Variant::B2,
         Variant::C,
+        Variant::CTraced,
         Variant::Batch100,
         Variant::Single100,
     ];
@@ -50,6 +58,7 @@ impl Variant {
             Variant::B => "b_plus_raw_insert_tx_per_s",
             Variant::B2 => "b2_plus_library_sql_by_hand_tx_per_s",
             Variant::C => "c_plus_enqueue_tx_per_s",
+            Variant::CTraced => "c2_plus_enqueue_with_trace_headers_tx_per_s",
             Variant::Batch100 => "batch_of_100_msgs_per_s",
             Variant::Single100 => "single_x100_msgs_per_s",
         }
@@ -95,6 +104,14 @@ fn transaction<C: BenchConnection>(conn: &mut C, variant: Variant, n: u64) -> Re
         Variant::C => conn.write_tx(|c| {
             c.insert_business(member, body)?;
             Hook::new(n).enqueue(c)?;
+            Ok::<_, outbox_diesel::Error>(())
+        })?,
+        Variant::CTraced => conn.write_tx(|c| {
+            c.insert_business(member, body)?;
+            let options = EnqueueOptions::new()
+                .header("traceparent", SAMPLE_TRACEPARENT)
+                .header("tracestate", SAMPLE_TRACESTATE);
+            Hook::new(n).enqueue_with(c, &options)?;
             Ok::<_, outbox_diesel::Error>(())
         })?,
         Variant::Batch100 => conn.write_tx(|c| {
@@ -207,8 +224,8 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     );
     for run in 0..opts.runs() {
         let mut figures = Map::new();
-        let mut sums = [0.0f64; 6];
-        let mut cpu_sums = [(0u64, 0.0f64, 0.0f64); 6];
+        let mut sums = [0.0f64; Variant::ALL.len()];
+        let mut cpu_sums = [(0u64, 0.0f64, 0.0f64); Variant::ALL.len()];
         for round in 0..rounds {
             for k in 0..Variant::ALL.len() {
                 let index = (k + run + round) % Variant::ALL.len();
@@ -236,11 +253,15 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         for (variant, rate) in Variant::ALL.iter().zip(rates) {
             figures.insert(variant.key().into(), json!(stats::round(rate, 1)));
         }
-        let [a, b, b2, c, batch, single] = rates;
+        let [a, b, b2, c, c_traced, batch, single] = rates;
         figures.insert("ratio_c_over_b".into(), json!(stats::round(c / b, 4)));
         figures.insert("ratio_c_over_a".into(), json!(stats::round(c / a, 4)));
         figures.insert("ratio_b_over_a".into(), json!(stats::round(b / a, 4)));
         figures.insert("ratio_c_over_b2".into(), json!(stats::round(c / b2, 4)));
+        figures.insert(
+            "ratio_c_traced_over_c".into(),
+            json!(stats::round(c_traced / c, 4)),
+        );
         figures.insert("ratio_b2_over_b".into(), json!(stats::round(b2 / b, 4)));
         figures.insert(
             "ratio_batch_over_single".into(),
