@@ -25,7 +25,7 @@ use super::shared::Shared;
 use super::text::reduced;
 use super::timing::{
     ACKER_TICK, REFUSALS_BEFORE_GIVING_UP, REFUSALS_BEFORE_REDUCING, REFUSED_RETRY, SETTLE_LINGER,
-    SETTLE_RETRY, WATCHDOG_GRACE,
+    SETTLE_LINGER_STEP, SETTLE_RETRY, WATCHDOG_GRACE,
 };
 
 /// What to do with an outcome after the store refused it `refusals` times in a row while
@@ -164,12 +164,23 @@ impl Acker {
         }
         self.take_ready(max_batch);
         // Each settlement costs the database a statement and a commit whatever its size: while
-        // more outcomes are on their way, let them gather. A sleep, not a receive with a
-        // deadline, so that handler threads do not wake the acker once per outcome.
-        let waiting = self.settler.fresh.len();
-        let more_coming = self.shared.held.count() > waiting + self.settler.refused.len();
-        if waiting < self.shared.config.batch_size && more_coming && !self.shared.stopping() {
-            std::thread::sleep(SETTLE_LINGER);
+        // more outcomes are on their way, let them gather, in short sleeps (not a receive with
+        // a deadline, so that handler threads do not wake the acker once per outcome), and stop
+        // as soon as every message held has reported: the messages of an ordering key wait for
+        // this settlement, and lingering after the last outcome only delays them.
+        let deadline = Instant::now() + SETTLE_LINGER;
+        loop {
+            let waiting = self.settler.fresh.len();
+            let more_coming = self.shared.held.count() > waiting + self.settler.refused.len();
+            let now = Instant::now();
+            if waiting >= self.shared.config.batch_size
+                || !more_coming
+                || self.shared.stopping()
+                || now >= deadline
+            {
+                return;
+            }
+            std::thread::sleep(SETTLE_LINGER_STEP.min(deadline - now));
             self.take_ready(max_batch);
         }
     }

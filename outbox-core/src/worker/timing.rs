@@ -11,6 +11,10 @@ pub const FOLLOW_UPS_MS: [u64; 5] = [1, 4, 16, 64, 256];
 /// settlement (and the claim of what waits behind it in its ordering key), never a delivery.
 pub const SETTLE_LINGER: Duration = Duration::from_millis(2);
 
+/// The acker's sleeps while it lingers: it stops lingering once every message held has
+/// reported, at most this long after.
+pub const SETTLE_LINGER_STEP: Duration = Duration::from_micros(200);
+
 /// The acker's longest sleep: how often it looks after the watchdog, the heartbeat and
 /// outcomes waiting to be tried again, when no outcome wakes it.
 pub const ACKER_TICK: Duration = Duration::from_millis(100);
