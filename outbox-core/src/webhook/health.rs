@@ -17,8 +17,13 @@
 //!   [`WebhookEndpoint::enable`](super::WebhookEndpoint::enable) (after which they can be
 //!   re-queued).
 //!
-//! The state lives in the endpoint (clones share it), so it is per process: two workers learn
-//! about an outage separately, and a restart starts healthy.
+//! The state lives in the endpoint (clones share it). A worker given the endpoint
+//! ([`WorkerBuilder::webhook`](crate::WorkerBuilder::webhook)) also shares it through its
+//! store every few seconds ([`Store::sync_endpoints`](crate::store::Store::sync_endpoints)):
+//! a disable recorded there (another worker's `410 Gone`, an earlier run's, an operator's) is
+//! adopted, before the worker's first claim when it starts, and an operator's enable is
+//! followed. Pauses stay per process: each worker learns of an outage, and of its end, by
+//! itself.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
