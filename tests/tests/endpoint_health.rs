@@ -16,7 +16,7 @@ use outbox_diesel::admin::{
 };
 use outbox_diesel::prelude::*;
 use outbox_diesel::webhook::{EndpointState, HealthPolicy, WebhookEndpoint};
-use outbox_diesel::{DieselStore, RetryPolicy, Worker};
+use outbox_diesel::{DieselStore, RetryPolicy, Worker, WorkerHandle};
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::outbox::{dead, pending, secret};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
@@ -141,13 +141,7 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
     let receiver = Receiver::start(|_, _| Reply::status(410));
     let pool = db.pool::<C>(4);
     let mail = endpoint(&receiver, HealthPolicy::new());
-    let worker = Worker::builder(DieselStore::new(pool.clone()))
-        .poll_interval(Duration::from_millis(50))
-        .handler_threads(1)
-        .retry_policy(impatient())
-        .webhook(mail.clone())
-        .spawn()
-        .unwrap();
+    let worker = one_thread_worker(&pool, &mail);
     for n in 0..5 {
         Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
     }
@@ -232,6 +226,20 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
     assert!(pending(&pool).is_empty() && dead(&pool).is_empty());
 }
 
+/// A worker with one handler thread delivering to `mail`, impatient with retries.
+fn one_thread_worker<C: TestConnection>(
+    pool: &TestPool<C>,
+    mail: &WebhookEndpoint,
+) -> WorkerHandle {
+    Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .handler_threads(1)
+        .retry_policy(impatient())
+        .webhook(mail.clone())
+        .spawn()
+        .unwrap()
+}
+
 fn recorded_state<C: TestConnection>(pool: &TestPool<C>) -> Option<String> {
     endpoints(&mut pool.get().unwrap())
         .unwrap()
@@ -246,17 +254,8 @@ fn recorded_state<C: TestConnection>(pool: &TestPool<C>) -> Option<String> {
 fn a_gone_endpoint_stays_disabled_after_a_restart<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, _| Reply::status(410));
     let pool = db.pool::<C>(4);
-    let spawn = |mail: &WebhookEndpoint| {
-        Worker::builder(DieselStore::new(pool.clone()))
-            .poll_interval(Duration::from_millis(50))
-            .handler_threads(1)
-            .retry_policy(impatient())
-            .webhook(mail.clone())
-            .spawn()
-            .unwrap()
-    };
     let first_run = endpoint(&receiver, HealthPolicy::new());
-    let worker = spawn(&first_run);
+    let worker = one_thread_worker(&pool, &first_run);
     Hook::new(0).enqueue(&mut pool.get().unwrap()).unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
     assert!(eventually(PATIENCE, || recorded_state(&pool).as_deref()
@@ -270,7 +269,7 @@ fn a_gone_endpoint_stays_disabled_after_a_restart<C: TestConnection>(db: &TestDb
     }
     let second_run = endpoint(&receiver, HealthPolicy::new());
     assert_eq!(second_run.health().name(), "healthy", "a new process");
-    let worker = spawn(&second_run);
+    let worker = one_thread_worker(&pool, &second_run);
     assert!(eventually(PATIENCE, || dead(&pool).len() == 4));
     assert_eq!(
         receiver.count(),
@@ -302,18 +301,7 @@ fn what_one_worker_or_an_operator_decides_reaches_every_worker<C: TestConnection
         endpoint(&receiver, HealthPolicy::new()),
         endpoint(&receiver, HealthPolicy::new()),
     );
-    let workers: Vec<_> = [&a, &b]
-        .into_iter()
-        .map(|mail| {
-            Worker::builder(DieselStore::new(pool.clone()))
-                .poll_interval(Duration::from_millis(50))
-                .handler_threads(1)
-                .retry_policy(impatient())
-                .webhook(mail.clone())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let workers = [one_thread_worker(&pool, &a), one_thread_worker(&pool, &b)];
     assert!(eventually(PATIENCE, || recorded_state(&pool).is_some()));
     assert!(!disable_endpoint(&mut pool.get().unwrap(), "someone-else", "why").unwrap());
     assert!(disable_endpoint(
