@@ -12,9 +12,12 @@
 //! of the due index (a partial index on PostgreSQL and SQLite, the index's first column on
 //! MySQL), so a claim reads only rows it may take, whatever the backlog.
 //!
-//! - **Who parks.** The claim: it reads a few times its batch of due, unparked rows, keeps the
-//!   heads (no lower position of their key pending; an index probe each) and parks the others
-//!   in the same statement or transaction. Each message is examined once before it is parked.
+//! - **Who parks.** The claim: it reads as many due, unparked rows as its batch (16 at least),
+//!   keeps the heads (no lower position of their key pending; an index probe each) and parks
+//!   the others in the same statement or transaction. Each message is examined once before it
+//!   is parked. A claim that parked some returns a short batch, and the claimer looks again
+//!   at once; reading more rows to fill the batch cost more than it saved (every row read
+//!   costs a lock on PostgreSQL and a probe on every backend, see BENCHMARKS.md).
 //!   The enqueue does not park: it stays one plain `INSERT` that reads nothing, so it takes no
 //!   lock the worker could wait on (MySQL's `INSERT … SELECT` would, under REPEATABLE READ),
 //!   and a keyed backlog costs its first claims a visit per message, once.
@@ -404,8 +407,7 @@ pub(crate) struct Claim<'a> {
 }
 
 impl Claim<'_> {
-    /// How many due rows a claim reads: a few times its batch, so that parking the non-heads
-    /// among them still leaves it a full batch of heads to take.
+    /// How many due rows a claim reads: see [`candidates`].
     pub fn candidates(&self) -> i64 {
         candidates(self.limit.messages)
     }
@@ -417,9 +419,12 @@ impl Claim<'_> {
     }
 }
 
-/// How many due rows a claim of `messages` reads.
+/// How many due rows a claim of `messages` reads: the batch, and 16 at least, so that a claim
+/// of one message can look past a few messages to park. Four times the batch, so that a claim
+/// that parks some still fills its batch, made a drain over 1,000 ordering keys 0.72 times as
+/// fast as one without keys; the batch alone, 0.92 (BENCHMARKS.md, "candidate window").
 pub fn candidates(messages: usize) -> i64 {
-    to_i64(messages.saturating_mul(4).max(16))
+    to_i64(messages.max(16))
 }
 
 /// A count or size as a BIGINT.

@@ -60,8 +60,8 @@ fn statement_logging_refuses_claims(log_bin: bool, binlog_format: &str) -> Optio
     })
 }
 
-/// The claim's candidates, read without locks in due order: a few times the batch of due,
-/// unparked rows, each with the head of its key (itself if it is the head or has no key). The
+/// The claim's candidates, read without locks in due order: a batch of due, unparked rows
+/// ([`candidates`](super::candidates)), each with the head of its key (itself if it is the head or has no key). The
 /// head is read as `ORDER BY … LIMIT 1`, one index entry: MariaDB runs `NOT EXISTS (… e.id <
 /// m.id)` as a lookup of the whole key, every pending message of it. The `CASE` is needed, not
 /// style: with a large table MariaDB may run the probe null-safe (`<=>`), which would make every

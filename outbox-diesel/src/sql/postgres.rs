@@ -60,7 +60,7 @@ fn insert_values(first: usize) -> String {
     )
 }
 
-/// The claim, in one statement: read a few times the batch of due, unparked rows in due order
+/// The claim, in one statement: read a batch of due, unparked rows in due order
 /// (locking them, skipping those another claim locks), judge each a head of its key or not,
 /// park the others, keep the heads within the count and bytes, and lease them. Binds:
 /// candidates, count, bytes, whether an oversized first message may go alone, token, lease µs.

@@ -67,7 +67,7 @@ pub(crate) const INSERT_MESSAGE: &str = concat!(
     insert_values!()
 );
 
-/// The claim's candidates, in due order: a few times the batch of due, unparked rows, each
+/// The claim's candidates, in due order: a batch of due, unparked rows, each
 /// judged a head of its key or not (an index probe), with its payload size. Binds: candidates.
 pub const CANDIDATES: &str = concat!(
     "SELECT id, \
