@@ -178,7 +178,9 @@ impl Receiver {
         Self::launch(None, true)
     }
 
-    /// A receiver whose answer to the n-th request (from 0) is `behaviour(request, n)`.
+    /// A receiver whose answer to the n-th request (from 0) is `behaviour(request, n)`. The
+    /// behaviour runs under the receiver's lock, one request at a time: a slow receiver is
+    /// [`set_delay`](Receiver::set_delay), which waits on each connection's own thread.
     pub fn start(behaviour: impl FnMut(&Request, usize) -> Reply + Send + 'static) -> Receiver {
         Self::launch(Some(Box::new(behaviour)), true)
     }

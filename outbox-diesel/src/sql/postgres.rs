@@ -684,7 +684,7 @@ mod tests {
         assert!(shown.contains("SET locked_by = $5::uuid"), "{shown}");
         assert!(
             shown.ends_with(
-                "-- binds: [256, 64, 1048576, true, \"0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d\", 60000000]"
+                "-- binds: [64, 64, 1048576, true, \"0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d\", 60000000]"
             ),
             "{shown}"
         );

@@ -420,11 +420,15 @@ fn run<C: TestConnection + Connection>(plan: &Plan) -> bool {
         Drill::Receiver => Receiver::start(|_, n| chaos(n)),
         Drill::RefusedOutcome => Receiver::start(|_, n| unencodable(n)),
         Drill::Trickle => Receiver::start(|_, n| trickling(n)),
-        // A receiver that takes a moment keeps messages in flight for the kills to hit.
-        Drill::Kill => Receiver::start(|_, _| {
-            std::thread::sleep(Duration::from_millis(5));
-            Reply::status(200)
-        }),
+        // A receiver that takes a moment keeps messages in flight for the kills to hit. The
+        // delay is the receiver's own (each connection waits on its own thread): a behaviour
+        // that sleeps runs under the receiver's lock, one request at a time, and made this drill
+        // last 50,000 × 5 ms, over four minutes, whatever the worker did.
+        Drill::Kill => {
+            let receiver = Receiver::ok();
+            receiver.set_delay(Duration::from_millis(5));
+            receiver
+        }
         _ => Receiver::ok(),
     };
     let mut workers = Workers {
