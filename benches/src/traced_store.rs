@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use outbox_diesel::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Store, StoreError,
+    ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Store, StoreError, SuccessorLease,
 };
 use serde_json::{json, Value};
 
@@ -26,6 +26,8 @@ pub struct Trace {
     max_claim: Duration,
     settles: u64,
     settled: u64,
+    /// Messages settlements leased (the next messages of settled ordering keys).
+    leased_by_settles: u64,
     settle_time: Duration,
     max_settle: Duration,
     last_claim_end: Option<Instant>,
@@ -67,6 +69,7 @@ impl TraceHandle {
             "settles": t.settles,
             "msgs_per_settle": round(t.settled as f64 / t.settles.max(1) as f64, 2),
             "settles_per_msg": per(t.settles),
+            "leased_by_settles": t.leased_by_settles,
             "claim_ms_total": ms(t.claim_time),
             "claim_ms_mean": round(t.claim_time.as_secs_f64() * 1000.0 / t.claims.max(1) as f64, 3),
             "claim_ms_max": ms(t.max_claim),
@@ -91,6 +94,16 @@ impl<S> TracedStore<S> {
     /// Wraps `inner`, counting into `trace`.
     pub fn new(inner: S, trace: TraceHandle) -> Self {
         TracedStore { inner, trace }
+    }
+
+    fn traced_settle(&self, settled: usize, leased: usize, took: Duration) {
+        self.trace.with(|t| {
+            t.settles += 1;
+            t.settled += settled as u64;
+            t.leased_by_settles += leased as u64;
+            t.settle_time += took;
+            t.max_settle = t.max_settle.max(took);
+        });
     }
 }
 
@@ -139,13 +152,19 @@ impl<S: Store> Store for TracedStore<S> {
     fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
         let started = Instant::now();
         let result = self.inner.settle(outcomes);
-        let took = started.elapsed();
-        self.trace.with(|t| {
-            t.settles += 1;
-            t.settled += outcomes.len() as u64;
-            t.settle_time += took;
-            t.max_settle = t.max_settle.max(took);
-        });
+        self.traced_settle(outcomes.len(), 0, started.elapsed());
+        result
+    }
+
+    fn settle_and_lease(
+        &self,
+        outcomes: &[Outcome],
+        successors: &SuccessorLease,
+    ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError> {
+        let started = Instant::now();
+        let result = self.inner.settle_and_lease(outcomes, successors);
+        let leased = result.as_ref().map_or(0, |(_, leased)| leased.len());
+        self.traced_settle(outcomes.len(), leased, started.elapsed());
         result
     }
 

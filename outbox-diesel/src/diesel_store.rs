@@ -9,7 +9,7 @@ use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
 use diesel::{Connection, QueryResult};
 use outbox_core::store::{
     Backlog, ClaimLimit, ClaimToken, ClaimedMessage, EndpointReport, Listener, Outcome, Pruned,
-    SettleTarget, Settlement, Store, StoreError, StoredEndpoint,
+    SettleTarget, Settlement, Store, StoreError, StoredEndpoint, SuccessorLease,
 };
 use outbox_core::{Headers, MessageId, ProcessError};
 
@@ -103,6 +103,27 @@ where
 
     /// Runs `work` on the connection held in `slot`, taking one from the pool if there is none;
     /// after a failure the connection is let go, as it may be broken.
+    /// Dead-letters rows a claim or a settlement leased but that cannot be delivered, on the
+    /// connection that leased them.
+    fn dead_letter_unreadable(
+        &self,
+        slot: &Mutex<Option<PooledConnection<M>>>,
+        unreadable: &[Outcome],
+    ) -> Result<(), StoreError> {
+        if unreadable.is_empty() {
+            return Ok(());
+        }
+        log::error!(
+            "outbox: dead-lettering {} unreadable rows (positions {:?})",
+            unreadable.len(),
+            unreadable.iter().map(|o| o.position).collect::<Vec<_>>()
+        );
+        self.with_held(slot, "dead-lettering unreadable rows", |conn| {
+            with_backend!(conn.backend_connection(), c => sql::settle(c, unreadable))
+        })
+        .map(drop)
+    }
+
     fn with_held<T>(
         &self,
         slot: &Mutex<Option<PooledConnection<M>>>,
@@ -166,60 +187,8 @@ where
             "claiming messages",
             |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim)),
         )?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        let mut unreadable = Vec::new();
-        for row in rows {
-            let ClaimRow {
-                message: m,
-                created_micros,
-            } = row;
-            let readable = parse_message_id("outbox_message", m.id, &m.message_id).and_then(|id| {
-                let headers = Headers::from_json(m.headers.as_deref()).map_err(|error| {
-                    Error::InvalidRow {
-                        table: "outbox_message",
-                        id: m.id,
-                        reason: format!("its headers cannot be delivered: {error}"),
-                    }
-                })?;
-                Ok((id, headers))
-            });
-            match readable {
-                Ok((message_id, headers)) => claimed.push(ClaimedMessage {
-                    message_id,
-                    headers,
-                    position: m.id,
-                    message_type: m.message_type,
-                    payload: m.payload,
-                    ordering_key: m.ordering_key,
-                    attempt: m.attempts.max(0).unsigned_abs(),
-                    enqueued_at: time_from_micros(created_micros),
-                }),
-                // A row the library did not write (edited by hand): it cannot be delivered,
-                // and it must not hold up the others of the claim or its key.
-                Err(error) => unreadable.push(Outcome {
-                    token,
-                    position: m.id,
-                    message_id: MessageId::from(uuid::Uuid::nil()),
-                    ordering_key: m.ordering_key,
-                    settlement: Settlement::DeadLetter {
-                        error: format!("the row cannot be delivered: {error}"),
-                    },
-                }),
-            }
-        }
-        if !unreadable.is_empty() {
-            log::error!(
-                "outbox: dead-lettering {} unreadable rows (positions {:?})",
-                unreadable.len(),
-                unreadable.iter().map(|o| o.position).collect::<Vec<_>>()
-            );
-            self.with_held(
-                &self.claim_connection,
-                "dead-lettering unreadable rows",
-                |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, &unreadable)),
-            )?;
-        }
-        claimed.sort_by_key(|message| message.position);
+        let (claimed, unreadable) = read_claimed(token, rows);
+        self.dead_letter_unreadable(&self.claim_connection, &unreadable)?;
         Ok(claimed)
     }
 
@@ -229,6 +198,35 @@ where
             "settling processed messages",
             |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, outcomes)),
         )
+    }
+
+    fn settle_and_lease(
+        &self,
+        outcomes: &[Outcome],
+        successors: &SuccessorLease,
+    ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError> {
+        let token_text = successors.token.to_string();
+        let claim = Claim {
+            token: &token_text,
+            limit: ClaimLimit {
+                messages: outcomes.len(),
+                bytes: successors.max_bytes,
+                oversized_alone: false,
+            },
+            lease_micros: micros(successors.lease),
+        };
+        let (fenced, rows) = self.with_held(
+            &self.settle_connection,
+            "settling processed messages",
+            |conn| {
+                with_backend!(conn.backend_connection(), c => {
+                    sql::settle_leasing(c, outcomes, Some(&claim))
+                })
+            },
+        )?;
+        let (leased, unreadable) = read_claimed(successors.token, rows);
+        self.dead_letter_unreadable(&self.settle_connection, &unreadable)?;
+        Ok((fenced, leased))
     }
 
     fn promote_stranded(&self) -> Result<usize, StoreError> {
@@ -509,4 +507,50 @@ where
         // The connection goes back to the pool: it must not keep receiving notifications.
         let _ = execute_batch(&mut *self.conn, "UNLISTEN *");
     }
+}
+
+/// Leased rows as messages for the handlers, in position order, and the rows that cannot be
+/// delivered (edited by hand: a message id or headers the library did not write) as
+/// dead-letter outcomes: such a row must not hold up the others or its key.
+fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>, Vec<Outcome>) {
+    let mut claimed = Vec::with_capacity(rows.len());
+    let mut unreadable = Vec::new();
+    for row in rows {
+        let ClaimRow {
+            message: m,
+            created_micros,
+        } = row;
+        let readable = parse_message_id("outbox_message", m.id, &m.message_id).and_then(|id| {
+            let headers =
+                Headers::from_json(m.headers.as_deref()).map_err(|error| Error::InvalidRow {
+                    table: "outbox_message",
+                    id: m.id,
+                    reason: format!("its headers cannot be delivered: {error}"),
+                })?;
+            Ok((id, headers))
+        });
+        match readable {
+            Ok((message_id, headers)) => claimed.push(ClaimedMessage {
+                message_id,
+                headers,
+                position: m.id,
+                message_type: m.message_type,
+                payload: m.payload,
+                ordering_key: m.ordering_key,
+                attempt: m.attempts.max(0).unsigned_abs(),
+                enqueued_at: time_from_micros(created_micros),
+            }),
+            Err(error) => unreadable.push(Outcome {
+                token,
+                position: m.id,
+                message_id: MessageId::from(uuid::Uuid::nil()),
+                ordering_key: m.ordering_key,
+                settlement: Settlement::DeadLetter {
+                    error: format!("the row cannot be delivered: {error}"),
+                },
+            }),
+        }
+    }
+    claimed.sort_by_key(|message| message.position);
+    (claimed, unreadable)
 }

@@ -15,7 +15,9 @@ use outbox_diesel::admin::{
     pending_messages, requeue_dead_letters, DeadLetterSelection, ListOptions, PendingMessage,
 };
 use outbox_diesel::prelude::*;
-use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
+use outbox_diesel::store::{
+    ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store, SuccessorLease,
+};
 use outbox_diesel::{
     outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, Message, OutboxManager,
     ProcessError, Worker,
@@ -502,6 +504,105 @@ fn a_large_backlog_without_keys_is_claimed_a_full_batch_at_a_time<C: TestConnect
     }
 }
 
+/// A settlement that removes a key's head leases the key's next message to the worker at once
+/// (on PostgreSQL; the other backends make it claimable), unless it is delayed or larger than
+/// the worker may take; a settlement fenced off its message leases nothing.
+fn a_settlement_leases_the_next_message_of_its_key<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let k: Vec<i64> = (0..3).map(|n| f.enqueue(Some("k"), n)).collect();
+    let d0 = f.enqueue(Some("d"), 0);
+    let delay = Duration::from_millis(1_500);
+    let d1 = f.enqueue_with(Some("d"), 1, EnqueueOptions::new().delay(delay));
+    let (token, heads) = f.claim(10);
+    assert_eq!(positions(&heads), [k[0], d0]);
+    let leases_here = db.backend() == Backend::Postgres;
+    let settle_and_lease = |token, claimed: &[ClaimedMessage], max_bytes| {
+        let outcomes: Vec<Outcome> = claimed
+            .iter()
+            .map(|m| outcome(token, m, Settlement::Done))
+            .collect();
+        let successors = SuccessorLease {
+            token: ClaimToken::new(),
+            lease: LEASE,
+            max_bytes,
+        };
+        let (fenced, leased) = f.store.settle_and_lease(&outcomes, &successors).unwrap();
+        (successors.token, fenced, leased)
+    };
+
+    let (next_token, fenced, leased) = settle_and_lease(token, &heads, 1 << 20);
+    assert!(fenced.is_empty(), "{fenced:?}");
+    let k1 = if leases_here {
+        assert_eq!(positions(&leased), [k[1]], "d's next message is delayed");
+        assert_eq!(leased[0].attempt, 1);
+        assert!(f.claim(10).1.is_empty(), "k[1] is leased, d[1] not due yet");
+        (next_token, leased)
+    } else {
+        assert!(leased.is_empty());
+        let (token, claimed) = f.claim(10);
+        assert_eq!(positions(&claimed), [k[1]]);
+        (token, claimed)
+    };
+
+    // Settled under a claim that no longer holds it: fenced, and nothing leased.
+    let (_, fenced, leased) = settle_and_lease(ClaimToken::new(), &k1.1, 1 << 20);
+    assert_eq!(fenced, [k[1]]);
+    assert!(leased.is_empty(), "{:?}", positions(&leased));
+
+    // The next message is larger than the worker may take: promoted, not leased.
+    let (_, fenced, leased) = settle_and_lease(k1.0, &k1.1, 8);
+    assert!(fenced.is_empty() && leased.is_empty(), "{fenced:?}");
+    assert_eq!(positions(&f.claim(10).1), [k[2]]);
+
+    std::thread::sleep(delay + Duration::from_millis(500));
+    assert_eq!(positions(&f.claim(10).1), [d1], "the delayed message in its turn");
+}
+
+/// Keys whose settlements could keep leasing their next messages do not take the worker over:
+/// it leases a key's next message only while it keeps room for a full claim, so the claims go
+/// on taking the oldest due messages, here the first message of every other key.
+fn busy_keys_do_not_hold_back_older_messages_of_other_keys<C: TestConnection>(db: &TestDb) {
+    const KEYS: u32 = 20;
+    const DEPTH: u32 = 20;
+    let f = Fixture::<C>::new(db);
+    let mut batch = outbox_diesel::Batch::new();
+    // Round robin: every key's first message is older than any key's second.
+    for n in 0..KEYS * DEPTH {
+        let key = format!("key-{:02}", n % KEYS);
+        let step = Step {
+            run: f.run,
+            from: 0,
+            key: Some(key.clone()),
+            n,
+        };
+        batch
+            .push_with(&step, &EnqueueOptions::new().ordering_key(key))
+            .unwrap();
+    }
+    batch.enqueue(&mut f.pool.get().unwrap()).unwrap();
+
+    // Room for 2 × 4 + 2 = 10 messages: once 8 keys are in flight, less than a batch is free.
+    let worker = Worker::builder(DieselStore::new(db.pool::<C>(4)))
+        .handler_threads(2)
+        .batch_size(4)
+        .poll_interval(Duration::from_millis(20))
+        .spawn()
+        .unwrap();
+    let total = (KEYS * DEPTH) as usize;
+    assert!(
+        eventually(PATIENCE, || seen(f.run).len() >= total),
+        "{} of {total} processed",
+        seen(f.run).len()
+    );
+    worker.shutdown(Duration::from_secs(20)).unwrap();
+    let seen = seen(f.run);
+    let last_first = seen.iter().rposition(|s| s.2 < KEYS).unwrap();
+    assert!(
+        last_first < total / 4,
+        "the last key started after {last_first} of {total} messages: the first keys ran ahead"
+    );
+}
+
 backend_tests!(
     a_large_backlog_without_keys_is_claimed_a_full_batch_at_a_time,
     a_claim_parks_what_waits_behind_the_heads,
@@ -509,6 +610,8 @@ backend_tests!(
     a_requeued_dead_letter_runs_before_the_rest_of_its_key,
     a_delayed_keyed_message_holds_its_key,
     a_key_left_without_a_head_is_promoted_by_the_sweep,
+    a_settlement_leases_the_next_message_of_its_key,
+    busy_keys_do_not_hold_back_older_messages_of_other_keys,
     concurrent_enqueues_and_two_workers_keep_every_key_in_order,
     a_keyed_backlog_from_before_parking_upgrades_and_drains_in_order,
 );

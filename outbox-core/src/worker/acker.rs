@@ -13,14 +13,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 
 use crate::metrics;
-use crate::store::{Outcome, Settlement};
+use crate::store::{ClaimToken, ClaimedMessage, Outcome, Settlement, SuccessorLease};
 
 use super::backoff::{Backoff, Failures};
+use super::claimer::dispatch;
 use super::handle::Counters;
-use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, HandlerPool};
+use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, HandlerPool, Job};
 use super::shared::Shared;
 use super::text::reduced;
 use super::timing::{
@@ -76,8 +77,8 @@ pub(crate) struct Acker {
 }
 
 impl Acker {
-    pub fn new(shared: Arc<Shared>, outcomes: Receiver<Outcome>) -> Self {
-        let settler = Settler::new(&shared.config, Instant::now());
+    pub fn new(shared: Arc<Shared>, outcomes: Receiver<Outcome>, jobs: Sender<Job>) -> Self {
+        let settler = Settler::new(&shared.config, Instant::now()).with_jobs(jobs);
         Acker {
             shared,
             outcomes,
@@ -205,6 +206,8 @@ pub(crate) struct Settler {
     next_heartbeat: Instant,
     /// While the database is unreachable: not before then.
     next_settle: Instant,
+    /// Where the messages a settlement leases go (the next messages of settled keys).
+    jobs: Option<Sender<Job>>,
 }
 
 impl Settler {
@@ -216,7 +219,15 @@ impl Settler {
             ascii_only: false,
             next_heartbeat: now + config.heartbeat,
             next_settle: now,
+            jobs: None,
         }
+    }
+
+    /// Lets settlements lease the next message of each settled ordering key and hand it to the
+    /// handler threads through `jobs`.
+    pub fn with_jobs(mut self, jobs: Sender<Job>) -> Self {
+        self.jobs = Some(jobs);
+        self
     }
 
     /// An outcome to settle.
@@ -276,9 +287,18 @@ impl Settler {
                 reduce(outcome);
             }
         }
-        let error = match shared.store.settle(&batch) {
-            Ok(fenced) => {
-                self.settled(shared, &batch, &fenced, now);
+        let successors = self.successor_lease(shared, &batch);
+        let settled = match &successors {
+            Some(lease) => shared.store.settle_and_lease(&batch, lease),
+            None => shared.store.settle(&batch).map(|fenced| (fenced, Vec::new())),
+        };
+        let error = match settled {
+            Ok((fenced, leased)) => {
+                let refilled = leased.len();
+                self.settled(shared, &batch, &fenced, now, refilled);
+                if let Some(lease) = successors {
+                    self.dispatch_successors(shared, lease.token, leased, now);
+                }
                 return;
             }
             Err(error) => {
@@ -330,7 +350,7 @@ impl Settler {
                     );
                     self.ascii_only = true;
                 }
-                self.settled(shared, std::slice::from_ref(&entry.outcome), &fenced, now);
+                self.settled(shared, std::slice::from_ref(&entry.outcome), &fenced, now, 0);
                 return;
             }
             Err(error) => {
@@ -391,9 +411,97 @@ impl Settler {
         }
     }
 
+    /// Whether the settlement of `batch` may lease the next message of the ordering keys it
+    /// settles, and within what: only while the worker would still have room for the claimer's
+    /// next full batch, so that messages of other keys (and without a key) are claimed in their
+    /// turn instead of waiting for busy keys to drain; and within the byte cap, shared out among
+    /// the keys.
+    fn successor_lease(&self, shared: &Shared, batch: &[Outcome]) -> Option<SuccessorLease> {
+        self.jobs.as_ref()?;
+        if shared.stopping() {
+            return None;
+        }
+        let mut keys: Vec<&str> = batch
+            .iter()
+            .filter(|outcome| outcome.settlement == Settlement::Done)
+            .filter_map(|outcome| outcome.ordering_key.as_deref())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let config = &shared.config;
+        let held_after = shared.held.count().saturating_sub(batch.len());
+        let room = config
+            .max_in_flight
+            .saturating_sub(config.batch_size)
+            .saturating_sub(held_after);
+        if keys.is_empty() || keys.len() > room {
+            return None;
+        }
+        let max_bytes = config.max_in_flight_bytes.saturating_sub(shared.held.bytes()) / keys.len();
+        (max_bytes > 0).then(|| SuccessorLease {
+            token: ClaimToken::new(),
+            lease: config.lease,
+            max_bytes,
+        })
+    }
+
+    /// Hands the messages a settlement leased to the handler threads. The jobs channel holds
+    /// as many jobs as the worker may hold messages, so it is never full; if it were, the
+    /// message is given back rather than the acker waiting for a handler thread.
+    fn dispatch_successors(
+        &mut self,
+        shared: &Shared,
+        token: ClaimToken,
+        leased: Vec<ClaimedMessage>,
+        now: Instant,
+    ) {
+        let Some(jobs) = self.jobs.clone() else {
+            return;
+        };
+        if leased.is_empty() {
+            return;
+        }
+        let mut not_sent = Vec::new();
+        let mut still_stuck = Vec::new();
+        let lease_ends = now + shared.config.lease;
+        dispatch(
+            shared,
+            token,
+            leased,
+            lease_ends,
+            |job| match jobs.try_send(job) {
+                Ok(()) => true,
+                Err(TrySendError::Full(job)) => {
+                    not_sent.push(Outcome {
+                        token,
+                        position: job.message.position,
+                        message_id: job.message.message_id,
+                        ordering_key: job.message.ordering_key,
+                        settlement: Settlement::Release,
+                    });
+                    true
+                }
+                Err(TrySendError::Disconnected(_)) => false,
+            },
+            |outcome| {
+                still_stuck.push(outcome);
+                true
+            },
+        );
+        self.fresh.append(&mut not_sent);
+        self.fresh.append(&mut still_stuck);
+    }
+
     /// Books settled outcomes: stats, metrics, held messages, health, and a wake for the
-    /// claimer.
-    fn settled(&mut self, shared: &Shared, outcomes: &[Outcome], fenced: &[i64], now: Instant) {
+    /// claimer unless the settlement leased as many messages as it settled (`refilled`).
+    fn settled(
+        &mut self,
+        shared: &Shared,
+        outcomes: &[Outcome],
+        fenced: &[i64],
+        now: Instant,
+        refilled: usize,
+    ) {
         self.unavailable.succeeded();
         self.next_settle = now;
         shared.vitals.settled();
@@ -434,8 +542,10 @@ impl Settler {
         }
         metrics::in_flight(shared.held.count());
         // A settled message may have been the head of its ordering key: the next one of that
-        // key is claimable now, not at the next poll.
-        let _ = shared.capacity.try_send(());
+        // key is claimable now, not at the next poll; unless the settlement leased it already.
+        if refilled < outcomes.len() {
+            let _ = shared.capacity.try_send(());
+        }
     }
 
     /// Counts messages running past their handler's timeout as timed-out attempts (their

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::store::{ClaimLimit, ClaimToken, Outcome};
+use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome};
 
 use super::backoff::{Backoff, Failures};
 use super::config::Config;
@@ -31,6 +31,63 @@ pub(crate) fn plan_claim(config: &Config, held: usize, held_bytes: usize) -> Opt
         bytes: config.max_in_flight_bytes - held_bytes,
         oversized_alone: held == 0,
     })
+}
+
+/// Takes claimed messages in and hands them to the handler threads with `send_job`; a message
+/// a stuck handler thread still runs is counted as timed out again, its outcome handed to
+/// `send_outcome`. Returns how many went to the handlers, or `None` once a channel is closed
+/// (the worker is stopping).
+pub(crate) fn dispatch(
+    shared: &Shared,
+    token: ClaimToken,
+    claimed: Vec<ClaimedMessage>,
+    lease_ends: Instant,
+    mut send_job: impl FnMut(Job) -> bool,
+    mut send_outcome: impl FnMut(Outcome) -> bool,
+) -> Option<u64> {
+    let mut dispatched = 0u64;
+    for message in claimed {
+        match shared.held.admit(token, &message, lease_ends) {
+            Admission::Dispatch(job) => {
+                dispatched += 1;
+                if !send_job(Job { job, message }) {
+                    return None;
+                }
+            }
+            Admission::AlreadyHeld => log::info!(
+                "outbox: claimed message {} again while this worker still holds it (its lease \
+                 had run out); it stays with the running attempt",
+                message.message_id
+            ),
+            Admission::StillStuck => {
+                let settlement = settle_attempt(
+                    message.attempt,
+                    Attempt::StillStuck,
+                    &policy_for(shared, &message.message_type),
+                );
+                log_settlement(
+                    &message.message_id,
+                    &message.message_type,
+                    message.headers.trace_id(),
+                    &settlement,
+                );
+                let outcome = Outcome {
+                    token,
+                    position: message.position,
+                    message_id: message.message_id,
+                    ordering_key: message.ordering_key,
+                    settlement,
+                };
+                if !send_outcome(outcome) {
+                    return None;
+                }
+            }
+        }
+    }
+    metrics::claimed(dispatched);
+    metrics::in_flight(shared.held.count());
+    Counters::add(&shared.counters.claimed, dispatched);
+    Some(dispatched)
 }
 
 /// The claimer's thread.
@@ -123,50 +180,21 @@ impl Claimer {
         };
         let count = claimed.len();
         let lease_ends = started + config.lease;
-        let mut dispatched = 0u64;
-        for message in claimed {
-            match shared.held.admit(token, &message, lease_ends) {
-                Admission::Dispatch(job) => {
-                    dispatched += 1;
-                    if self.jobs.send(Job { job, message }).is_err() {
-                        return;
-                    }
-                }
-                Admission::AlreadyHeld => log::info!(
-                    "outbox: claimed message {} again while this worker still holds it (its \
-                     lease had run out); it stays with the running attempt",
-                    message.message_id
-                ),
-                Admission::StillStuck => {
-                    let settlement = settle_attempt(
-                        message.attempt,
-                        Attempt::StillStuck,
-                        &policy_for(shared, &message.message_type),
-                    );
-                    log_settlement(
-                        &message.message_id,
-                        &message.message_type,
-                        message.headers.trace_id(),
-                        &settlement,
-                    );
-                    let outcome = Outcome {
-                        token,
-                        position: message.position,
-                        message_id: message.message_id,
-                        ordering_key: message.ordering_key,
-                        settlement,
-                    };
-                    if self.outcomes.send(outcome).is_err() {
-                        return;
-                    }
-                }
-            }
+        let jobs = &self.jobs;
+        let outcomes = &self.outcomes;
+        let sent = dispatch(
+            shared,
+            token,
+            claimed,
+            lease_ends,
+            |job| jobs.send(job).is_ok(),
+            |outcome| outcomes.send(outcome).is_ok(),
+        );
+        if sent.is_none() {
+            return;
         }
-        metrics::claimed(dispatched);
-        metrics::in_flight(shared.held.count());
         if count > 0 {
             log::debug!("outbox: claimed {count} messages under {token}");
-            Counters::add(&shared.counters.claimed, dispatched);
             // More may be due right behind these, or be locked for a moment by another
             // worker's claim: look again soon, not a whole poll interval later.
             self.follow_ups = &FOLLOW_UPS_MS;

@@ -101,7 +101,9 @@ impl<S: Store> WorkerBuilder<S> {
         };
         let (wake_tx, wake_rx) = bounded::<()>(1);
         let (capacity_tx, capacity_rx) = bounded::<()>(1);
-        let (jobs_tx, jobs_rx) = bounded(config.batch_size);
+        // As many jobs as the worker may hold messages: the acker hands over what a settlement
+        // leases without ever waiting for a handler thread.
+        let (jobs_tx, jobs_rx) = bounded(config.max_in_flight);
         let (outcomes_tx, outcomes_rx) = bounded(config.max_in_flight + config.handler_threads);
         let local_wakeups =
             (listens && self.store.wants_local_wakeups()).then(|| wake::subscribe(wake_tx.clone()));
@@ -126,6 +128,7 @@ impl<S: Store> WorkerBuilder<S> {
         for flag in [&vitals.claimer_alive, &vitals.acker_alive] {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         }
+        let acker_jobs = jobs_tx.clone();
         let claimer = Claimer::new(
             Arc::clone(&shared),
             jobs_tx,
@@ -141,7 +144,7 @@ impl<S: Store> WorkerBuilder<S> {
         for _ in 0..handler_threads {
             HandlerPool::spawn(&shared)?;
         }
-        let acker = Acker::new(Arc::clone(&shared), outcomes_rx);
+        let acker = Acker::new(Arc::clone(&shared), outcomes_rx, acker_jobs);
         shared
             .threads
             .spawn("outbox-acker".into(), move || acker.run())?;

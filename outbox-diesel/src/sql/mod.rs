@@ -24,6 +24,14 @@
 //! - **Who promotes.** The settlement that removes a head (done or dead-lettered) unparks the
 //!   message with the lowest remaining position of its key, in the same statement (PostgreSQL)
 //!   or transaction (MySQL, SQLite). A head that is retried stays the head, so its key waits.
+//! - **Who leases the next one.** On PostgreSQL the settlement of done heads also leases each
+//!   key's next message to the worker when it is due and small enough
+//!   ([`Statements::delete_done_leasing`]), and the worker hands it straight to a handler: a
+//!   key then costs one round trip per message (the settlement) instead of two (settlement,
+//!   then a claim). The lease is judged on the row as the `UPDATE` finds it, after waiting for
+//!   a claim that locked it, so a message is never leased twice. The worker asks for it only
+//!   while it keeps room for a full claim (busy keys must not starve other messages). MySQL
+//!   and SQLite promote only; their claims take the next messages.
 //! - **The safety net.** Concurrent transactions can leave a key without a live head: a claim
 //!   parks a message just as the settlement of its head looks for one to promote, or two
 //!   enqueues race. Two things keep that harmless. The claim still checks that a candidate is
@@ -476,6 +484,20 @@ pub(crate) trait Statements: Sized {
     /// each of `keys`; returns how many were deleted. One statement where the backend allows.
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize>;
 
+    /// As [`delete_done`](Statements::delete_done), and leases under `successors` each key's
+    /// next message where it is due and within `successors`' bytes; returns how many were
+    /// deleted and the leased rows. Where the backend cannot do it in the same statement, it
+    /// leases nothing (the claimer takes those messages).
+    fn delete_done_leasing(
+        &mut self,
+        claims: &[(String, Vec<i64>)],
+        keys: &[&str],
+        successors: &Claim<'_>,
+    ) -> QueryResult<(usize, Vec<ClaimRow>)> {
+        let _ = successors;
+        Ok((self.delete_done(claims, keys)?, Vec::new()))
+    }
+
     /// Undoes what [`delete_done`](Statements::delete_done) does to the durability of the
     /// transaction it runs in (PostgreSQL commits the worker's own settlements without waiting
     /// for the log flush), for a transaction that also holds an application's writes.
@@ -705,18 +727,34 @@ pub(crate) enum Selection<'a> {
 /// (fenced), which are left untouched: done ones in one statement, the rest in one
 /// transaction, promoting the next message of every key whose head left.
 pub(crate) fn settle<C: Statements>(c: &mut C, outcomes: &[Outcome]) -> QueryResult<Vec<i64>> {
+    settle_leasing(c, outcomes, None).map(|(fenced, _)| fenced)
+}
+
+/// [`settle`], and where every outcome is done, the next message of each key leased under
+/// `successors` in the same statement ([`Statements::delete_done_leasing`]); returns the fenced
+/// positions and the leased rows.
+pub(crate) fn settle_leasing<C: Statements>(
+    c: &mut C,
+    outcomes: &[Outcome],
+    successors: Option<&Claim<'_>>,
+) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
     let keys = leaving_keys(outcomes);
     if outcomes
         .iter()
         .all(|outcome| outcome.settlement == Settlement::Done)
     {
         let claims = group_by_claim(outcomes);
-        let deleted = c.delete_done(&claims, &keys)?;
+        let (deleted, leased) = match successors {
+            Some(successors) if !keys.is_empty() => {
+                c.delete_done_leasing(&claims, &keys, successors)?
+            }
+            _ => (c.delete_done(&claims, &keys)?, Vec::new()),
+        };
         if deleted == outcomes.len() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), leased));
         }
         let positions: Vec<i64> = outcomes.iter().map(|outcome| outcome.position).collect();
-        return c.present(&positions);
+        return Ok((c.present(&positions)?, leased));
     }
     c.settle_transaction(|c| {
         let mut fenced = Vec::new();
@@ -762,7 +800,7 @@ pub(crate) fn settle<C: Statements>(c: &mut C, outcomes: &[Outcome]) -> QueryRes
         if !keys.is_empty() {
             c.promote_heads(&keys)?;
         }
-        Ok(fenced)
+        Ok((fenced, Vec::new()))
     })
 }
 

@@ -12,7 +12,7 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, DeadLetterRow, EndpointReport,
-    EndpointRow, Filter, IdRow, MessageIdRow, PendingRow, Selection, Statements, StatsRow,
+    EndpointRow, Filter, IdRow, MessageIdRow, MessageRow, PendingRow, Selection, Statements, StatsRow,
     StoredEndpointRow,
 };
 use crate::enqueue::NewMessage;
@@ -114,6 +114,55 @@ pub(crate) const DELETE_DONE: &str = concat!(
                 WHERE m.ordering_key = k.ordering_key AND m.id NOT IN (SELECT id FROM gone) \
                 ORDER BY m.id LIMIT 1) next)) \
      SELECT count(*) AS n FROM gone"
+);
+
+/// Whether a key's next message, as the UPDATE finds it, is leased with its promotion: due
+/// now (so not leased to anyone) and within the payload size a successor may have.
+macro_rules! successor_leasable {
+    () => {
+        "(o.next_attempt_at <= now() \
+         AND COALESCE(o.payload_bytes, octet_length(o.payload::text)) <= $6)"
+    };
+}
+
+/// [`DELETE_DONE`], and the next message of each key leased to the worker with its promotion
+/// where it is due and small enough, so that it goes to a handler without waiting for a claim.
+/// The lease is decided on the row as the UPDATE finds it: where a concurrent claim locked it,
+/// PostgreSQL waits for that claim and judges the row as it committed, so a message another
+/// worker just leased is left alone. One row always: how many were deleted, and a leased
+/// message's columns (all NULL when none was leased). Binds: token, ids, keys, the successors'
+/// token, lease µs, largest payload in bytes.
+pub(crate) const DELETE_DONE_LEASING: &str = concat!(
+    "WITH gone AS (\
+        DELETE FROM outbox_message USING ",
+    async_commit!(),
+    " WHERE locked_by = $1::uuid AND id = ANY($2) RETURNING id), \
+     next AS (\
+        SELECT n.id FROM unnest($3::text[]) AS k(ordering_key), LATERAL (\
+            SELECT id FROM outbox_message m \
+            WHERE m.ordering_key = k.ordering_key AND m.id NOT IN (SELECT id FROM gone) \
+            ORDER BY m.id LIMIT 1) n), \
+     moved AS (\
+        UPDATE outbox_message o SET parked = FALSE, \
+            locked_by = CASE WHEN ",
+    successor_leasable!(),
+    " THEN $4::uuid ELSE o.locked_by END, \
+            attempts = CASE WHEN ",
+    successor_leasable!(),
+    " THEN o.attempts + 1 ELSE o.attempts END, \
+            next_attempt_at = CASE WHEN ",
+    successor_leasable!(),
+    " THEN now() + $5 * INTERVAL '1 microsecond' ELSE o.next_attempt_at END \
+        FROM next WHERE o.id = next.id AND (o.parked OR ",
+    successor_leasable!(),
+    ") \
+        RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
+            o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
+            (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
+            o.locked_by IS NOT DISTINCT FROM $4::uuid AS leased) \
+     SELECT (SELECT count(*) FROM gone) AS n, m.id, m.message_id, m.message_type, m.payload, \
+         m.ordering_key, m.attempts, m.headers, m.created_micros \
+     FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"
 );
 
 /// Messages given back undone, the attempt not counted. Binds: token, ids.
@@ -395,6 +444,47 @@ fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResu
     Prepared::new(sql, STYLE, binds).execute(c)
 }
 
+/// A row of [`DELETE_DONE_LEASING`]: how many were deleted, and a leased message, if any.
+#[derive(diesel::QueryableByName, Debug)]
+struct SettledRow {
+    #[diesel(sql_type = BigInt, column_name = n)]
+    deleted: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    id: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    message_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    message_type: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    payload: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    ordering_key: Option<String>,
+    #[diesel(sql_type = Nullable<diesel::sql_types::Integer>)]
+    attempts: Option<i32>,
+    #[diesel(sql_type = Nullable<Text>)]
+    headers: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    created_micros: Option<i64>,
+}
+
+impl SettledRow {
+    /// The leased message, as a claim returns it.
+    fn leased(self) -> Option<ClaimRow> {
+        Some(ClaimRow {
+            message: MessageRow {
+                id: self.id?,
+                message_id: self.message_id?,
+                message_type: self.message_type?,
+                payload: self.payload?,
+                ordering_key: self.ordering_key,
+                attempts: self.attempts?,
+                headers: self.headers,
+            },
+            created_micros: self.created_micros?,
+        })
+    }
+}
+
 impl Statements for PgConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
         const BINDS: usize = NewMessage::BINDS;
@@ -447,6 +537,31 @@ impl Statements for PgConnection {
                 .map_or(0, |row| row.n.max(0).unsigned_abs() as usize);
         }
         Ok(deleted)
+    }
+
+    fn delete_done_leasing(
+        &mut self,
+        claims: &[(String, Vec<i64>)],
+        keys: &[&str],
+        successors: &Claim<'_>,
+    ) -> QueryResult<(usize, Vec<ClaimRow>)> {
+        let mut deleted = 0;
+        let mut leased = Vec::new();
+        for (token, ids) in claims {
+            let rows: Vec<SettledRow> = diesel::sql_query(DELETE_DONE_LEASING)
+                .bind::<Text, _>(token)
+                .bind::<Array<BigInt>, _>(ids)
+                .bind::<Array<Text>, _>(keys)
+                .bind::<Text, _>(successors.token)
+                .bind::<BigInt, _>(successors.lease_micros)
+                .bind::<BigInt, _>(successors.bytes())
+                .load(self)?;
+            deleted += rows
+                .first()
+                .map_or(0, |row| row.deleted.max(0).unsigned_abs() as usize);
+            leased.extend(rows.into_iter().filter_map(SettledRow::leased));
+        }
+        Ok((deleted, leased))
     }
 
     fn release(&mut self, token: &str, ids: &[i64]) -> QueryResult<usize> {
@@ -654,6 +769,25 @@ mod tests {
             }
             assert_eq!(pieces(sql, Placeholders::Numbered).len(), expected);
         }
+    }
+
+    /// The settlement that leases a key's next message decides on the row as the UPDATE finds
+    /// it (PostgreSQL re-checks it after waiting for a concurrent claim's lock), never on what
+    /// an earlier part of the statement read; it removes only rows its claim still holds, and
+    /// always answers one row.
+    #[test]
+    fn a_settlement_leases_successors_judged_on_the_row_it_updates() {
+        let sql = DELETE_DONE_LEASING;
+        let update = &sql[sql.find("UPDATE outbox_message o").unwrap()..];
+        assert_eq!(
+            update.matches("(o.next_attempt_at <= now() AND ").count(),
+            4,
+            "{sql}"
+        );
+        assert!(!sql[..sql.find("moved AS").unwrap()].contains("next_attempt_at"));
+        assert!(sql.contains("WHERE locked_by = $1::uuid AND id = ANY($2) RETURNING id"));
+        assert!(sql.contains("<= $6)") && !sql.contains("$7"), "{sql}");
+        assert!(sql.ends_with("FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"));
     }
 
     #[test]
