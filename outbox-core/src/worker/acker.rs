@@ -412,13 +412,16 @@ impl Settler {
     }
 
     /// Whether the settlement of `batch` may lease the next message of the ordering keys it
-    /// settles, and within what: only while the worker would still have room for the claimer's
-    /// next full batch, so that messages of other keys (and without a key) are claimed in their
-    /// turn instead of waiting for busy keys to drain; and within the byte cap, shared out among
-    /// the keys.
+    /// settles, and within what. Only while claims come back short (a few keys are all there
+    /// is to claim, and each of their messages would otherwise wait for a claim: when claims
+    /// are full, the claimer is the cheaper way, and a settlement leasing the rows a claim is
+    /// locking would wait for it); only while the worker keeps room for the claimer's next full
+    /// batch, so that older messages of other keys are claimed in their turn instead of waiting
+    /// for busy keys to drain; and within the byte cap, shared out among the keys.
     fn successor_lease(&self, shared: &Shared, batch: &[Outcome]) -> Option<SuccessorLease> {
         self.jobs.as_ref()?;
-        if shared.stopping() {
+        if shared.stopping() || !shared.claims_short.load(std::sync::atomic::Ordering::Relaxed)
+        {
             return None;
         }
         let mut keys: Vec<&str> = batch

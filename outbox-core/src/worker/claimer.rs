@@ -193,6 +193,9 @@ impl Claimer {
         if sent.is_none() {
             return;
         }
+        shared
+            .claims_short
+            .store(count < limit.messages, Ordering::Relaxed);
         if count > 0 {
             log::debug!("outbox: claimed {count} messages under {token}");
             // More may be due right behind these, or be locked for a moment by another

@@ -30,6 +30,10 @@ pub(crate) struct Shared {
     pub stopping: AtomicBool,
     /// The claimer has stopped claiming for good (the worker is stopping).
     pub claimer_done: AtomicBool,
+    /// The last claim found fewer messages than it could take: what is claimable is scarce
+    /// (a few ordering keys, each behind its head), so settlements lease the next message of
+    /// their keys themselves instead of leaving it to the next claim.
+    pub claims_short: AtomicBool,
     give_up_at: Mutex<Option<Instant>>,
     /// Wakes the claimer: capacity was freed, or a key's head was settled.
     pub capacity: Sender<()>,
@@ -56,6 +60,7 @@ impl Shared {
             threads: Threads::default(),
             stopping: AtomicBool::new(false),
             claimer_done: AtomicBool::new(false),
+            claims_short: AtomicBool::new(false),
             give_up_at: Mutex::new(None),
             capacity,
             pool,
