@@ -118,9 +118,11 @@ where
             unreadable.len(),
             unreadable.iter().map(|o| o.position).collect::<Vec<_>>()
         );
-        self.with_held(slot, "dead-lettering unreadable rows", |conn| {
-            with_backend!(conn.backend_connection(), c => sql::settle(c, unreadable))
-        })
+        self.with_held(
+            slot,
+            "dead-lettering unreadable rows",
+            |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, unreadable)),
+        )
         .map(drop)
     }
 

@@ -555,7 +555,11 @@ fn a_settlement_leases_the_next_message_of_its_key<C: TestConnection>(db: &TestD
     assert_eq!(positions(&f.claim(10).1), [k[2]]);
 
     std::thread::sleep(delay + Duration::from_millis(500));
-    assert_eq!(positions(&f.claim(10).1), [d1], "the delayed message in its turn");
+    assert_eq!(
+        positions(&f.claim(10).1),
+        [d1],
+        "the delayed message in its turn"
+    );
 }
 
 /// Keys whose settlements could keep leasing their next messages do not take the worker over:

@@ -290,7 +290,10 @@ impl Settler {
         let successors = self.successor_lease(shared, &batch);
         let settled = match &successors {
             Some(lease) => shared.store.settle_and_lease(&batch, lease),
-            None => shared.store.settle(&batch).map(|fenced| (fenced, Vec::new())),
+            None => shared
+                .store
+                .settle(&batch)
+                .map(|fenced| (fenced, Vec::new())),
         };
         let error = match settled {
             Ok((fenced, leased)) => {
@@ -350,7 +353,13 @@ impl Settler {
                     );
                     self.ascii_only = true;
                 }
-                self.settled(shared, std::slice::from_ref(&entry.outcome), &fenced, now, 0);
+                self.settled(
+                    shared,
+                    std::slice::from_ref(&entry.outcome),
+                    &fenced,
+                    now,
+                    0,
+                );
                 return;
             }
             Err(error) => {
@@ -420,7 +429,10 @@ impl Settler {
     /// for busy keys to drain; and within the byte cap, shared out among the keys.
     fn successor_lease(&self, shared: &Shared, batch: &[Outcome]) -> Option<SuccessorLease> {
         self.jobs.as_ref()?;
-        if shared.stopping() || !shared.claims_short.load(std::sync::atomic::Ordering::Relaxed)
+        if shared.stopping()
+            || !shared
+                .claims_short
+                .load(std::sync::atomic::Ordering::Relaxed)
         {
             return None;
         }
@@ -440,7 +452,10 @@ impl Settler {
         if keys.is_empty() || keys.len() > room {
             return None;
         }
-        let max_bytes = config.max_in_flight_bytes.saturating_sub(shared.held.bytes()) / keys.len();
+        let max_bytes = config
+            .max_in_flight_bytes
+            .saturating_sub(shared.held.bytes())
+            / keys.len();
         (max_bytes > 0).then(|| SuccessorLease {
             token: ClaimToken::new(),
             lease: config.lease,

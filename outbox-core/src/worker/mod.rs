@@ -13,6 +13,11 @@
 //! heartbeat and the handler watchdog), [`listener`]; [`held`] is the book of what the worker
 //! holds, [`timing`] every interval it keeps.
 //!
+//! While claims come back short (a few ordering keys are all there is to claim), a settlement
+//! may lease the next message of each key it settles ([`Store::settle_and_lease`]); the acker
+//! then puts it on the jobs channel itself, so that a key's next message does not wait for a
+//! claim.
+//!
 //! The claimer never holds more than `2 × batch_size + handler_threads` messages nor more than
 //! `max_in_flight_bytes` of payload, so a slow receiver applies back-pressure instead of
 //! filling memory. The acker renews the leases of what the worker holds, so a lease bounds how

@@ -12,8 +12,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, DeadLetterRow, EndpointReport,
-    EndpointRow, Filter, IdRow, MessageIdRow, MessageRow, PendingRow, Selection, Statements, StatsRow,
-    StoredEndpointRow,
+    EndpointRow, Filter, IdRow, MessageIdRow, MessageRow, PendingRow, Selection, Statements,
+    StatsRow, StoredEndpointRow,
 };
 use crate::enqueue::NewMessage;
 
