@@ -184,6 +184,19 @@ pub struct Outcome {
     pub settlement: Settlement,
 }
 
+impl Outcome {
+    /// The outcome `settlement` of `message`, leased under `token`.
+    pub fn of(token: ClaimToken, message: &ClaimedMessage, settlement: Settlement) -> Outcome {
+        Outcome {
+            token,
+            position: message.position,
+            message_id: message.message_id,
+            ordering_key: message.ordering_key.clone(),
+            settlement,
+        }
+    }
+}
+
 /// The message a [`Store::settle_within`] settles: its claim, position and ordering key.
 #[derive(Debug, Clone, Copy)]
 pub struct SettleTarget<'a> {

@@ -58,13 +58,7 @@ where
 
 /// The outcome `settlement` of `message`, claimed under `token`.
 pub fn outcome(token: ClaimToken, message: &ClaimedMessage, settlement: Settlement) -> Outcome {
-    Outcome {
-        token,
-        position: message.position,
-        message_id: message.message_id,
-        ordering_key: message.ordering_key.clone(),
-        settlement,
-    }
+    Outcome::of(token, message, settlement)
 }
 
 /// An `INSERT` of one message the way enqueues wrote it before the headers column existed

@@ -490,13 +490,7 @@ impl Settler {
             |job| match jobs.try_send(job) {
                 Ok(()) => true,
                 Err(TrySendError::Full(job)) => {
-                    not_sent.push(Outcome {
-                        token,
-                        position: job.message.position,
-                        message_id: job.message.message_id,
-                        ordering_key: job.message.ordering_key,
-                        settlement: Settlement::Release,
-                    });
+                    not_sent.push(Outcome::of(token, &job.message, Settlement::Release));
                     true
                 }
                 Err(TrySendError::Disconnected(_)) => false,

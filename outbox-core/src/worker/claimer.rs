@@ -71,14 +71,7 @@ pub(crate) fn dispatch(
                     message.headers.trace_id(),
                     &settlement,
                 );
-                let outcome = Outcome {
-                    token,
-                    position: message.position,
-                    message_id: message.message_id,
-                    ordering_key: message.ordering_key,
-                    settlement,
-                };
-                if !send_outcome(outcome) {
+                if !send_outcome(Outcome::of(token, &message, settlement)) {
                     return None;
                 }
             }

@@ -402,13 +402,7 @@ fn run(shared: &Shared, jobs: &Receiver<Job>, outcomes: &Sender<Outcome>, thread
         );
         match shared.held.finish(message.position, job) {
             Some(token) => {
-                let outcome = Outcome {
-                    token,
-                    position: message.position,
-                    message_id: message.message_id,
-                    ordering_key: message.ordering_key,
-                    settlement,
-                };
+                let outcome = Outcome::of(token, &message, settlement);
                 if outcomes.send(outcome).is_err() {
                     return;
                 }
