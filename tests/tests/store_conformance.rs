@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use outbox_core::testing::MemoryStore;
 use outbox_diesel::admin::{dead_letters, pending_messages, ListOptions};
-use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Settlement, Store};
+use outbox_diesel::store::{
+    ClaimLimit, ClaimToken, ClaimedMessage, Settlement, Store, SuccessorLease,
+};
 use outbox_diesel::{DieselStore, Enqueue, EnqueueOptions, Message, OutboxManager};
 use outbox_testkit::outbox::outcome;
 use outbox_testkit::{TestConnection, TestDb, TestPool};
@@ -321,6 +323,69 @@ fn check_refuses_too_many_connections(h: &impl Harness) {
     assert!(h.store().ping().is_ok());
 }
 
+/// A settlement that may lease the next messages of its keys hands each of them out exactly
+/// once between its own answer and the next claim (a store may lease them or leave them to the
+/// claim): never a message that is not the next of a settled key, never a delayed or oversized
+/// one, and nothing when the settlement is fenced.
+fn a_settlement_hands_out_the_next_message_of_its_key_once(h: &impl Harness) {
+    let a1 = h.enqueue(1, 10, Some("a"));
+    let a2 = h.enqueue(2, 10, Some("a"));
+    let a3 = h.enqueue(3, 5_000, Some("a"));
+    let b1 = h.enqueue(4, 10, Some("b"));
+    let b2 = h.enqueue(5, 10, Some("b"));
+    let free = h.enqueue(6, 10, None);
+    let settle_and_lease = |token, settled: &[ClaimedMessage]| {
+        let outcomes: Vec<_> = settled
+            .iter()
+            .map(|m| outcome(token, m, Settlement::Done))
+            .collect();
+        let successors = SuccessorLease {
+            token: ClaimToken::new(),
+            lease: LEASE,
+            max_bytes: 1_000,
+        };
+        let (fenced, leased) = h.store().settle_and_lease(&outcomes, &successors).unwrap();
+        (successors.token, fenced, leased)
+    };
+    let token = ClaimToken::new();
+    let heads = claim(h, token, ClaimLimit::messages(2));
+    assert_eq!(positions(&heads), [a1, b1], "free stays for later");
+
+    let (lease_token, fenced, leased) = settle_and_lease(token, &heads[..1]);
+    assert!(fenced.is_empty());
+    let claim_token = ClaimToken::new();
+    let claimed = claim(h, claim_token, ClaimLimit::messages(10));
+    let mut handed_out = positions(&leased);
+    handed_out.extend(positions(&claimed));
+    handed_out.sort_unstable();
+    assert_eq!(
+        handed_out,
+        [a2, free],
+        "a's next message once, b's waits for b1"
+    );
+    assert!(leased.iter().all(|m| m.attempt == 1 && m.position == a2));
+    let (a2_token, a2_message) = match leased.first() {
+        Some(m) => (lease_token, m.clone()),
+        None => (claim_token, claimed[0].clone()),
+    };
+    assert_eq!(a2_message.position, a2);
+
+    // b1's settlement under a claim that no longer holds it: fenced, and b2 stays behind it.
+    let (_, fenced, leased) = settle_and_lease(ClaimToken::new(), &heads[1..]);
+    assert_eq!(fenced, [b1]);
+    assert!(leased.is_empty(), "{:?}", positions(&leased));
+    assert!(claim(h, ClaimToken::new(), ClaimLimit::messages(10)).is_empty());
+
+    // a2's settlement: a3 is larger than a successor may be, so the claim takes it.
+    let (_, fenced, leased) = settle_and_lease(a2_token, std::slice::from_ref(&a2_message));
+    assert!(fenced.is_empty() && leased.is_empty(), "{fenced:?}");
+    assert_eq!(
+        positions(&claim(h, ClaimToken::new(), ClaimLimit::messages(10))),
+        [a3]
+    );
+    let _ = b2;
+}
+
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod memory {
@@ -352,4 +417,5 @@ conformance!(
     settlements_apply_under_their_claim_and_fence_others,
     leases_are_renewed_and_lost_ones_reported,
     check_refuses_too_many_connections,
+    a_settlement_hands_out_the_next_message_of_its_key_once,
 );
