@@ -1,5 +1,6 @@
 //! Outbox helpers the tests share: the test signing secret, an endpoint that may dial
-//! 127.0.0.1, everything pending or dead in a pool's database, and outcomes for store tests.
+//! 127.0.0.1, everything pending or dead in a pool's database, and outcomes and settlements for store
+//! tests.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -8,7 +9,9 @@ use diesel::r2d2::{ManageConnection, Pool};
 use outbox_diesel::admin::{
     dead_letters, pending_messages, DeadLetter, ListOptions, PendingMessage,
 };
-use outbox_diesel::store::{ClaimToken, ClaimedMessage, Outcome, Settlement};
+use outbox_diesel::store::{
+    ClaimToken, ClaimedMessage, Outcome, Settlement, Store, SuccessorLease,
+};
 use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
 use outbox_diesel::OutboxConnection;
 
@@ -59,6 +62,31 @@ where
 /// The outcome `settlement` of `message`, claimed under `token`.
 pub fn outcome(token: ClaimToken, message: &ClaimedMessage, settlement: Settlement) -> Outcome {
     Outcome::of(token, message, settlement)
+}
+
+/// Settles `settled` (leased under `token`) as done through [`Store::settle_and_lease`], letting
+/// it lease the next messages of their keys for `lease`, each of at most `max_bytes`: the
+/// successors' token, the fenced positions and the leased messages.
+pub fn settle_done_and_lease(
+    store: &impl Store,
+    token: ClaimToken,
+    settled: &[ClaimedMessage],
+    lease: Duration,
+    max_bytes: usize,
+) -> (ClaimToken, Vec<i64>, Vec<ClaimedMessage>) {
+    let outcomes: Vec<Outcome> = settled
+        .iter()
+        .map(|m| outcome(token, m, Settlement::Done))
+        .collect();
+    let successors = SuccessorLease {
+        token: ClaimToken::new(),
+        lease,
+        max_bytes,
+    };
+    let (fenced, leased) = store
+        .settle_and_lease(&outcomes, &successors)
+        .expect("settling");
+    (successors.token, fenced, leased)
 }
 
 /// An `INSERT` of one message the way enqueues wrote it before the headers column existed

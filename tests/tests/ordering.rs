@@ -15,15 +15,13 @@ use outbox_diesel::admin::{
     pending_messages, requeue_dead_letters, DeadLetterSelection, ListOptions, PendingMessage,
 };
 use outbox_diesel::prelude::*;
-use outbox_diesel::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store, SuccessorLease,
-};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
 use outbox_diesel::{
     outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, Message, OutboxManager,
     ProcessError, Worker,
 };
 use outbox_testkit::db::migrate_to_before;
-use outbox_testkit::outbox::{insert_before_headers, outcome};
+use outbox_testkit::outbox::{insert_before_headers, outcome, settle_done_and_lease};
 use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
@@ -517,17 +515,7 @@ fn a_settlement_leases_the_next_message_of_its_key<C: TestConnection>(db: &TestD
     assert_eq!(positions(&heads), [k[0], d0]);
     let leases_here = db.backend() == Backend::Postgres;
     let settle_and_lease = |token, claimed: &[ClaimedMessage], max_bytes| {
-        let outcomes: Vec<Outcome> = claimed
-            .iter()
-            .map(|m| outcome(token, m, Settlement::Done))
-            .collect();
-        let successors = SuccessorLease {
-            token: ClaimToken::new(),
-            lease: LEASE,
-            max_bytes,
-        };
-        let (fenced, leased) = f.store.settle_and_lease(&outcomes, &successors).unwrap();
-        (successors.token, fenced, leased)
+        settle_done_and_lease(&f.store, token, claimed, LEASE, max_bytes)
     };
 
     let (next_token, fenced, leased) = settle_and_lease(token, &heads, 1 << 20);

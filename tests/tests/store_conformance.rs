@@ -6,11 +6,9 @@ use std::time::Duration;
 
 use outbox_core::testing::MemoryStore;
 use outbox_diesel::admin::{dead_letters, pending_messages, ListOptions};
-use outbox_diesel::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, Settlement, Store, SuccessorLease,
-};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Settlement, Store};
 use outbox_diesel::{DieselStore, Enqueue, EnqueueOptions, Message, OutboxManager};
-use outbox_testkit::outbox::outcome;
+use outbox_testkit::outbox::{outcome, settle_done_and_lease};
 use outbox_testkit::{TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
@@ -335,17 +333,7 @@ fn a_settlement_hands_out_the_next_message_of_its_key_once(h: &impl Harness) {
     let b2 = h.enqueue(5, 10, Some("b"));
     let free = h.enqueue(6, 10, None);
     let settle_and_lease = |token, settled: &[ClaimedMessage]| {
-        let outcomes: Vec<_> = settled
-            .iter()
-            .map(|m| outcome(token, m, Settlement::Done))
-            .collect();
-        let successors = SuccessorLease {
-            token: ClaimToken::new(),
-            lease: LEASE,
-            max_bytes: 1_000,
-        };
-        let (fenced, leased) = h.store().settle_and_lease(&outcomes, &successors).unwrap();
-        (successors.token, fenced, leased)
+        settle_done_and_lease(h.store(), token, settled, LEASE, 1_000)
     };
     let token = ClaimToken::new();
     let heads = claim(h, token, ClaimLimit::messages(2));

@@ -473,7 +473,7 @@ impl Settler {
         leased: Vec<ClaimedMessage>,
         now: Instant,
     ) {
-        let Some(jobs) = self.jobs.clone() else {
+        let Some(jobs) = &self.jobs else {
             return;
         };
         if leased.is_empty() {
