@@ -65,6 +65,9 @@ pub struct Delivery {
     pub attempt: u32,
     /// The headers set when the message was enqueued (trace context among them).
     pub headers: Headers,
+    /// The ordering key it was enqueued with: messages of one key are processed one at a
+    /// time, in enqueue order. Relays to brokers carry it as the record key.
+    pub ordering_key: Option<String>,
 }
 
 /// How a worker settles the message of a context inside a transaction (see
@@ -162,6 +165,11 @@ impl<'a> Context<'a> {
         &self.delivery.headers
     }
 
+    /// The ordering key the message was enqueued with, if any.
+    pub fn ordering_key(&self) -> Option<&'a str> {
+        self.delivery.ordering_key.as_deref()
+    }
+
     /// The shared resource of type `T`, or a permanent failure naming the missing type (a
     /// configuration mistake that retrying will not fix).
     pub fn resource<T: Send + Sync + 'static>(&self) -> Result<&'a T, ProcessError> {
@@ -198,6 +206,7 @@ mod tests {
             message_type: "comment.thankYou".into(),
             attempt: 1,
             headers: Headers::new(),
+            ordering_key: None,
         };
         let ctx = Context::new(&delivery, &resources);
         assert_eq!(ctx.resource::<ApiKey>().unwrap().0, "secret");

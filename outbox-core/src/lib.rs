@@ -34,6 +34,7 @@
 //!     message_type: ThankYou::MESSAGE_TYPE.into(),
 //!     attempt: 1,
 //!     headers: Default::default(),
+//!     ordering_key: None,
 //! };
 //! ThankYou { member_id: 7 }
 //!     .process(&mut Context::new(&delivery, &resources))

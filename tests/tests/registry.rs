@@ -32,6 +32,7 @@ fn delivery(message_type: &str) -> Delivery {
         message_type: message_type.into(),
         attempt: 1,
         headers: Default::default(),
+        ordering_key: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn delivery() -> Delivery {
         message_type: "order.shipped".into(),
         attempt: 1,
         headers: Default::default(),
+        ordering_key: None,
     }
 }
 

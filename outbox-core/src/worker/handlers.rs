@@ -211,6 +211,7 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         message_type: message.message_type.clone(),
         attempt: message.attempt,
         headers: message.headers.clone(),
+        ordering_key: message.ordering_key.clone(),
     };
     let payload = std::mem::take(&mut message.payload);
     let settle = JobSettle {

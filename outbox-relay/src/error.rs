@@ -1,0 +1,167 @@
+use std::time::Duration;
+
+use outbox_core::{FailureKind, ProcessError};
+
+/// Why a message was not relayed, or a destination could not be configured.
+///
+/// Each variant says whether another attempt can succeed ([`RelayError::kind`]): a broker that
+/// is down, slow or pushing back is worth retrying with backoff; a message the broker will never
+/// take (nowhere to route it, too large, an invalid subject or topic) goes to the dead-letter
+/// table at once, with this error as its reason (see [`RelayError::into_process_error`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The destination's settings are wrong; fix them where the destination is built.
+    #[error("invalid {destination} configuration: {reason}")]
+    Config {
+        /// Which kind of destination.
+        destination: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The message's data could not be serialized to JSON.
+    #[error("cannot serialize the message for {destination}: {source}")]
+    Serialize {
+        /// The destination.
+        destination: String,
+        /// Serde's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The broker cannot be reached or the connection broke: retried with backoff, and the
+    /// destination reconnects by itself.
+    #[error("{destination} is unavailable: {reason}")]
+    Unavailable {
+        /// The destination.
+        destination: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The broker did not acknowledge the message in time. It may still have stored it: the
+    /// retry carries the same message id, which JetStream drops as a duplicate inside its
+    /// window and consumers of the other brokers can drop themselves.
+    #[error("{destination} did not acknowledge the message within {timeout:?}")]
+    Timeout {
+        /// The destination.
+        destination: String,
+        /// How long the destination waited.
+        timeout: Duration,
+    },
+    /// The broker refused the message for now (a negative acknowledgement, flow control, too
+    /// many publishes awaiting acknowledgement): retried with backoff.
+    #[error("{destination} refused the message for now: {reason}")]
+    Refused {
+        /// The destination.
+        destination: String,
+        /// The broker's reason.
+        reason: String,
+    },
+    /// Nothing at the broker takes the message (no stream for the subject, an unroutable
+    /// routing key, a missing exchange or topic): dead-lettered at once.
+    #[error("{destination} has nowhere to put the message: {reason}")]
+    Unroutable {
+        /// The destination.
+        destination: String,
+        /// What the broker said.
+        reason: String,
+    },
+    /// The message is larger than the broker accepts: dead-lettered at once.
+    #[error("the message is too large for {destination}: {reason}")]
+    TooLarge {
+        /// The destination.
+        destination: String,
+        /// The sizes involved.
+        reason: String,
+    },
+    /// The message cannot be published as it is (an invalid subject, routing key, topic or
+    /// header): dead-lettered at once.
+    #[error("{destination} cannot take the message: {reason}")]
+    Invalid {
+        /// The destination.
+        destination: String,
+        /// What is invalid.
+        reason: String,
+    },
+}
+
+impl RelayError {
+    /// Whether another attempt may succeed.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            RelayError::Unavailable { .. }
+            | RelayError::Timeout { .. }
+            | RelayError::Refused { .. } => FailureKind::Retryable,
+            RelayError::Config { .. }
+            | RelayError::Serialize { .. }
+            | RelayError::Unroutable { .. }
+            | RelayError::TooLarge { .. }
+            | RelayError::Invalid { .. } => FailureKind::Permanent,
+        }
+    }
+
+    /// The handler's failure, keeping the classification: retried when worth retrying,
+    /// dead-lettered otherwise. (`?` alone would make every `RelayError` retryable, as it
+    /// does any error.)
+    pub fn into_process_error(self) -> ProcessError {
+        match self.kind() {
+            FailureKind::Permanent => ProcessError::permanent(self),
+            _ => ProcessError::retryable(self),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(make: fn(String, String) -> RelayError) -> RelayError {
+        make("JetStream nats://127.0.0.1:4222".into(), "why".into())
+    }
+
+    #[test]
+    fn brokers_down_slow_or_pushing_back_are_retried() {
+        let retried = [
+            named(|destination, reason| RelayError::Unavailable {
+                destination,
+                reason,
+            }),
+            named(|destination, reason| RelayError::Refused {
+                destination,
+                reason,
+            }),
+            RelayError::Timeout {
+                destination: "d".into(),
+                timeout: Duration::from_secs(1),
+            },
+        ];
+        for error in retried {
+            let reason = error.to_string();
+            let failure = error.into_process_error();
+            assert_eq!(failure.kind(), FailureKind::Retryable, "{reason}");
+            assert_eq!(failure.reason(), reason);
+        }
+    }
+
+    #[test]
+    fn messages_the_broker_will_never_take_are_dead_lettered() {
+        let dead = [
+            named(|destination, reason| RelayError::Unroutable {
+                destination,
+                reason,
+            }),
+            named(|destination, reason| RelayError::TooLarge {
+                destination,
+                reason,
+            }),
+            named(|destination, reason| RelayError::Invalid {
+                destination,
+                reason,
+            }),
+        ];
+        for error in dead {
+            let reason = error.to_string();
+            assert!(reason.contains("nats://127.0.0.1:4222") && reason.contains("why"));
+            assert_eq!(error.into_process_error().kind(), FailureKind::Permanent);
+        }
+    }
+}

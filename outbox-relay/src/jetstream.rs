@@ -1,0 +1,373 @@
+//! Relaying to NATS JetStream.
+
+use std::fmt;
+use std::str::FromStr as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, HeaderName, NATS_MESSAGE_ID};
+use async_nats::jetstream::context::{
+    GetStreamByNameErrorKind, PublishError, PublishErrorKind,
+};
+use async_nats::jetstream::{self, ErrorCode};
+use outbox_core::{Context, ProcessError};
+use serde::Serialize;
+
+use crate::error::RelayError;
+use crate::metadata::Outgoing;
+use crate::runtime::OwnedRuntime;
+use crate::shown_url;
+
+const KIND: &str = "JetStream";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A NATS server with JetStream, publishing messages to streams and awaiting each publish
+/// acknowledgement.
+///
+/// Each message is published with its outbox id as `Nats-Msg-Id`, so the stream drops a
+/// redelivery (a retry after a lost acknowledgement, a worker killed after publishing)
+/// that arrives within the stream's **duplicate window** (`duplicate_window`, two minutes by
+/// default): inside that window each message enters the stream once. Set the window longer
+/// than a message can take from its first publish to its last retry.
+///
+/// Build it once at start-up and put it in the worker's resources; clones share one
+/// connection, which reconnects by itself. Publishing blocks the handler thread until the
+/// stream acknowledges (or [`timeout`](JetStreamDestinationBuilder::timeout) passes).
+///
+/// ```no_run
+/// use outbox_core::{Context, Handler, Message, ProcessError};
+/// use outbox_relay::JetStreamDestination;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct OrderShipped {
+///     order_id: i64,
+/// }
+///
+/// impl Message for OrderShipped {
+///     const MESSAGE_TYPE: &'static str = "order.shipped";
+/// }
+///
+/// impl Handler for OrderShipped {
+///     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+///         ctx.resource::<JetStreamDestination>()?.publish(ctx, "orders.shipped", &self)
+///     }
+/// }
+///
+/// # fn main() -> Result<(), outbox_relay::RelayError> {
+/// let orders = JetStreamDestination::builder("nats://127.0.0.1:4222").build()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct JetStreamDestination {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    timeout: Duration,
+    context: jetstream::Context,
+    client: async_nats::Client,
+    // Dropped last: the client's tasks run on it.
+    runtime: OwnedRuntime,
+}
+
+/// Configuration of a [`JetStreamDestination`], from [`JetStreamDestination::builder`].
+#[derive(Clone)]
+pub struct JetStreamDestinationBuilder {
+    url: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl JetStreamDestination {
+    /// Starts configuring a destination on the NATS server at `url` (e.g.
+    /// `nats://127.0.0.1:4222`; a comma-separated list names a cluster).
+    pub fn builder(url: impl Into<String>) -> JetStreamDestinationBuilder {
+        JetStreamDestinationBuilder {
+            url: url.into(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// The destination's name in errors and logs: the server's URL.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Publishes `data` as JSON to `subject` for the message in `ctx`, with the message's id
+    /// as `Nats-Msg-Id`, and its type, ordering key and headers as NATS headers (see
+    /// [`MESSAGE_ID_HEADER`](crate::MESSAGE_ID_HEADER)), and waits for the stream's
+    /// acknowledgement.
+    ///
+    /// A duplicate the stream dropped counts as published. Failures are classified as
+    /// [`RelayError`] says: no stream for the subject, an invalid subject and a message over
+    /// the server's or the stream's size limit are permanent; the rest is retried.
+    pub fn publish<T: Serialize + ?Sized>(
+        &self,
+        ctx: &Context<'_>,
+        subject: &str,
+        data: &T,
+    ) -> Result<(), ProcessError> {
+        let outgoing = Outgoing::json(ctx, data, &self.inner.name)
+            .map_err(RelayError::into_process_error)?;
+        self.send(subject, outgoing)
+            .map_err(RelayError::into_process_error)
+    }
+
+    /// Publishes `body` as it is to `subject`, like [`publish`](Self::publish) without the
+    /// JSON encoding.
+    pub fn publish_bytes(
+        &self,
+        ctx: &Context<'_>,
+        subject: &str,
+        body: &[u8],
+    ) -> Result<(), ProcessError> {
+        let outgoing = Outgoing::bytes(ctx, body.to_vec());
+        self.send(subject, outgoing)
+            .map_err(RelayError::into_process_error)
+    }
+
+    fn send(&self, subject: &str, outgoing: Outgoing) -> Result<(), RelayError> {
+        let inner = &self.inner;
+        if !is_valid_publish_subject(subject) {
+            return Err(inner.invalid(format!(
+                "`{}` is not a subject to publish to: use dot-separated tokens without spaces or \
+                 wildcards",
+                subject.escape_debug()
+            )));
+        }
+        let mut headers = HeaderMap::new();
+        for (name, value) in &outgoing.headers {
+            let name = HeaderName::from_str(name)
+                .map_err(|_| inner.invalid(format!("`{name}` is not a NATS header name")))?;
+            headers.insert(name, value.as_str());
+        }
+        headers.insert(NATS_MESSAGE_ID, outgoing.id.as_str());
+        let outgoing_id = outgoing.id;
+        let body = bytes::Bytes::from(outgoing.body);
+        inner.runtime.block_on(async {
+            let publish = async {
+                let ack = inner
+                    .context
+                    .publish_with_headers(subject.to_owned(), headers, body)
+                    .await?;
+                ack.await
+            };
+            match tokio::time::timeout(inner.timeout, publish).await {
+                Ok(Ok(ack)) => {
+                    if ack.duplicate {
+                        log::debug!(
+                            "outbox: {} dropped message {} as a duplicate (stream {})",
+                            inner.name,
+                            outgoing_id,
+                            ack.stream
+                        );
+                    }
+                    Ok(())
+                }
+                Ok(Err(error)) => Err(inner.classify(subject, error).await),
+                Err(_) => Err(RelayError::Timeout {
+                    destination: inner.name.clone(),
+                    timeout: inner.timeout,
+                }),
+            }
+        })
+    }
+}
+
+impl Inner {
+    fn invalid(&self, reason: String) -> RelayError {
+        RelayError::Invalid {
+            destination: self.name.clone(),
+            reason,
+        }
+    }
+
+    async fn classify(&self, subject: &str, error: PublishError) -> RelayError {
+        let destination = self.name.clone();
+        let reason = error.to_string();
+        match error.kind() {
+            PublishErrorKind::MaxPayloadExceeded => RelayError::TooLarge {
+                destination,
+                reason,
+            },
+            PublishErrorKind::StreamNotFound => self.no_responders(subject, reason).await,
+            PublishErrorKind::TimedOut => RelayError::Timeout {
+                destination,
+                timeout: self.timeout,
+            },
+            PublishErrorKind::MaxAckPending => RelayError::Refused {
+                destination,
+                reason,
+            },
+            PublishErrorKind::BrokenPipe => RelayError::Unavailable {
+                destination,
+                reason,
+            },
+            _ => match jetstream_error_code(&error) {
+                Some(code) if is_permanent(code) => RelayError::Unroutable {
+                    destination,
+                    reason,
+                },
+                Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => RelayError::TooLarge {
+                    destination,
+                    reason,
+                },
+                Some(_) => RelayError::Refused {
+                    destination,
+                    reason,
+                },
+                None => RelayError::Unavailable {
+                    destination,
+                    reason,
+                },
+            },
+        }
+    }
+
+    /// Nobody answered the publish. That is what a subject no stream listens on gets, but
+    /// also what a server still recovering its streams after a restart answers, so the
+    /// message is dead-lettered only when JetStream itself says no stream has the subject.
+    async fn no_responders(&self, subject: &str, reason: String) -> RelayError {
+        let destination = self.name.clone();
+        match self.context.stream_by_subject(subject).await {
+            Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => {
+                RelayError::Unroutable {
+                    destination,
+                    reason: format!("no stream has the subject `{subject}`"),
+                }
+            }
+            _ => RelayError::Unavailable {
+                destination,
+                reason: format!("{reason} (JetStream may still be starting)"),
+            },
+        }
+    }
+}
+
+fn jetstream_error_code(error: &PublishError) -> Option<ErrorCode> {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(api) = cause.downcast_ref::<jetstream::Error>() {
+            return Some(api.error_code());
+        }
+        source = cause.source();
+    }
+    None
+}
+
+/// JetStream API errors no retry fixes: the stream does not take the subject or is sealed.
+fn is_permanent(code: ErrorCode) -> bool {
+    [
+        ErrorCode::STREAM_NOT_FOUND,
+        ErrorCode::STREAM_SEALED,
+    ]
+    .contains(&code)
+}
+
+/// A subject NATS lets one publish to: dot-separated non-empty tokens, no whitespace, no
+/// wildcards (a publish to `orders.*` would reach no stream as meant).
+fn is_valid_publish_subject(subject: &str) -> bool {
+    !subject.is_empty()
+        && subject.split('.').all(|token| {
+            !token.is_empty()
+                && token != "*"
+                && token != ">"
+                && !token.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        })
+}
+
+impl JetStreamDestinationBuilder {
+    /// How long a publish may wait for the stream's acknowledgement (10 s by default); past
+    /// it the attempt is a retryable [`RelayError::Timeout`]. Keep it below the worker's
+    /// handler timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long one attempt to connect may take (5 s by default).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Starts the destination's runtime and its connection. An unreachable server is not an
+    /// error here: the connection keeps trying in the background, and publishes fail as
+    /// retryable until it succeeds, so a worker can start before its broker.
+    pub fn build(self) -> Result<JetStreamDestination, RelayError> {
+        if self.timeout.is_zero() {
+            return Err(RelayError::Config {
+                destination: KIND,
+                reason: "the timeout must be longer than zero".into(),
+            });
+        }
+        let name = format!("{KIND} {}", shown_url(&self.url));
+        let options = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connection_timeout(self.connect_timeout)
+            .max_reconnects(None);
+        let url = self.url.clone();
+        let (runtime, client) = OwnedRuntime::start("jetstream", move || async move {
+            options
+                .connect(url.as_str())
+                .await
+                .map_err(|error| RelayError::Config {
+                    destination: KIND,
+                    reason: format!("cannot use `{}`: {error}", shown_url(&url)),
+                })
+        })?;
+        let context = jetstream::ContextBuilder::new()
+            .timeout(self.timeout)
+            .build(client.clone());
+        Ok(JetStreamDestination {
+            inner: Arc::new(Inner {
+                name,
+                timeout: self.timeout,
+                context,
+                client,
+                runtime,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for JetStreamDestinationBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStreamDestinationBuilder")
+            .field("url", &shown_url(&self.url))
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl fmt::Debug for JetStreamDestination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStreamDestination")
+            .field("name", &self.inner.name)
+            .field("timeout", &self.inner.timeout)
+            .field("state", &self.inner.client.connection_state())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_subjects_are_plain_dot_separated_tokens() {
+        for good in ["orders", "orders.shipped", "a.b-c_d.E9", "orders.é"] {
+            assert!(is_valid_publish_subject(good), "{good}");
+        }
+        for bad in ["", ".", "orders.", ".orders", "a..b", "orders.*", "orders.>", "a b", "a\tb", "a\r\nPUB x"] {
+            assert!(!is_valid_publish_subject(bad), "{bad:?}");
+        }
+    }
+
+}

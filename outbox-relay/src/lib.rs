@@ -1,0 +1,99 @@
+//! Relays [outbox](https://docs.rs/outbox-diesel) messages to brokers, with the guarantees the
+//! outbox gives webhooks: a message leaves the outbox only once the broker has acknowledged
+//! it, a retry carries the same message id, and what the broker will never take is
+//! dead-lettered with the reason while the rest is retried.
+//!
+//! Each broker is a feature, so an application builds only the client it uses:
+//!
+//! | feature     | destination              | acknowledged by                | duplicates                          |
+//! |-------------|--------------------------|--------------------------------|-------------------------------------|
+//! | `jetstream` | [`JetStreamDestination`] | the stream's publish ack       | dropped by the stream (`Nats-Msg-Id`) within its duplicate window |
+//! | `rabbitmq`  | [`RabbitMqDestination`]  | a publisher confirm (mandatory, persistent) | consumers drop them by `message_id` |
+//!
+//! A destination is a resource like a `WebhookEndpoint`: build it once at start-up, add it
+//! to the worker's resources, and publish from a handler in one call. The call blocks the
+//! handler thread; the client library runs on a small runtime the destination owns for its
+//! lifetime (built and dropped safely even inside another async runtime, e.g. a web
+//! framework's start-up).
+//!
+//! Every published message carries its outbox id ([`MESSAGE_ID_HEADER`]), its type
+//! ([`MESSAGE_TYPE_HEADER`]), its ordering key if it has one ([`ORDERING_KEY_HEADER`]) and
+//! the headers it was enqueued with (`traceparent` among them). The body is the data, as
+//! JSON. The worker processes one message of an ordering key at a time and only after the
+//! previous one was acknowledged, so per-key order carries into the stream or queue.
+//!
+//! ```no_run
+//! # #[cfg(feature = "jetstream")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::{Context, Handler, Message, ProcessError, Resources};
+//! use outbox_relay::JetStreamDestination;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct CommentPosted {
+//!     comment_id: i64,
+//! }
+//!
+//! impl Message for CommentPosted {
+//!     const MESSAGE_TYPE: &'static str = "comment.posted";
+//! }
+//!
+//! impl Handler for CommentPosted {
+//!     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+//!         ctx.resource::<JetStreamDestination>()?.publish(ctx, "blog.comments", &self)
+//!     }
+//! }
+//!
+//! let resources = Resources::new()
+//!     .with(JetStreamDestination::builder("nats://127.0.0.1:4222").build()?);
+//! # drop(resources);
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "jetstream"))]
+//! # fn main() {}
+//! ```
+#![forbid(unsafe_code)]
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+#![warn(missing_docs, missing_debug_implementations)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod error;
+#[cfg(feature = "jetstream")]
+mod jetstream;
+mod metadata;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
+#[cfg(any(feature = "jetstream", feature = "rabbitmq"))]
+mod runtime;
+
+pub use error::RelayError;
+#[cfg(feature = "jetstream")]
+pub use jetstream::{JetStreamDestination, JetStreamDestinationBuilder};
+pub use metadata::{MESSAGE_ID_HEADER, MESSAGE_TYPE_HEADER, ORDERING_KEY_HEADER};
+#[cfg(feature = "rabbitmq")]
+pub use rabbitmq::{RabbitMqDestination, RabbitMqDestinationBuilder};
+
+/// A broker URL without its password, for errors and logs.
+#[cfg_attr(not(any(feature = "jetstream", feature = "rabbitmq")), allow(dead_code))]
+fn shown_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_url;
+
+    #[test]
+    fn passwords_stay_out_of_names() {
+        assert_eq!(
+            shown_url("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(shown_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
+}

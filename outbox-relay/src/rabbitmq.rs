@@ -1,0 +1,410 @@
+//! Relaying to RabbitMQ (AMQP 0.9.1).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError, BasicProperties};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
+use outbox_core::{Context, ProcessError};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::error::RelayError;
+use crate::metadata::Outgoing;
+use crate::runtime::OwnedRuntime;
+use crate::shown_url;
+
+const KIND: &str = "RabbitMQ";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// AMQP's delivery mode for messages the broker writes to disk.
+const PERSISTENT: u8 = 2;
+
+/// A RabbitMQ exchange, publishing messages with publisher confirms.
+///
+/// Each message is published **persistent**, **mandatory** (a message no queue is bound to
+/// receive comes back, and is dead-lettered as [`RelayError::Unroutable`] instead of being
+/// dropped by the broker), with its outbox id as the AMQP `message_id`, its type as `type`,
+/// `application/json` as `content_type`, and its ordering key and headers in the headers
+/// table (see [`MESSAGE_ID_HEADER`](crate::MESSAGE_ID_HEADER)). A publish succeeds when the
+/// broker confirms it, which for a durable queue means it is on disk.
+///
+/// RabbitMQ does not drop duplicates: a message whose confirm was lost (a broker restart, a
+/// worker killed after publishing) is published again, so consumers drop duplicates by
+/// `message_id`.
+///
+/// Build it once at start-up and put it in the worker's resources; clones share one
+/// connection, which is re-opened by the next publish after it breaks.
+///
+/// ```no_run
+/// use outbox_core::{Context, Handler, Message, ProcessError};
+/// use outbox_relay::RabbitMqDestination;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct OrderShipped {
+///     order_id: i64,
+/// }
+///
+/// impl Message for OrderShipped {
+///     const MESSAGE_TYPE: &'static str = "order.shipped";
+/// }
+///
+/// impl Handler for OrderShipped {
+///     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+///         // To the exchange the destination was built with, routed by the message type.
+///         let orders = ctx.resource::<RabbitMqDestination>()?;
+///         orders.publish(ctx, ctx.message_type(), &self)
+///     }
+/// }
+///
+/// # fn main() -> Result<(), outbox_relay::RelayError> {
+/// let orders = RabbitMqDestination::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+///     .exchange("orders")
+///     .build()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RabbitMqDestination {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    url: String,
+    exchange: ShortString,
+    timeout: Duration,
+    connect_timeout: Duration,
+    link: Mutex<Option<Link>>,
+    // Dropped last: the connection's tasks run on it.
+    runtime: OwnedRuntime,
+}
+
+/// An open connection and its channel in confirm mode.
+struct Link {
+    // Kept so that the connection lives as long as its channel.
+    _connection: Connection,
+    channel: Channel,
+}
+
+/// Configuration of a [`RabbitMqDestination`], from [`RabbitMqDestination::builder`].
+#[derive(Clone)]
+pub struct RabbitMqDestinationBuilder {
+    url: String,
+    exchange: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl RabbitMqDestination {
+    /// Starts configuring a destination on the broker at `url`, an AMQP URI such as
+    /// `amqp://user:password@127.0.0.1:5672/%2f` (the last part is the virtual host).
+    pub fn builder(url: impl Into<String>) -> RabbitMqDestinationBuilder {
+        RabbitMqDestinationBuilder {
+            url: url.into(),
+            exchange: String::new(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// The destination's name in errors and logs: the broker's URL (without its password)
+    /// and the exchange.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Publishes `data` as JSON to the destination's exchange with `routing_key`, and waits
+    /// for the broker's confirm.
+    ///
+    /// An unroutable message, a missing exchange, a routing key over 255 bytes or a message
+    /// over the broker's size limit are permanent failures; a connection that cannot be
+    /// opened, a broken one, a negative confirm and a confirm not received in time are
+    /// retried.
+    pub fn publish<T: Serialize + ?Sized>(
+        &self,
+        ctx: &Context<'_>,
+        routing_key: &str,
+        data: &T,
+    ) -> Result<(), ProcessError> {
+        let outgoing = Outgoing::json(ctx, data, &self.inner.name)
+            .map_err(RelayError::into_process_error)?;
+        self.inner
+            .send(routing_key, outgoing)
+            .map_err(RelayError::into_process_error)
+    }
+
+    /// Publishes `body` as it is, like [`publish`](Self::publish) without the JSON encoding
+    /// (the content type is still `application/json`).
+    pub fn publish_bytes(
+        &self,
+        ctx: &Context<'_>,
+        routing_key: &str,
+        body: &[u8],
+    ) -> Result<(), ProcessError> {
+        let outgoing = Outgoing::bytes(ctx, body.to_vec());
+        self.inner
+            .send(routing_key, outgoing)
+            .map_err(RelayError::into_process_error)
+    }
+}
+
+impl Inner {
+    fn send(&self, routing_key: &str, outgoing: Outgoing) -> Result<(), RelayError> {
+        let routing_key = ShortString::try_new(routing_key).map_err(|_| RelayError::Invalid {
+            destination: self.name.clone(),
+            reason: format!(
+                "a routing key holds at most 255 bytes, this one {}",
+                routing_key.len()
+            ),
+        })?;
+        let properties = self.properties(&outgoing)?;
+        self.runtime.block_on(async {
+            match tokio::time::timeout(self.timeout, self.publish(routing_key, outgoing, properties))
+                .await
+            {
+                Ok(result) => result,
+                Err(_) => {
+                    // The channel may be stuck on a connection the broker no longer serves.
+                    self.forget_link().await;
+                    Err(RelayError::Timeout {
+                        destination: self.name.clone(),
+                        timeout: self.timeout,
+                    })
+                }
+            }
+        })
+    }
+
+    fn properties(&self, outgoing: &Outgoing) -> Result<BasicProperties, RelayError> {
+        let short = |what: &str, value: &str| {
+            ShortString::try_new(value).map_err(|_| RelayError::Invalid {
+                destination: self.name.clone(),
+                reason: format!("the {what} holds at most 255 bytes in AMQP"),
+            })
+        };
+        let mut table = FieldTable::default();
+        for (name, value) in &outgoing.headers {
+            table.insert(
+                short("header name", name)?,
+                AMQPValue::LongString(LongString::from(value.as_bytes().to_vec())),
+            );
+        }
+        Ok(BasicProperties::default()
+            .with_message_id(short("message id", &outgoing.id)?)
+            .with_type(short("message type", &outgoing.message_type)?)
+            .with_content_type(ShortString::from("application/json"))
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(table))
+    }
+
+    async fn publish(
+        &self,
+        routing_key: ShortString,
+        outgoing: Outgoing,
+        properties: BasicProperties,
+    ) -> Result<(), RelayError> {
+        let channel = self.channel().await?;
+        let confirm = channel
+            .basic_publish(
+                self.exchange.clone(),
+                routing_key.clone(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &outgoing.body,
+                properties,
+            )
+            .await;
+        let confirmation = match confirm {
+            Ok(confirm) => confirm.await,
+            Err(error) => Err(error),
+        };
+        match confirmation {
+            Ok(Confirmation::Ack(None)) => Ok(()),
+            Ok(Confirmation::Ack(Some(returned))) => Err(RelayError::Unroutable {
+                destination: self.name.clone(),
+                reason: format!(
+                    "no queue is bound to receive routing key `{}` ({} {})",
+                    routing_key.as_str().escape_debug(),
+                    returned.reply_code,
+                    returned.reply_text
+                ),
+            }),
+            Ok(Confirmation::Nack(_)) => Err(RelayError::Refused {
+                destination: self.name.clone(),
+                reason: "the broker did not confirm the message (basic.nack)".into(),
+            }),
+            Ok(Confirmation::NotRequested) => Err(RelayError::Unavailable {
+                destination: self.name.clone(),
+                reason: "the channel is not in confirm mode".into(),
+            }),
+            Err(error) => {
+                self.forget_link().await;
+                Err(self.classify(error))
+            }
+        }
+    }
+
+    /// The channel in confirm mode, opening a connection first if there is none or the last
+    /// one broke.
+    async fn channel(&self) -> Result<Channel, RelayError> {
+        let mut link = self.link.lock().await;
+        if let Some(open) = link.as_ref() {
+            if open.channel.status().connected() {
+                return Ok(open.channel.clone());
+            }
+        }
+        *link = None;
+        let unavailable = |reason: String| RelayError::Unavailable {
+            destination: self.name.clone(),
+            reason,
+        };
+        let connection = tokio::time::timeout(
+            self.connect_timeout,
+            Connection::connect(&self.url, ConnectionProperties::default()),
+        )
+        .await
+        .map_err(|_| unavailable(format!("connecting took over {:?}", self.connect_timeout)))?
+        .map_err(|error| unavailable(format!("cannot connect: {error}")))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|error| unavailable(format!("cannot open a channel: {error}")))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|error| unavailable(format!("cannot enable publisher confirms: {error}")))?;
+        *link = Some(Link {
+            _connection: connection,
+            channel: channel.clone(),
+        });
+        Ok(channel)
+    }
+
+    async fn forget_link(&self) {
+        *self.link.lock().await = None;
+    }
+
+    fn classify(&self, error: lapin::Error) -> RelayError {
+        let destination = self.name.clone();
+        let reason = error.to_string();
+        if let ErrorKind::ProtocolError(amqp) = error.kind() {
+            if let AMQPErrorKind::Soft(soft) = amqp.kind() {
+                match soft {
+                    AMQPSoftError::NOTFOUND | AMQPSoftError::NOROUTE => {
+                        return RelayError::Unroutable {
+                            destination,
+                            reason,
+                        }
+                    }
+                    AMQPSoftError::CONTENTTOOLARGE => {
+                        return RelayError::TooLarge {
+                            destination,
+                            reason,
+                        }
+                    }
+                    // RabbitMQ answers a message over `max_message_size` this way.
+                    AMQPSoftError::PRECONDITIONFAILED if reason.contains("message size") => {
+                        return RelayError::TooLarge {
+                            destination,
+                            reason,
+                        }
+                    }
+                    AMQPSoftError::ACCESSREFUSED | AMQPSoftError::PRECONDITIONFAILED => {
+                        return RelayError::Invalid {
+                            destination,
+                            reason,
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        RelayError::Unavailable {
+            destination,
+            reason,
+        }
+    }
+}
+
+impl RabbitMqDestinationBuilder {
+    /// The exchange messages are published to: the default exchange (`""`, routing straight
+    /// to the queue the routing key names) unless set. The exchange must exist.
+    pub fn exchange(mut self, exchange: impl Into<String>) -> Self {
+        self.exchange = exchange.into();
+        self
+    }
+
+    /// How long a publish may take, connecting included, until the broker confirms (10 s by
+    /// default); past it the attempt is a retryable [`RelayError::Timeout`]. Keep it below
+    /// the worker's handler timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long opening a connection may take (5 s by default).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Starts the destination's runtime. It connects on the first publish, so a worker can
+    /// start before its broker.
+    pub fn build(self) -> Result<RabbitMqDestination, RelayError> {
+        let config = |reason: String| RelayError::Config {
+            destination: KIND,
+            reason,
+        };
+        if self.timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(config("the timeouts must be longer than zero".into()));
+        }
+        self.url
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|error| config(format!("`{}` is not an AMQP URI: {error}", shown_url(&self.url))))?;
+        let exchange = ShortString::try_new(self.exchange.as_str())
+            .map_err(|_| config("an exchange name holds at most 255 bytes".into()))?;
+        let name = if self.exchange.is_empty() {
+            format!("{KIND} {} (default exchange)", shown_url(&self.url))
+        } else {
+            format!("{KIND} {} exchange `{}`", shown_url(&self.url), self.exchange)
+        };
+        let (runtime, ()) = OwnedRuntime::start("rabbitmq", || async { Ok(()) })?;
+        Ok(RabbitMqDestination {
+            inner: Arc::new(Inner {
+                name,
+                url: self.url,
+                exchange,
+                timeout: self.timeout,
+                connect_timeout: self.connect_timeout,
+                link: Mutex::new(None),
+                runtime,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for RabbitMqDestination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqDestination")
+            .field("name", &self.inner.name)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
+
+impl fmt::Debug for RabbitMqDestinationBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqDestinationBuilder")
+            .field("url", &shown_url(&self.url))
+            .field("exchange", &self.exchange)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
