@@ -312,18 +312,21 @@ impl JetStreamDestinationBuilder {
             .connection_timeout(self.connect_timeout)
             .max_reconnects(None);
         let url = self.url.clone();
-        let (runtime, client) = OwnedRuntime::start("jetstream", move || async move {
-            options
+        let timeout = self.timeout;
+        let (runtime, (client, context)) = OwnedRuntime::start("jetstream", move || async move {
+            let client = options
                 .connect(url.as_str())
                 .await
                 .map_err(|error| RelayError::Config {
                     destination: KIND,
                     reason: format!("cannot use `{}`: {error}", shown_url(&url)),
-                })
+                })?;
+            // The context spawns its acknowledgement task on the runtime it is built on.
+            let context = jetstream::ContextBuilder::new()
+                .timeout(timeout)
+                .build(client.clone());
+            Ok((client, context))
         })?;
-        let context = jetstream::ContextBuilder::new()
-            .timeout(self.timeout)
-            .build(client.clone());
         Ok(JetStreamDestination {
             inner: Arc::new(Inner {
                 name,

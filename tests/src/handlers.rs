@@ -34,6 +34,64 @@ impl Handler for Hook {
     }
 }
 
+/// Where [`Relayed`] messages go: a broker destination and the subject or routing key.
+#[derive(Debug, Clone)]
+pub enum RelayTarget {
+    /// A JetStream subject.
+    JetStream {
+        /// The destination.
+        destination: outbox_relay::JetStreamDestination,
+        /// The subject.
+        subject: String,
+    },
+    /// A RabbitMQ routing key.
+    RabbitMq {
+        /// The destination.
+        destination: outbox_relay::RabbitMqDestination,
+        /// The routing key.
+        routing_key: String,
+    },
+}
+
+/// Publishes itself to the worker's [`RelayTarget`].
+#[outbox_handler("test.relay")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Relayed {
+    /// A number the consumer can check.
+    pub n: u32,
+    /// The ordering key it was enqueued with, if any.
+    pub key: Option<String>,
+    /// Padding, to make it as large as a test needs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub padding: String,
+}
+
+impl Relayed {
+    /// A message of `key`.
+    pub fn new(n: u32, key: Option<&str>) -> Relayed {
+        Relayed {
+            n,
+            key: key.map(str::to_owned),
+            padding: String::new(),
+        }
+    }
+}
+
+impl Handler for Relayed {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        match ctx.resource::<RelayTarget>()? {
+            RelayTarget::JetStream {
+                destination,
+                subject,
+            } => destination.publish(ctx, subject, &self),
+            RelayTarget::RabbitMq {
+                destination,
+                routing_key,
+            } => destination.publish(ctx, routing_key, &self),
+        }
+    }
+}
+
 /// Hangs on its first attempt for `hang_ms` and then fails it (the watchdog has counted it
 /// timed out by then); on a later attempt delivers itself like a [`Hook`].
 #[outbox_handler("test.stall")]

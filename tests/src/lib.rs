@@ -2,6 +2,7 @@
 //! (`outbox-testkit`): the handlers, the delivery checker, and the worker process the drills
 //! and crash tests kill.
 
+pub mod brokers;
 pub mod checker;
 pub mod handlers;
 pub mod worker_process;

@@ -2,7 +2,9 @@
 //! `test.hook` messages to a webhook and applying `test.effect` messages exactly once.
 //!
 //! Configured by environment: `OUTBOX_WORKER_DATABASE_URL` (a postgres:// or mysql:// URL, or
-//! an SQLite file path), `OUTBOX_WORKER_WEBHOOK_URL` (on 127.0.0.1), and optionally
+//! an SQLite file path), `OUTBOX_WORKER_WEBHOOK_URL` (on 127.0.0.1) and/or
+//! `OUTBOX_WORKER_DESTINATION` (`jetstream:SUBJECT` or `rabbitmq:ROUTING_KEY`, where
+//! `test.relay` messages go, on the brokers of [`crate::brokers`]), and optionally
 //! `OUTBOX_WORKER_LEASE_MS` (6000), `OUTBOX_WORKER_TIMEOUT_MS` (1000, the webhook and handler
 //! timeout), `OUTBOX_WORKER_THREADS` (8), `OUTBOX_WORKER_BATCH` (16),
 //! `OUTBOX_WORKER_UNKNOWN_GRACE_MS` (1000: how long unknown types are given back).
@@ -13,8 +15,12 @@ use std::time::Duration;
 use diesel::r2d2::Pool;
 use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{Backend, DieselStore, OutboxManager, RetryPolicy, Worker};
+use outbox_relay::{JetStreamDestination, RabbitMqDestination};
 use outbox_testkit::outbox::secret;
 use outbox_testkit::{with_connection, TestConnection};
+
+use crate::brokers::Broker;
+use crate::handlers::RelayTarget;
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
@@ -35,20 +41,26 @@ fn run<C: TestConnection>(url: &str) -> ! {
         .connection_timeout(Duration::from_secs(5))
         .build_unchecked(OutboxManager::<C>::new(url).expect("a database URL"));
     let timeout = Duration::from_millis(number("OUTBOX_WORKER_TIMEOUT_MS", 1000));
-    let endpoint = WebhookEndpoint::builder(env("OUTBOX_WORKER_WEBHOOK_URL"))
-        .secret(secret())
-        .timeout(timeout)
-        .max_retry_after(Duration::from_secs(2))
-        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
-        .build()
-        .expect("an endpoint");
     let backend = Backend::from_url(url).expect("a database URL");
-    let _worker = Worker::builder(DieselStore::new(pool))
+    let mut builder = Worker::builder(DieselStore::new(pool));
+    if let Ok(url) = std::env::var("OUTBOX_WORKER_WEBHOOK_URL") {
+        let endpoint = WebhookEndpoint::builder(url)
+            .secret(secret())
+            .timeout(timeout)
+            .max_retry_after(Duration::from_secs(2))
+            .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+            .build()
+            .expect("an endpoint");
+        builder = builder.webhook(endpoint);
+    }
+    if let Ok(destination) = std::env::var("OUTBOX_WORKER_DESTINATION") {
+        builder = builder.resource(relay_target(&destination, timeout));
+    }
+    let _worker = builder
         .resource(backend)
         .handler_threads(threads as usize)
         .batch_size(number("OUTBOX_WORKER_BATCH", 16) as usize)
         .poll_interval(Duration::from_millis(100))
-        .webhook(endpoint)
         .handler_timeout(timeout)
         .unknown_type_grace(Duration::from_millis(number(
             "OUTBOX_WORKER_UNKNOWN_GRACE_MS",
@@ -71,6 +83,27 @@ fn run<C: TestConnection>(url: &str) -> ! {
     println!("ready");
     loop {
         std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// The broker destination `jetstream:SUBJECT` or `rabbitmq:ROUTING_KEY` names.
+fn relay_target(destination: &str, timeout: Duration) -> RelayTarget {
+    match destination.split_once(':') {
+        Some(("jetstream", subject)) => RelayTarget::JetStream {
+            destination: JetStreamDestination::builder(Broker::JetStream.url())
+                .timeout(timeout)
+                .build()
+                .expect("a JetStream destination"),
+            subject: subject.to_owned(),
+        },
+        Some(("rabbitmq", routing_key)) => RelayTarget::RabbitMq {
+            destination: RabbitMqDestination::builder(Broker::RabbitMq.url())
+                .timeout(timeout)
+                .build()
+                .expect("a RabbitMQ destination"),
+            routing_key: routing_key.to_owned(),
+        },
+        _ => panic!("OUTBOX_WORKER_DESTINATION is jetstream:SUBJECT or rabbitmq:ROUTING_KEY, not {destination}"),
     }
 }
 

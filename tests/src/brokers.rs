@@ -1,0 +1,424 @@
+//! The brokers the relay tests and drills publish to: where they are, whether they are up
+//! (with `CI=true` a missing broker fails instead of skipping), restarting them, and reading
+//! back what arrived.
+//!
+//! `OUTBOX_TEST_NATS_URL` (default `nats://127.0.0.1:4222`) and `OUTBOX_TEST_AMQP_URL`
+//! (default `amqp://guest:guest@127.0.0.1:5672/%2f`) point elsewhere.
+
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use outbox_diesel::MessageId;
+use outbox_relay::{MESSAGE_ID_HEADER, MESSAGE_TYPE_HEADER, ORDERING_KEY_HEADER};
+use outbox_testkit::db::in_ci;
+
+use crate::checker::Arrival;
+
+/// A broker the tests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broker {
+    /// NATS with JetStream.
+    JetStream,
+    /// RabbitMQ.
+    RabbitMq,
+}
+
+impl Broker {
+    fn env_var(self) -> &'static str {
+        match self {
+            Broker::JetStream => "OUTBOX_TEST_NATS_URL",
+            Broker::RabbitMq => "OUTBOX_TEST_AMQP_URL",
+        }
+    }
+
+    /// The broker's URL.
+    pub fn url(self) -> String {
+        std::env::var(self.env_var()).unwrap_or_else(|_| {
+            match self {
+                Broker::JetStream => "nats://127.0.0.1:4222",
+                Broker::RabbitMq => "amqp://guest:guest@127.0.0.1:5672/%2f",
+            }
+            .to_owned()
+        })
+    }
+
+    fn address(self) -> String {
+        let url = self.url();
+        let rest = url.split("://").nth(1).unwrap_or(&url);
+        let host = rest.rsplit('@').next().unwrap_or(rest);
+        host.split('/').next().unwrap_or(host).to_owned()
+    }
+
+    /// Whether the broker accepts connections now.
+    pub fn is_up(self) -> bool {
+        self.address()
+            .parse()
+            .ok()
+            .and_then(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok())
+            .is_some()
+    }
+
+    /// Whether the test can run: the broker is up. If it is not, says which variable or
+    /// command fixes it, and with `CI=true` fails the test.
+    pub fn available(self) -> bool {
+        if self.is_up() {
+            return true;
+        }
+        let fix = match self {
+            Broker::JetStream => {
+                "start it with `nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server &`"
+            }
+            Broker::RabbitMq => "start it with `rabbitmq-server -detached` or `rabbitmqctl start_app`",
+        };
+        let message = format!(
+            "{self:?} is not reachable at {} (set {} to point elsewhere, or {fix})",
+            self.url(),
+            self.env_var()
+        );
+        assert!(!in_ci(), "{message}; CI=true, so this fails instead of skipping");
+        eprintln!("SKIPPED: {message}");
+        false
+    }
+
+    /// Restarts the local broker and waits until it accepts connections again.
+    pub fn restart(self) {
+        match self {
+            Broker::JetStream => restart_nats(),
+            Broker::RabbitMq => {
+                run("rabbitmqctl", &["stop_app"]);
+                run("rabbitmqctl", &["start_app"]);
+            }
+        }
+        let start = Instant::now();
+        while !self.is_up() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{self:?} did not come back within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn run(program: &str, args: &[&str]) {
+    let status = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(status.success(), "{program} {args:?} failed: {status}");
+}
+
+/// Stops the local nats-server and starts it again with the same command line.
+fn restart_nats() {
+    let pid = String::from_utf8(
+        Command::new("pgrep")
+            .args(["-o", "-x", "nats-server"])
+            .output()
+            .expect("pgrep")
+            .stdout,
+    )
+    .expect("a pid");
+    let pid = pid.trim();
+    assert!(!pid.is_empty(), "no nats-server process to restart");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("its command line");
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    run("kill", &[pid]);
+    let start = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "nats-server did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Command::new("setsid")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting nats-server again");
+}
+
+/// A message as a consumer received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The outbox message id it carried.
+    pub id: MessageId,
+    /// Its type header.
+    pub message_type: String,
+    /// Its ordering key header.
+    pub ordering_key: Option<String>,
+    /// Its body.
+    pub body: serde_json::Value,
+    /// The other headers, by name.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Received {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// What arrived, in the checker's terms (in arrival order).
+pub fn arrivals(received: &[Received]) -> Vec<Arrival> {
+    received
+        .iter()
+        .map(|r| Arrival {
+            id: r.id,
+            delivered: true,
+        })
+        .collect()
+}
+
+fn received(body: &[u8], headers: Vec<(String, String)>) -> Received {
+    let find = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    Received {
+        id: find(MESSAGE_ID_HEADER)
+            .expect("every message carries its id")
+            .parse()
+            .expect("a message id"),
+        message_type: find(MESSAGE_TYPE_HEADER).expect("every message carries its type"),
+        ordering_key: find(ORDERING_KEY_HEADER),
+        body: serde_json::from_slice(body).expect("a JSON body"),
+        headers,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+async fn connect() -> Result<jetstream::Context, async_nats::ConnectError> {
+    Ok(jetstream::new(async_nats::connect(Broker::JetStream.url()).await?))
+}
+
+/// A stream of its own on the JetStream server, deleted when dropped.
+/// Each call connects anew, so that a restart of the server in between costs nothing.
+#[derive(Debug)]
+pub struct TestStream {
+    runtime: tokio::runtime::Runtime,
+    /// The stream's name.
+    pub name: String,
+    /// The subject prefix it takes: `<prefix>.>`.
+    pub prefix: String,
+}
+
+impl TestStream {
+    /// A file-backed stream taking `<prefix>.>`, with the given size limit per message (`-1`:
+    /// none) and duplicate window.
+    pub fn create(label: &str, max_message_size: i32, duplicate_window: Duration) -> TestStream {
+        let runtime = runtime();
+        let tag = format!("{label}_{}", fastrand::u64(..));
+        let prefix = format!("outbox_test.{tag}");
+        let name = format!("OUTBOX_TEST_{tag}");
+        runtime.block_on(async {
+            connect()
+                .await
+                .expect("connecting to NATS")
+                .create_stream(jetstream::stream::Config {
+                    name: name.clone(),
+                    subjects: vec![format!("{prefix}.>")],
+                    max_message_size,
+                    duplicate_window,
+                    storage: jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .expect("creating the stream");
+        });
+        TestStream {
+            runtime,
+            name,
+            prefix,
+        }
+    }
+
+    /// A subject of the stream.
+    pub fn subject(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.prefix)
+    }
+
+    /// Every message in the stream, in stream order.
+    pub fn messages(&self) -> Vec<Received> {
+        self.runtime.block_on(async {
+            let context = connect().await.expect("connecting to NATS");
+            let mut stream = context.get_stream(&self.name).await.expect("the stream");
+            let last = stream.info().await.expect("stream info").state.last_sequence;
+            let mut out = Vec::new();
+            for sequence in 1..=last {
+                let message = stream
+                    .get_raw_message(sequence)
+                    .await
+                    .expect("a stored message");
+                let headers = message
+                    .headers
+                    .iter()
+                    .flat_map(|(name, values)| {
+                        values
+                            .iter()
+                            .map(move |v| (name.to_string(), v.as_str().to_owned()))
+                    })
+                    .collect();
+                out.push(received(&message.payload, headers));
+            }
+            out
+        })
+    }
+
+    /// How many messages the stream holds.
+    pub fn count(&self) -> u64 {
+        self.runtime.block_on(async {
+            let Ok(context) = connect().await else {
+                return 0;
+            };
+            match context.get_stream(&self.name).await {
+                Ok(mut stream) => stream.info().await.map(|i| i.state.messages).unwrap_or(0),
+                Err(_) => 0,
+            }
+        })
+    }
+}
+
+impl Drop for TestStream {
+    fn drop(&mut self) {
+        self.runtime.block_on(async {
+            if let Ok(context) = connect().await {
+                let _ = context.delete_stream(&self.name).await;
+            }
+        });
+    }
+}
+
+/// A durable queue of its own on RabbitMQ, deleted when dropped.
+#[derive(Debug)]
+pub struct TestQueue {
+    runtime: tokio::runtime::Runtime,
+    url: String,
+    /// The queue's name (publish to it through the default exchange with it as routing key).
+    pub name: String,
+}
+
+impl TestQueue {
+    /// Declares a durable queue.
+    pub fn declare(label: &str) -> TestQueue {
+        let queue = TestQueue {
+            runtime: runtime(),
+            url: Broker::RabbitMq.url(),
+            name: format!("outbox_test.{label}.{}", fastrand::u64(..)),
+        };
+        queue.runtime.block_on(async {
+            let channel = queue.channel().await;
+            channel
+                .queue_declare(
+                    queue.name.as_str().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .expect("declaring the queue");
+        });
+        queue
+    }
+
+    async fn channel(&self) -> lapin::Channel {
+        let connection = lapin::Connection::connect(&self.url, Default::default())
+            .await
+            .expect("connecting to RabbitMQ");
+        connection.create_channel().await.expect("a channel")
+    }
+
+    /// How many messages the queue holds.
+    pub fn count(&self) -> usize {
+        self.runtime.block_on(async {
+            let channel = self.channel().await;
+            channel
+                .queue_declare(
+                    self.name.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map(|queue| queue.message_count() as usize)
+                .unwrap_or(0)
+        })
+    }
+
+    /// Takes every message in the queue, in queue order.
+    pub fn take_all(&self) -> Vec<Received> {
+        self.runtime.block_on(async {
+            let channel = self.channel().await;
+            let mut out = Vec::new();
+            while let Some(message) = channel
+                .basic_get(
+                    self.name.as_str().into(),
+                    BasicGetOptions { no_ack: true },
+                )
+                .await
+                .expect("basic.get")
+            {
+                let properties = &message.delivery.properties;
+                let mut headers: Vec<(String, String)> = Vec::new();
+                if let Some(table) = properties.headers() {
+                    for (name, value) in table.inner() {
+                        if let AMQPValue::LongString(text) = value {
+                            headers.push((name.to_string(), text.to_string()));
+                        }
+                    }
+                }
+                let got = received(&message.delivery.data, headers);
+                assert_eq!(
+                    properties.message_id().as_ref().map(|id| id.to_string()),
+                    Some(got.id.to_string()),
+                    "message_id and the id header agree"
+                );
+                assert_eq!(properties.delivery_mode(), &Some(2), "persistent");
+                assert_eq!(
+                    properties.kind().as_ref().map(|t| t.to_string()),
+                    Some(got.message_type.clone())
+                );
+                out.push(got);
+            }
+            out
+        })
+    }
+}
+
+impl Drop for TestQueue {
+    fn drop(&mut self) {
+        self.runtime.block_on(async {
+            if let Ok(connection) = lapin::Connection::connect(&self.url, Default::default()).await {
+                if let Ok(channel) = connection.create_channel().await {
+                    let _ = channel
+                        .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,461 @@
+//! Relaying to real brokers (NATS JetStream and RabbitMQ on 127.0.0.1): every committed
+//! message arrives with its id, type, ordering key and headers, in per-key order; what the
+//! broker will never take is dead-lettered with the reason and the rest retried; a broker
+//! restart mid-drain and a worker killed mid-drain lose nothing, and on JetStream each
+//! message enters the stream once.
+//!
+//! The tests of one broker take turns (one restarts it while another would be reading).
+
+use std::collections::HashSet;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use outbox_diesel::{Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker};
+use outbox_diesel::{Context, Delivery, Resources};
+use outbox_relay::{JetStreamDestination, RabbitMqDestination};
+use outbox_testkit::outbox::{dead, pending};
+use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
+use outbox_tests::brokers::{arrivals, Broker, Received, TestQueue, TestStream};
+use outbox_tests::checker::{check, Ledger, Report};
+use outbox_tests::handlers::{RelayTarget, Relayed};
+
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+static JETSTREAM: Mutex<()> = Mutex::new(());
+static RABBITMQ: Mutex<()> = Mutex::new(());
+
+/// The broker to itself for the test, if it is up.
+fn take(broker: Broker) -> Option<MutexGuard<'static, ()>> {
+    let lock = match broker {
+        Broker::JetStream => &JETSTREAM,
+        Broker::RabbitMq => &RABBITMQ,
+    };
+    let guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    broker.available().then_some(guard)
+}
+
+fn jetstream(timeout: Duration) -> JetStreamDestination {
+    JetStreamDestination::builder(Broker::JetStream.url())
+        .timeout(timeout)
+        .build()
+        .unwrap()
+}
+
+fn rabbitmq(timeout: Duration) -> RabbitMqDestination {
+    RabbitMqDestination::builder(Broker::RabbitMq.url())
+        .timeout(timeout)
+        .build()
+        .unwrap()
+}
+
+/// Enqueues `count` messages over `keys` keys (and every fifth without a key), the first
+/// carrying a `traceparent`, into the ledger.
+fn enqueue<C: TestConnection>(pool: &TestPool<C>, count: u32, keys: u32, ledger: &mut Ledger) {
+    let mut batch = Batch::new();
+    let mut sent = Vec::new();
+    for n in 0..count {
+        let key = (n % 5 != 0).then(|| format!("key-{}", n % keys));
+        let mut options = EnqueueOptions::new();
+        if let Some(key) = &key {
+            options = options.ordering_key(key.clone());
+        }
+        if n == 0 {
+            options = options.header("traceparent", TRACEPARENT);
+        }
+        let message = Relayed::new(n, key.as_deref());
+        sent.push((batch.push_with(&message, &options).unwrap(), key));
+    }
+    let mut conn = pool.get().unwrap();
+    let ids = batch.enqueue(&mut *conn).unwrap();
+    assert_eq!(ids.len(), sent.len());
+    for (id, key) in sent {
+        ledger.committed(id, key);
+    }
+}
+
+fn worker<C: TestConnection>(pool: &TestPool<C>, target: RelayTarget) -> outbox_diesel::WorkerHandle {
+    Worker::builder(DieselStore::new(pool.clone()))
+        .resource(target)
+        .handler_threads(8)
+        .poll_interval(Duration::from_millis(50))
+        .retry_policy(
+            RetryPolicy::new()
+                .max_attempts(100)
+                .initial_backoff(Duration::from_millis(50))
+                .max_backoff(Duration::from_millis(500)),
+        )
+        .spawn()
+        .unwrap()
+}
+
+fn dead_ids<C: TestConnection>(pool: &TestPool<C>) -> HashSet<MessageId> {
+    dead(pool).into_iter().map(|d| d.message_id).collect()
+}
+
+/// Drains the outbox through the worker, then checks what arrived against the ledger.
+fn drain<C: TestConnection>(
+    pool: &TestPool<C>,
+    target: RelayTarget,
+    ledger: &Ledger,
+    read: impl FnOnce() -> Vec<Received>,
+) -> (Report, Vec<Received>) {
+    let worker = worker(pool, target);
+    assert!(
+        eventually(Duration::from_secs(60), || pending(pool).is_empty()),
+        "the outbox did not drain: {} left",
+        pending(pool).len()
+    );
+    worker.shutdown(Duration::from_secs(10)).unwrap();
+    let received = read();
+    (check(ledger, &arrivals(&received), &dead_ids(pool)), received)
+}
+
+/// What arrived is what was enqueued: data as the body, id, type, key and headers along.
+fn assert_faithful(received: &[Received]) {
+    for message in received {
+        assert_eq!(message.message_type, "test.relay");
+        let n = message.body["n"].as_u64().expect("the data's n") as u32;
+        assert_eq!(
+            message.body,
+            serde_json::to_value(Relayed::new(n, message.ordering_key.as_deref())).unwrap(),
+            "the body is the data as JSON"
+        );
+        assert_eq!(
+            message.header("traceparent"),
+            (n == 0).then_some(TRACEPARENT),
+            "message {n}'s own headers go along"
+        );
+    }
+}
+
+fn every_message_arrives_once_in_key_order_on_jetstream<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::JetStream) else { return };
+    let stream = TestStream::create("drain", -1, Duration::from_secs(120));
+    let pool = db.pool::<C>(12);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, 300, 7, &mut ledger);
+    let target = RelayTarget::JetStream {
+        destination: jetstream(Duration::from_secs(5)),
+        subject: stream.subject("events"),
+    };
+    let (report, received) = drain(&pool, target, &ledger, || stream.messages());
+    assert!(report.holds(0), "{report:#?}");
+    assert_eq!(report.delivered, 300);
+    assert_faithful(&received);
+}
+
+fn every_message_arrives_in_key_order_on_rabbitmq<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::RabbitMq) else { return };
+    let queue = TestQueue::declare("drain");
+    let pool = db.pool::<C>(12);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, 300, 7, &mut ledger);
+    let target = RelayTarget::RabbitMq {
+        destination: rabbitmq(Duration::from_secs(5)),
+        routing_key: queue.name.clone(),
+    };
+    let (report, received) = drain(&pool, target, &ledger, || queue.take_all());
+    assert!(report.holds(0), "{report:#?}");
+    assert_eq!(report.delivered, 300);
+    assert_faithful(&received);
+}
+
+backend_tests!(
+    every_message_arrives_once_in_key_order_on_jetstream,
+    every_message_arrives_in_key_order_on_rabbitmq
+);
+
+/// Calls a destination the way a handler does, outside any worker.
+fn call(publish: impl FnOnce(&Context<'_>) -> Result<(), outbox_diesel::ProcessError>) -> Result<(), outbox_diesel::ProcessError> {
+    let delivery = Delivery {
+        message_id: MessageId::new(),
+        message_type: "test.relay".into(),
+        attempt: 1,
+        headers: Default::default(),
+        ordering_key: None,
+    };
+    let resources = Resources::new();
+    publish(&Context::new(&delivery, &resources))
+}
+
+fn permanent(result: Result<(), outbox_diesel::ProcessError>, reason: &str) {
+    let error = result.expect_err("the broker must not take it");
+    assert_eq!(error.kind(), FailureKind::Permanent, "{error}");
+    assert!(error.reason().contains(reason), "{error}");
+}
+
+fn retryable(result: Result<(), outbox_diesel::ProcessError>, reason: &str) {
+    let error = result.expect_err("the broker is not there");
+    assert_eq!(error.kind(), FailureKind::Retryable, "{error}");
+    assert!(error.reason().contains(reason), "{error}");
+}
+
+#[test]
+fn what_jetstream_will_never_take_is_permanent_and_the_rest_still_goes() {
+    let Some(_broker) = take(Broker::JetStream) else { return };
+    let stream = TestStream::create("limits", 512, Duration::from_secs(120));
+    let nats = jetstream(Duration::from_secs(5));
+    let data = serde_json::json!({"n": 1});
+    permanent(
+        call(|ctx| nats.publish(ctx, "outbox_test.nobody_listens_here", &data)),
+        "no stream has the subject `outbox_test.nobody_listens_here`",
+    );
+    for subject in ["", "a..b", "orders.*", "orders.>", "with space", "crlf\r\nPUB x 1"] {
+        permanent(call(|ctx| nats.publish(ctx, subject, &data)), "is not a subject");
+    }
+    let large = serde_json::json!({ "padding": "x".repeat(2_000) });
+    permanent(
+        call(|ctx| nats.publish(ctx, &stream.subject("big"), &large)),
+        "too large",
+    );
+    // Over the server's max_payload (1 MiB by default): refused before it is sent.
+    let huge = serde_json::json!({ "padding": "x".repeat(2 << 20) });
+    permanent(
+        call(|ctx| nats.publish(ctx, &stream.subject("huge"), &huge)),
+        "too large",
+    );
+    call(|ctx| nats.publish(ctx, &stream.subject("fine"), &data)).unwrap();
+    assert_eq!(stream.count(), 1);
+}
+
+#[test]
+fn what_rabbitmq_will_never_take_is_permanent_and_the_rest_still_goes() {
+    let Some(_broker) = take(Broker::RabbitMq) else { return };
+    let queue = TestQueue::declare("limits");
+    let rabbit = rabbitmq(Duration::from_secs(5));
+    let data = serde_json::json!({"n": 1});
+    permanent(
+        call(|ctx| rabbit.publish(ctx, "outbox_test.no_such_queue", &data)),
+        "no queue is bound to receive routing key `outbox_test.no_such_queue`",
+    );
+    permanent(
+        call(|ctx| rabbit.publish(ctx, &"k".repeat(256), &data)),
+        "at most 255 bytes",
+    );
+    let missing_exchange = RabbitMqDestination::builder(Broker::RabbitMq.url())
+        .exchange("outbox_test.no_such_exchange")
+        .build()
+        .unwrap();
+    permanent(
+        call(|ctx| missing_exchange.publish(ctx, &queue.name, &data)),
+        "no exchange 'outbox_test.no_such_exchange'",
+    );
+    // The channel the refusal closed is replaced.
+    call(|ctx| rabbit.publish(ctx, &queue.name, &data)).unwrap();
+    call(|ctx| rabbit.publish(ctx, &queue.name, &data)).unwrap();
+    assert_eq!(queue.take_all().len(), 2);
+}
+
+#[test]
+fn an_unreachable_broker_is_retried_never_dead_lettered() {
+    // Nothing listens on port 1 of the loopback address.
+    let nats = JetStreamDestination::builder("nats://127.0.0.1:1")
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    retryable(
+        call(|ctx| nats.publish(ctx, "orders.shipped", &1)),
+        "did not acknowledge the message within 300ms",
+    );
+    let rabbit = RabbitMqDestination::builder("amqp://guest:guest@127.0.0.1:1/%2f")
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let error = call(|ctx| rabbit.publish(ctx, "orders", &1)).unwrap_err();
+    assert_eq!(error.kind(), FailureKind::Retryable, "{error}");
+    assert!(error.reason().contains("is unavailable: cannot connect"), "{error}");
+    assert!(!error.reason().contains("guest:guest"), "no password in reasons: {error}");
+}
+
+#[test]
+fn destinations_are_built_and_dropped_inside_an_async_runtime_without_panicking() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let nats = jetstream(Duration::from_secs(1));
+        let rabbit = rabbitmq(Duration::from_secs(1));
+        assert!(format!("{nats:?}").contains("JetStream"));
+        assert!(!format!("{rabbit:?}").contains("guest:guest"));
+        drop(nats);
+        drop(rabbit);
+    });
+}
+
+/// Restarts the broker once a fifth of the messages arrived, and checks that every message
+/// still arrives, in key order, with at most `allowed_duplicates` duplicates.
+fn survive_a_restart<C: TestConnection>(
+    broker: Broker,
+    target: RelayTarget,
+    count: impl Fn() -> usize,
+    read: impl FnOnce() -> Vec<Received>,
+    db: &TestDb,
+    allowed_duplicates: usize,
+) {
+    let pool = db.pool::<C>(12);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, 2_000, 16, &mut ledger);
+    let worker = worker(&pool, target);
+    assert!(
+        eventually(Duration::from_secs(60), || count() >= 200),
+        "nothing arrived before the restart"
+    );
+    let left_at_restart = pending(&pool).len();
+    broker.restart();
+    assert!(
+        eventually(Duration::from_secs(120), || pending(&pool).is_empty()),
+        "the outbox did not drain after the restart: {} left",
+        pending(&pool).len()
+    );
+    let stats = worker.stats();
+    worker.shutdown(Duration::from_secs(10)).unwrap();
+    let report = check(&ledger, &arrivals(&read()), &dead_ids(&pool));
+    eprintln!(
+        "{broker:?} restart: {left_at_restart} left at the restart, {} attempts failed, {}",
+        stats.retried,
+        report.figures()
+    );
+    assert!(left_at_restart > 0, "the drain ended before the restart");
+    assert!(stats.retried > 0, "the restart failed no publish: it did not hit the drain");
+    assert!(report.holds(allowed_duplicates), "{report:#?}");
+    assert_eq!(report.dead_lettered, 0);
+}
+
+fn a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::JetStream) else { return };
+    let stream = TestStream::create("restart", -1, Duration::from_secs(120));
+    let target = RelayTarget::JetStream {
+        destination: jetstream(Duration::from_secs(2)),
+        subject: stream.subject("events"),
+    };
+    survive_a_restart::<C>(
+        Broker::JetStream,
+        target,
+        || stream.count() as usize,
+        || stream.messages(),
+        db,
+        0,
+    );
+}
+
+fn a_rabbitmq_restart_mid_drain_loses_nothing<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::RabbitMq) else { return };
+    let queue = TestQueue::declare("restart");
+    let target = RelayTarget::RabbitMq {
+        destination: rabbitmq(Duration::from_secs(2)),
+        routing_key: queue.name.clone(),
+    };
+    // A publish whose confirm the restart swallowed is published again: at most one per
+    // handler thread.
+    survive_a_restart::<C>(
+        Broker::RabbitMq,
+        target,
+        || queue.count(),
+        || queue.take_all(),
+        db,
+        8,
+    );
+}
+
+/// A worker process relaying to `destination` is killed with SIGKILL mid-drain; an
+/// in-process worker finishes after its leases expire. Returns the report and the messages
+/// in flight at the kill.
+fn kill_mid_drain<C: TestConnection>(
+    db: &TestDb,
+    destination: &str,
+    target: RelayTarget,
+    read: impl FnOnce() -> Vec<Received>,
+) -> (Report, HashSet<MessageId>) {
+    let pool = db.pool::<C>(12);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, 1_000, 16, &mut ledger);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-test-worker"))
+        .env("OUTBOX_WORKER_DATABASE_URL", db.url())
+        .env("OUTBOX_WORKER_DESTINATION", destination)
+        .env("OUTBOX_WORKER_LEASE_MS", "3000")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting the worker process");
+    assert!(
+        eventually(Duration::from_secs(60), || pending(&pool).len() <= 800),
+        "the child relayed nothing"
+    );
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaping the child");
+    let in_flight: HashSet<MessageId> = pending(&pool)
+        .into_iter()
+        .filter(|m| m.in_flight)
+        .map(|m| m.message_id)
+        .collect();
+    let worker = worker(&pool, target);
+    assert!(eventually(Duration::from_secs(60), || pending(&pool).is_empty()));
+    worker.shutdown(Duration::from_secs(10)).unwrap();
+    (check(&ledger, &arrivals(&read()), &dead_ids(&pool)), in_flight)
+}
+
+fn a_killed_worker_puts_each_message_into_the_stream_once<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::JetStream) else { return };
+    let stream = TestStream::create("kill", -1, Duration::from_secs(120));
+    let subject = stream.subject("events");
+    let target = RelayTarget::JetStream {
+        destination: jetstream(Duration::from_secs(5)),
+        subject: subject.clone(),
+    };
+    let (report, in_flight) =
+        kill_mid_drain::<C>(db, &format!("jetstream:{subject}"), target, || stream.messages());
+    eprintln!("JetStream kill: {} in flight, {}", in_flight.len(), report.figures());
+    assert!(report.holds(0), "{report:#?}");
+}
+
+fn a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::RabbitMq) else { return };
+    let queue = TestQueue::declare("kill");
+    let target = RelayTarget::RabbitMq {
+        destination: rabbitmq(Duration::from_secs(5)),
+        routing_key: queue.name.clone(),
+    };
+    let (report, in_flight) = kill_mid_drain::<C>(
+        db,
+        &format!("rabbitmq:{}", queue.name),
+        target,
+        || queue.take_all(),
+    );
+    eprintln!("RabbitMQ kill: {} in flight, {}", in_flight.len(), report.figures());
+    assert!(report.holds(in_flight.len()), "{report:#?}");
+    let duplicated: HashSet<MessageId> = report.duplicated.iter().copied().collect();
+    assert!(duplicated.is_subset(&in_flight), "a message not in flight arrived twice");
+}
+
+mod on_postgres {
+    use outbox_testkit::{diesel::PgConnection, Backend, TestDb};
+
+    #[test]
+    fn a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing() {
+        if let Some(db) = TestDb::new(Backend::Postgres) {
+            super::a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing::<PgConnection>(&db);
+        }
+    }
+
+    #[test]
+    fn a_rabbitmq_restart_mid_drain_loses_nothing() {
+        if let Some(db) = TestDb::new(Backend::Postgres) {
+            super::a_rabbitmq_restart_mid_drain_loses_nothing::<PgConnection>(&db);
+        }
+    }
+
+    #[test]
+    fn a_killed_worker_puts_each_message_into_the_stream_once() {
+        if let Some(db) = TestDb::new(Backend::Postgres) {
+            super::a_killed_worker_puts_each_message_into_the_stream_once::<PgConnection>(&db);
+        }
+    }
+
+    #[test]
+    fn a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq() {
+        if let Some(db) = TestDb::new(Backend::Postgres) {
+            super::a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq::<PgConnection>(&db);
+        }
+    }
+}
