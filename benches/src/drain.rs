@@ -22,7 +22,7 @@ use outbox_testkit::http::Receiver;
 use serde_json::{json, Map, Value};
 
 use crate::db::{on_fresh_database, BenchConnection, BenchDb};
-use crate::handlers::{envelope, envelope_raw, Hook, Noop};
+use crate::handlers::{envelope, envelope_raw, Hook, Noop, Relayed};
 use crate::raw_client::raw_capacity;
 use crate::report::Report;
 use crate::traced_store::{TraceHandle, TracedStore};
@@ -56,6 +56,8 @@ pub enum Kind {
     Noop,
     /// Processed by doing nothing, message `n` under ordering key `n % keys`.
     KeyedNoop(usize),
+    /// Published to a broker.
+    Relay,
 }
 
 /// Enqueues `count` messages in transactions of `Batch`es; returns messages per second.
@@ -80,6 +82,7 @@ pub fn prefill<C: BenchConnection>(db: &BenchDb, count: usize, kind: Kind) -> Re
                         &outbox_diesel::EnqueueOptions::new().max_payload_bytes(bytes + 1024),
                     )?,
                     Kind::Noop => batch.push(&Noop::new(n + i))?,
+                    Kind::Relay => batch.push(&Relayed::new(n + i))?,
                     Kind::KeyedNoop(keys) => batch.push_with(
                         &Noop::new(n + i),
                         &outbox_diesel::EnqueueOptions::new()
@@ -426,6 +429,9 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     }
     if !opts.keys.is_empty() {
         return keyed_drain_on::<C>(opts, db);
+    }
+    if let Some(destination) = opts.destination {
+        return crate::relay::relay_drain_on::<C>(opts, db, destination);
     }
     let count = backlog(opts);
     // Rates of the baselines need seconds, not the whole backlog.

@@ -94,3 +94,43 @@ pub fn envelope(message_id: &str, message_type: &str, data: &impl Serialize) -> 
 pub fn envelope_raw(message_id: &str, message_type: &str, payload: &str) -> Vec<u8> {
     format!(r#"{{"id":"{message_id}","type":"{message_type}","data":{payload}}}"#).into_bytes()
 }
+
+/// Where `bench.relay` messages go: a broker destination and the subject or routing key.
+#[derive(Debug, Clone)]
+pub enum RelayTarget {
+    /// A JetStream subject.
+    JetStream(outbox_relay::JetStreamDestination, String),
+    /// A RabbitMQ routing key (through the default exchange: the queue's name).
+    RabbitMq(outbox_relay::RabbitMqDestination, String),
+}
+
+/// Published to the worker's [`RelayTarget`], like a domain event relayed to a broker.
+#[outbox_handler("bench.relay")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Relayed {
+    /// A sequence number.
+    pub n: u64,
+    /// A business key.
+    pub member_id: i64,
+    /// Padding to a realistic size.
+    pub note: String,
+}
+
+impl Relayed {
+    /// Message number `n`.
+    pub fn new(n: u64) -> Relayed {
+        let Hook { n, member_id, note } = Hook::new(n);
+        Relayed { n, member_id, note }
+    }
+}
+
+impl Handler for Relayed {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        match ctx.resource::<RelayTarget>()? {
+            RelayTarget::JetStream(destination, subject) => {
+                destination.publish(ctx, subject, &self)
+            }
+            RelayTarget::RabbitMq(destination, key) => destination.publish(ctx, key, &self),
+        }
+    }
+}

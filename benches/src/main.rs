@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Scenarios: `enqueue`, `drain` (with `--keys K,…` the keyed drains, with `--metrics` the cost
-//! of recording metrics), `latency`, `memory`, `scale` (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
+//! of recording metrics, with `--destination jetstream|rabbitmq` the relay to a broker), `latency`, `memory`, `scale` (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
 //! medians and spread) and a short human summary on stderr. A scenario that loses or duplicates
 //! messages exits non-zero; a missed speed target only prints `"target_met": false`.
 
@@ -21,6 +21,7 @@ mod library_sql;
 mod memory;
 mod metrics_cost;
 mod raw_client;
+mod relay;
 mod report;
 mod stats;
 mod traced_store;
@@ -167,6 +168,11 @@ pub struct Opts {
     /// recorder) and not, side by side; the figure is their ratio.
     #[arg(long)]
     pub metrics: bool,
+    /// `drain` only: relay the backlog to this broker (jetstream or rabbitmq on 127.0.0.1)
+    /// instead of a webhook, against the broker's own client publishing with the same
+    /// acknowledgements from as many tasks as the worker has handler threads.
+    #[arg(long)]
+    pub destination: Option<relay::Destination>,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,

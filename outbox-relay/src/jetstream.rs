@@ -6,9 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, HeaderName, NATS_MESSAGE_ID};
-use async_nats::jetstream::context::{
-    GetStreamByNameErrorKind, PublishError, PublishErrorKind,
-};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
 use outbox_core::{Context, ProcessError};
 use serde::Serialize;
@@ -112,8 +110,8 @@ impl JetStreamDestination {
         subject: &str,
         data: &T,
     ) -> Result<(), ProcessError> {
-        let outgoing = Outgoing::json(ctx, data, &self.inner.name)
-            .map_err(RelayError::into_process_error)?;
+        let outgoing =
+            Outgoing::json(ctx, data, &self.inner.name).map_err(RelayError::into_process_error)?;
         self.send(subject, outgoing)
             .map_err(RelayError::into_process_error)
     }
@@ -262,11 +260,7 @@ fn jetstream_error_code(error: &PublishError) -> Option<ErrorCode> {
 
 /// JetStream API errors no retry fixes: the stream does not take the subject or is sealed.
 fn is_permanent(code: ErrorCode) -> bool {
-    [
-        ErrorCode::STREAM_NOT_FOUND,
-        ErrorCode::STREAM_SEALED,
-    ]
-    .contains(&code)
+    [ErrorCode::STREAM_NOT_FOUND, ErrorCode::STREAM_SEALED].contains(&code)
 }
 
 /// A subject NATS lets one publish to: dot-separated non-empty tokens, no whitespace, no
@@ -277,7 +271,9 @@ fn is_valid_publish_subject(subject: &str) -> bool {
             !token.is_empty()
                 && token != "*"
                 && token != ">"
-                && !token.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+                && !token
+                    .bytes()
+                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
         })
 }
 
@@ -314,13 +310,14 @@ impl JetStreamDestinationBuilder {
         let url = self.url.clone();
         let timeout = self.timeout;
         let (runtime, (client, context)) = OwnedRuntime::start("jetstream", move || async move {
-            let client = options
-                .connect(url.as_str())
-                .await
-                .map_err(|error| RelayError::Config {
-                    destination: KIND,
-                    reason: format!("cannot use `{}`: {error}", shown_url(&url)),
-                })?;
+            let client =
+                options
+                    .connect(url.as_str())
+                    .await
+                    .map_err(|error| RelayError::Config {
+                        destination: KIND,
+                        reason: format!("cannot use `{}`: {error}", shown_url(&url)),
+                    })?;
             // The context spawns its acknowledgement task on the runtime it is built on.
             let context = jetstream::ContextBuilder::new()
                 .timeout(timeout)
@@ -368,9 +365,19 @@ mod tests {
         for good in ["orders", "orders.shipped", "a.b-c_d.E9", "orders.é"] {
             assert!(is_valid_publish_subject(good), "{good}");
         }
-        for bad in ["", ".", "orders.", ".orders", "a..b", "orders.*", "orders.>", "a b", "a\tb", "a\r\nPUB x"] {
+        for bad in [
+            "",
+            ".",
+            "orders.",
+            ".orders",
+            "a..b",
+            "orders.*",
+            "orders.>",
+            "a b",
+            "a\tb",
+            "a\r\nPUB x",
+        ] {
             assert!(!is_valid_publish_subject(bad), "{bad:?}");
         }
     }
-
 }

@@ -74,7 +74,10 @@ pub use metadata::{MESSAGE_ID_HEADER, MESSAGE_TYPE_HEADER, ORDERING_KEY_HEADER};
 pub use rabbitmq::{RabbitMqDestination, RabbitMqDestinationBuilder};
 
 /// A broker URL without its password, for errors and logs.
-#[cfg_attr(not(any(feature = "jetstream", feature = "rabbitmq")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "jetstream", feature = "rabbitmq")),
+    allow(dead_code)
+)]
 fn shown_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {

@@ -80,7 +80,12 @@ mod tests {
     #[test]
     fn id_type_key_and_the_messages_headers_go_along_and_cannot_be_forged() {
         let mut headers = Headers::new();
-        headers.insert("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").unwrap();
+        headers
+            .insert(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            )
+            .unwrap();
         headers.insert("Outbox-Message-Id", "forged").unwrap();
         headers.insert("Nats-Msg-Id", "forged").unwrap();
         let delivery = Delivery {

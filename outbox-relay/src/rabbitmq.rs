@@ -131,8 +131,8 @@ impl RabbitMqDestination {
         routing_key: &str,
         data: &T,
     ) -> Result<(), ProcessError> {
-        let outgoing = Outgoing::json(ctx, data, &self.inner.name)
-            .map_err(RelayError::into_process_error)?;
+        let outgoing =
+            Outgoing::json(ctx, data, &self.inner.name).map_err(RelayError::into_process_error)?;
         self.inner
             .send(routing_key, outgoing)
             .map_err(RelayError::into_process_error)
@@ -164,8 +164,11 @@ impl Inner {
         })?;
         let properties = self.properties(&outgoing)?;
         self.runtime.block_on(async {
-            match tokio::time::timeout(self.timeout, self.publish(routing_key, outgoing, properties))
-                .await
+            match tokio::time::timeout(
+                self.timeout,
+                self.publish(routing_key, outgoing, properties),
+            )
+            .await
             {
                 Ok(result) => result,
                 Err(_) => {
@@ -365,15 +368,22 @@ impl RabbitMqDestinationBuilder {
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(config("the timeouts must be longer than zero".into()));
         }
-        self.url
-            .parse::<lapin::uri::AMQPUri>()
-            .map_err(|error| config(format!("`{}` is not an AMQP URI: {error}", shown_url(&self.url))))?;
+        self.url.parse::<lapin::uri::AMQPUri>().map_err(|error| {
+            config(format!(
+                "`{}` is not an AMQP URI: {error}",
+                shown_url(&self.url)
+            ))
+        })?;
         let exchange = ShortString::try_new(self.exchange.as_str())
             .map_err(|_| config("an exchange name holds at most 255 bytes".into()))?;
         let name = if self.exchange.is_empty() {
             format!("{KIND} {} (default exchange)", shown_url(&self.url))
         } else {
-            format!("{KIND} {} exchange `{}`", shown_url(&self.url), self.exchange)
+            format!(
+                "{KIND} {} exchange `{}`",
+                shown_url(&self.url),
+                self.exchange
+            )
         };
         let (runtime, ()) = OwnedRuntime::start("rabbitmq", || async { Ok(()) })?;
         Ok(RabbitMqDestination {

@@ -27,7 +27,7 @@ impl OwnedRuntime {
             scope
                 .spawn(move || {
                     let runtime = tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
+                        .worker_threads(1)
                         .thread_name(format!("outbox-relay-{destination}"))
                         .enable_all()
                         .build()

@@ -72,14 +72,19 @@ impl Broker {
             Broker::JetStream => {
                 "start it with `nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server &`"
             }
-            Broker::RabbitMq => "start it with `rabbitmq-server -detached` or `rabbitmqctl start_app`",
+            Broker::RabbitMq => {
+                "start it with `rabbitmq-server -detached` or `rabbitmqctl start_app`"
+            }
         };
         let message = format!(
             "{self:?} is not reachable at {} (set {} to point elsewhere, or {fix})",
             self.url(),
             self.env_var()
         );
-        assert!(!in_ci(), "{message}; CI=true, so this fails instead of skipping");
+        assert!(
+            !in_ci(),
+            "{message}; CI=true, so this fails instead of skipping"
+        );
         eprintln!("SKIPPED: {message}");
         false
     }
@@ -134,7 +139,10 @@ fn restart_nats() {
     run("kill", &[pid]);
     let start = Instant::now();
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "nats-server did not stop");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "nats-server did not stop"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     Command::new("setsid")
@@ -209,7 +217,9 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn connect() -> Result<jetstream::Context, async_nats::ConnectError> {
-    Ok(jetstream::new(async_nats::connect(Broker::JetStream.url()).await?))
+    Ok(jetstream::new(
+        async_nats::connect(Broker::JetStream.url()).await?,
+    ))
 }
 
 /// A stream of its own on the JetStream server, deleted when dropped.
@@ -263,7 +273,12 @@ impl TestStream {
         self.runtime.block_on(async {
             let context = connect().await.expect("connecting to NATS");
             let mut stream = context.get_stream(&self.name).await.expect("the stream");
-            let last = stream.info().await.expect("stream info").state.last_sequence;
+            let last = stream
+                .info()
+                .await
+                .expect("stream info")
+                .state
+                .last_sequence;
             let mut out = Vec::new();
             for sequence in 1..=last {
                 let message = stream
@@ -375,10 +390,7 @@ impl TestQueue {
             let channel = self.channel().await;
             let mut out = Vec::new();
             while let Some(message) = channel
-                .basic_get(
-                    self.name.as_str().into(),
-                    BasicGetOptions { no_ack: true },
-                )
+                .basic_get(self.name.as_str().into(), BasicGetOptions { no_ack: true })
                 .await
                 .expect("basic.get")
             {
@@ -412,7 +424,8 @@ impl TestQueue {
 impl Drop for TestQueue {
     fn drop(&mut self) {
         self.runtime.block_on(async {
-            if let Ok(connection) = lapin::Connection::connect(&self.url, Default::default()).await {
+            if let Ok(connection) = lapin::Connection::connect(&self.url, Default::default()).await
+            {
                 if let Ok(channel) = connection.create_channel().await {
                     let _ = channel
                         .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())

@@ -11,7 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use outbox_diesel::{Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker};
+use outbox_diesel::{
+    Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker,
+};
 use outbox_diesel::{Context, Delivery, Resources};
 use outbox_relay::{JetStreamDestination, RabbitMqDestination};
 use outbox_testkit::outbox::{dead, pending};
@@ -74,7 +76,10 @@ fn enqueue<C: TestConnection>(pool: &TestPool<C>, count: u32, keys: u32, ledger:
     }
 }
 
-fn worker<C: TestConnection>(pool: &TestPool<C>, target: RelayTarget) -> outbox_diesel::WorkerHandle {
+fn worker<C: TestConnection>(
+    pool: &TestPool<C>,
+    target: RelayTarget,
+) -> outbox_diesel::WorkerHandle {
     Worker::builder(DieselStore::new(pool.clone()))
         .resource(target)
         .handler_threads(8)
@@ -108,7 +113,10 @@ fn drain<C: TestConnection>(
     );
     worker.shutdown(Duration::from_secs(10)).unwrap();
     let received = read();
-    (check(ledger, &arrivals(&received), &dead_ids(pool)), received)
+    (
+        check(ledger, &arrivals(&received), &dead_ids(pool)),
+        received,
+    )
 }
 
 /// What arrived is what was enqueued: data as the body, id, type, key and headers along.
@@ -130,7 +138,9 @@ fn assert_faithful(received: &[Received]) {
 }
 
 fn every_message_arrives_once_in_key_order_on_jetstream<C: TestConnection>(db: &TestDb) {
-    let Some(_broker) = take(Broker::JetStream) else { return };
+    let Some(_broker) = take(Broker::JetStream) else {
+        return;
+    };
     let stream = TestStream::create("drain", -1, Duration::from_secs(120));
     let pool = db.pool::<C>(12);
     let mut ledger = Ledger::new();
@@ -146,7 +156,9 @@ fn every_message_arrives_once_in_key_order_on_jetstream<C: TestConnection>(db: &
 }
 
 fn every_message_arrives_in_key_order_on_rabbitmq<C: TestConnection>(db: &TestDb) {
-    let Some(_broker) = take(Broker::RabbitMq) else { return };
+    let Some(_broker) = take(Broker::RabbitMq) else {
+        return;
+    };
     let queue = TestQueue::declare("drain");
     let pool = db.pool::<C>(12);
     let mut ledger = Ledger::new();
@@ -167,7 +179,9 @@ backend_tests!(
 );
 
 /// Calls a destination the way a handler does, outside any worker.
-fn call(publish: impl FnOnce(&Context<'_>) -> Result<(), outbox_diesel::ProcessError>) -> Result<(), outbox_diesel::ProcessError> {
+fn call(
+    publish: impl FnOnce(&Context<'_>) -> Result<(), outbox_diesel::ProcessError>,
+) -> Result<(), outbox_diesel::ProcessError> {
     let delivery = Delivery {
         message_id: MessageId::new(),
         message_type: "test.relay".into(),
@@ -193,7 +207,9 @@ fn retryable(result: Result<(), outbox_diesel::ProcessError>, reason: &str) {
 
 #[test]
 fn what_jetstream_will_never_take_is_permanent_and_the_rest_still_goes() {
-    let Some(_broker) = take(Broker::JetStream) else { return };
+    let Some(_broker) = take(Broker::JetStream) else {
+        return;
+    };
     let stream = TestStream::create("limits", 512, Duration::from_secs(120));
     let nats = jetstream(Duration::from_secs(5));
     let data = serde_json::json!({"n": 1});
@@ -201,8 +217,18 @@ fn what_jetstream_will_never_take_is_permanent_and_the_rest_still_goes() {
         call(|ctx| nats.publish(ctx, "outbox_test.nobody_listens_here", &data)),
         "no stream has the subject `outbox_test.nobody_listens_here`",
     );
-    for subject in ["", "a..b", "orders.*", "orders.>", "with space", "crlf\r\nPUB x 1"] {
-        permanent(call(|ctx| nats.publish(ctx, subject, &data)), "is not a subject");
+    for subject in [
+        "",
+        "a..b",
+        "orders.*",
+        "orders.>",
+        "with space",
+        "crlf\r\nPUB x 1",
+    ] {
+        permanent(
+            call(|ctx| nats.publish(ctx, subject, &data)),
+            "is not a subject",
+        );
     }
     let large = serde_json::json!({ "padding": "x".repeat(2_000) });
     permanent(
@@ -221,7 +247,9 @@ fn what_jetstream_will_never_take_is_permanent_and_the_rest_still_goes() {
 
 #[test]
 fn what_rabbitmq_will_never_take_is_permanent_and_the_rest_still_goes() {
-    let Some(_broker) = take(Broker::RabbitMq) else { return };
+    let Some(_broker) = take(Broker::RabbitMq) else {
+        return;
+    };
     let queue = TestQueue::declare("limits");
     let rabbit = rabbitmq(Duration::from_secs(5));
     let data = serde_json::json!({"n": 1});
@@ -264,8 +292,14 @@ fn an_unreachable_broker_is_retried_never_dead_lettered() {
         .unwrap();
     let error = call(|ctx| rabbit.publish(ctx, "orders", &1)).unwrap_err();
     assert_eq!(error.kind(), FailureKind::Retryable, "{error}");
-    assert!(error.reason().contains("is unavailable: cannot connect"), "{error}");
-    assert!(!error.reason().contains("guest:guest"), "no password in reasons: {error}");
+    assert!(
+        error.reason().contains("is unavailable: cannot connect"),
+        "{error}"
+    );
+    assert!(
+        !error.reason().contains("guest:guest"),
+        "no password in reasons: {error}"
+    );
 }
 
 #[test]
@@ -318,13 +352,20 @@ fn survive_a_restart<C: TestConnection>(
         report.figures()
     );
     assert!(left_at_restart > 0, "the drain ended before the restart");
-    assert!(stats.retried > 0, "the restart failed no publish: it did not hit the drain");
+    assert!(
+        stats.retried > 0,
+        "the restart failed no publish: it did not hit the drain"
+    );
     assert!(report.holds(allowed_duplicates), "{report:#?}");
     assert_eq!(report.dead_lettered, 0);
 }
 
-fn a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing<C: TestConnection>(db: &TestDb) {
-    let Some(_broker) = take(Broker::JetStream) else { return };
+fn a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing<C: TestConnection>(
+    db: &TestDb,
+) {
+    let Some(_broker) = take(Broker::JetStream) else {
+        return;
+    };
     let stream = TestStream::create("restart", -1, Duration::from_secs(120));
     let target = RelayTarget::JetStream {
         destination: jetstream(Duration::from_secs(2)),
@@ -341,7 +382,9 @@ fn a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing<C: TestCon
 }
 
 fn a_rabbitmq_restart_mid_drain_loses_nothing<C: TestConnection>(db: &TestDb) {
-    let Some(_broker) = take(Broker::RabbitMq) else { return };
+    let Some(_broker) = take(Broker::RabbitMq) else {
+        return;
+    };
     let queue = TestQueue::declare("restart");
     let target = RelayTarget::RabbitMq {
         destination: rabbitmq(Duration::from_secs(2)),
@@ -392,11 +435,16 @@ fn kill_mid_drain<C: TestConnection>(
     let worker = worker(&pool, target);
     assert!(eventually(Duration::from_secs(60), || pending(&pool).is_empty()));
     worker.shutdown(Duration::from_secs(10)).unwrap();
-    (check(&ledger, &arrivals(&read()), &dead_ids(&pool)), in_flight)
+    (
+        check(&ledger, &arrivals(&read()), &dead_ids(&pool)),
+        in_flight,
+    )
 }
 
 fn a_killed_worker_puts_each_message_into_the_stream_once<C: TestConnection>(db: &TestDb) {
-    let Some(_broker) = take(Broker::JetStream) else { return };
+    let Some(_broker) = take(Broker::JetStream) else {
+        return;
+    };
     let stream = TestStream::create("kill", -1, Duration::from_secs(120));
     let subject = stream.subject("events");
     let target = RelayTarget::JetStream {
@@ -404,28 +452,41 @@ fn a_killed_worker_puts_each_message_into_the_stream_once<C: TestConnection>(db:
         subject: subject.clone(),
     };
     let (report, in_flight) =
-        kill_mid_drain::<C>(db, &format!("jetstream:{subject}"), target, || stream.messages());
-    eprintln!("JetStream kill: {} in flight, {}", in_flight.len(), report.figures());
+        kill_mid_drain::<C>(db, &format!("jetstream:{subject}"), target, || {
+            stream.messages()
+        });
+    eprintln!(
+        "JetStream kill: {} in flight, {}",
+        in_flight.len(),
+        report.figures()
+    );
     assert!(report.holds(0), "{report:#?}");
 }
 
 fn a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq<C: TestConnection>(db: &TestDb) {
-    let Some(_broker) = take(Broker::RabbitMq) else { return };
+    let Some(_broker) = take(Broker::RabbitMq) else {
+        return;
+    };
     let queue = TestQueue::declare("kill");
     let target = RelayTarget::RabbitMq {
         destination: rabbitmq(Duration::from_secs(5)),
         routing_key: queue.name.clone(),
     };
-    let (report, in_flight) = kill_mid_drain::<C>(
-        db,
-        &format!("rabbitmq:{}", queue.name),
-        target,
-        || queue.take_all(),
+    let (report, in_flight) =
+        kill_mid_drain::<C>(db, &format!("rabbitmq:{}", queue.name), target, || {
+            queue.take_all()
+        });
+    eprintln!(
+        "RabbitMQ kill: {} in flight, {}",
+        in_flight.len(),
+        report.figures()
     );
-    eprintln!("RabbitMQ kill: {} in flight, {}", in_flight.len(), report.figures());
     assert!(report.holds(in_flight.len()), "{report:#?}");
     let duplicated: HashSet<MessageId> = report.duplicated.iter().copied().collect();
-    assert!(duplicated.is_subset(&in_flight), "a message not in flight arrived twice");
+    assert!(
+        duplicated.is_subset(&in_flight),
+        "a message not in flight arrived twice"
+    );
 }
 
 mod on_postgres {
@@ -434,7 +495,9 @@ mod on_postgres {
     #[test]
     fn a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing() {
         if let Some(db) = TestDb::new(Backend::Postgres) {
-            super::a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing::<PgConnection>(&db);
+            super::a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing::<PgConnection>(
+                &db,
+            );
         }
     }
 
@@ -455,7 +518,9 @@ mod on_postgres {
     #[test]
     fn a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq() {
         if let Some(db) = TestDb::new(Backend::Postgres) {
-            super::a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq::<PgConnection>(&db);
+            super::a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq::<PgConnection>(
+                &db,
+            );
         }
     }
 }

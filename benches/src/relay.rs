@@ -1,0 +1,308 @@
+//! `drain --destination jetstream|rabbitmq`: the worker relays a prefilled backlog to a broker,
+//! against the broker's own async client publishing the same messages with the same
+//! acknowledgements (a JetStream publish ack with `Nats-Msg-Id`; a RabbitMQ publisher confirm,
+//! mandatory and persistent) from as many concurrent tasks as the worker has handler threads,
+//! in the same run. The worker's no-op drain of the same backlog (its ceiling on this database,
+//! sharing the machine's cores with the database server) is measured alongside.
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
+};
+use lapin::protocol::BasicProperties;
+use lapin::types::FieldTable;
+use outbox_diesel::{DieselStore, MessageId, Worker};
+use outbox_relay::{JetStreamDestination, RabbitMqDestination};
+use serde_json::{json, Map, Value};
+
+use crate::db::{BenchConnection, BenchDb};
+use crate::drain::{backlog, drain_timeout, prefill, wait_for, Kind};
+use crate::handlers::{RelayTarget, Relayed};
+use crate::report::Report;
+use crate::{failed, Opts, Res, WithContext};
+
+const NATS_URL: &str = "nats://127.0.0.1:4222";
+const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const STREAM: &str = "OUTBOX_BENCH";
+const SUBJECT: &str = "outbox_bench.relay";
+const QUEUE: &str = "outbox_bench.relay";
+
+/// A broker the backlog is relayed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Destination {
+    /// NATS JetStream on 127.0.0.1:4222, a file-backed stream.
+    Jetstream,
+    /// RabbitMQ on 127.0.0.1:5672, a durable queue.
+    Rabbitmq,
+}
+
+/// The broker side of the benchmark: its client for the baseline and for counting.
+struct Broker {
+    destination: Destination,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Broker {
+    fn new(destination: Destination) -> Res<Broker> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .ctx("starting the baseline's runtime")?;
+        Ok(Broker {
+            destination,
+            runtime,
+        })
+    }
+
+    /// An empty stream or queue.
+    fn reset(&self) -> Res<()> {
+        self.runtime.block_on(async {
+            match self.destination {
+                Destination::Jetstream => {
+                    let context = nats().await?;
+                    let _ = context.delete_stream(STREAM).await;
+                    context
+                        .create_stream(jetstream::stream::Config {
+                            name: STREAM.into(),
+                            subjects: vec![format!("{SUBJECT}.>"), SUBJECT.into()],
+                            storage: jetstream::stream::StorageType::File,
+                            ..Default::default()
+                        })
+                        .await
+                        .ctx("creating the benchmark stream")?;
+                }
+                Destination::Rabbitmq => {
+                    let channel = amqp_channel().await?;
+                    channel
+                        .queue_declare(
+                            QUEUE.into(),
+                            QueueDeclareOptions {
+                                durable: true,
+                                ..Default::default()
+                            },
+                            FieldTable::default(),
+                        )
+                        .await
+                        .ctx("declaring the benchmark queue")?;
+                    channel
+                        .queue_purge(QUEUE.into(), QueuePurgeOptions::default())
+                        .await
+                        .ctx("purging the benchmark queue")?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Messages in the stream or queue.
+    fn count(&self) -> Res<u64> {
+        self.runtime.block_on(async {
+            match self.destination {
+                Destination::Jetstream => {
+                    let mut stream = nats()
+                        .await?
+                        .get_stream(STREAM)
+                        .await
+                        .ctx("finding the stream")?;
+                    Ok(stream.info().await.ctx("stream info")?.state.messages)
+                }
+                Destination::Rabbitmq => {
+                    let queue = amqp_channel()
+                        .await?
+                        .queue_declare(
+                            QUEUE.into(),
+                            QueueDeclareOptions {
+                                passive: true,
+                                ..Default::default()
+                            },
+                            FieldTable::default(),
+                        )
+                        .await
+                        .ctx("counting the queue")?;
+                    Ok(u64::from(queue.message_count()))
+                }
+            }
+        })
+    }
+
+    /// The baseline: `count` messages from `tasks` concurrent publishers, each waiting for its
+    /// acknowledgement before the next; messages per second.
+    fn bare_publish(&self, tasks: usize, count: u64) -> Res<f64> {
+        let body = serde_json::to_vec(&Relayed::new(1)).ctx("serializing")?;
+        self.runtime.block_on(async {
+            let started = Instant::now();
+            let mut publishers = Vec::new();
+            let share = count.div_ceil(tasks as u64);
+            match self.destination {
+                Destination::Jetstream => {
+                    let context = nats().await?;
+                    for task in 0..tasks as u64 {
+                        let (context, body) = (context.clone(), body.clone());
+                        let n = share.min(count.saturating_sub(task * share));
+                        publishers.push(tokio::spawn(async move {
+                            for _ in 0..n {
+                                let id = MessageId::new().to_string();
+                                let mut headers = async_nats::HeaderMap::new();
+                                headers.insert("outbox-message-id", id.as_str());
+                                headers.insert("outbox-message-type", "bench.relay");
+                                headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+                                context
+                                    .publish_with_headers(SUBJECT, headers, body.clone().into())
+                                    .await
+                                    .map_err(|e| failed(format!("publishing: {e}")))?
+                                    .await
+                                    .map_err(|e| failed(format!("the publish ack: {e}")))?;
+                            }
+                            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+                        }));
+                    }
+                }
+                Destination::Rabbitmq => {
+                    let channel = amqp_channel().await?;
+                    channel
+                        .confirm_select(ConfirmSelectOptions::default())
+                        .await
+                        .ctx("enabling confirms")?;
+                    for task in 0..tasks as u64 {
+                        let (channel, body) = (channel.clone(), body.clone());
+                        let n = share.min(count.saturating_sub(task * share));
+                        publishers.push(tokio::spawn(async move {
+                            for _ in 0..n {
+                                let id = MessageId::new().to_string();
+                                let properties = BasicProperties::default()
+                                    .with_message_id(id.as_str().into())
+                                    .with_type("bench.relay".into())
+                                    .with_content_type("application/json".into())
+                                    .with_delivery_mode(2);
+                                let confirm = channel
+                                    .basic_publish(
+                                        "".into(),
+                                        QUEUE.into(),
+                                        BasicPublishOptions {
+                                            mandatory: true,
+                                            immediate: false,
+                                        },
+                                        &body,
+                                        properties,
+                                    )
+                                    .await
+                                    .map_err(|e| failed(format!("publishing: {e}")))?
+                                    .await
+                                    .map_err(|e| failed(format!("the confirm: {e}")))?;
+                                if !confirm.is_ack() {
+                                    return Err(failed(format!("not confirmed: {confirm:?}")));
+                                }
+                            }
+                            Ok(())
+                        }));
+                    }
+                }
+            }
+            for publisher in publishers {
+                publisher.await.ctx("a publisher task")??;
+            }
+            Ok(count as f64 / started.elapsed().as_secs_f64())
+        })
+    }
+
+    fn target(&self) -> Res<RelayTarget> {
+        Ok(match self.destination {
+            Destination::Jetstream => RelayTarget::JetStream(
+                JetStreamDestination::builder(NATS_URL)
+                    .build()
+                    .ctx("building the JetStream destination")?,
+                SUBJECT.into(),
+            ),
+            Destination::Rabbitmq => RelayTarget::RabbitMq(
+                RabbitMqDestination::builder(AMQP_URL)
+                    .build()
+                    .ctx("building the RabbitMQ destination")?,
+                QUEUE.into(),
+            ),
+        })
+    }
+}
+
+async fn nats() -> Res<jetstream::Context> {
+    let client = async_nats::connect(NATS_URL)
+        .await
+        .ctx("connecting to NATS on 127.0.0.1:4222 (is nats-server -js running?)")?;
+    Ok(jetstream::new(client))
+}
+
+async fn amqp_channel() -> Res<lapin::Channel> {
+    let connection = lapin::Connection::connect(AMQP_URL, Default::default())
+        .await
+        .ctx("connecting to RabbitMQ on 127.0.0.1:5672 (is rabbitmq-server running?)")?;
+    connection.create_channel().await.ctx("opening a channel")
+}
+
+/// Runs `drain --destination`: per run, the bare client's rate, then the worker's.
+pub fn relay_drain_on<C: BenchConnection>(
+    opts: &Opts,
+    db: &BenchDb,
+    destination: Destination,
+) -> Res<bool> {
+    let count = backlog(opts);
+    let bare_count = count.min(50_000) as u64;
+    let broker = Broker::new(destination)?;
+    let mut report = Report::new(
+        "drain-relay",
+        opts,
+        json!({
+            "destination": format!("{destination:?}").to_lowercase(),
+            "messages": count,
+            "baseline_messages": bare_count,
+            "handler_threads": opts.handler_threads,
+            "batch_size": opts.batch_size,
+        }),
+    );
+    for _ in 0..opts.runs() {
+        broker.reset()?;
+        let bare = broker.bare_publish(opts.handler_threads, bare_count)?;
+        // The worker's own ceiling on this database: the same backlog with a no-op handler.
+        let noop = crate::drain::noop_drain::<C>(db, opts, count, Kind::Noop, &mut report)?.per_s;
+        broker.reset()?;
+        db.empty::<C>()?;
+        prefill::<C>(db, count, Kind::Relay)?;
+        let pool = db.worker_pool::<C>(4)?;
+        let started = Instant::now();
+        let worker = Worker::builder(DieselStore::new(pool))
+            .handler_threads(opts.handler_threads)
+            .batch_size(opts.batch_size)
+            .resource(broker.target()?)
+            .spawn()
+            .ctx("starting the worker")?;
+        let done = wait_for(drain_timeout(count), || {
+            worker.stats().succeeded >= count as u64
+        });
+        let seconds = started.elapsed().as_secs_f64();
+        let stats = worker
+            .shutdown(Duration::from_secs(30))
+            .ctx("stopping the worker")?;
+        let arrived = broker.count()?;
+        if !done || arrived != count as u64 {
+            report.problem(format!(
+                "relay: {arrived} of {count} messages at the broker ({stats:?})"
+            ));
+        }
+        let outbox = count as f64 / seconds;
+        let mut figures = Map::new();
+        figures.insert("bare_client_per_s".into(), json!(bare.round()));
+        figures.insert("outbox_per_s".into(), json!(outbox.round()));
+        figures.insert("noop_drain_per_s".into(), json!(noop.round()));
+        figures.insert(
+            "outbox_vs_bare".into(),
+            json!((outbox / bare * 1000.0).round() / 1000.0),
+        );
+        figures.insert("seconds".into(), json!((seconds * 100.0).round() / 100.0));
+        figures.insert("retried".into(), Value::from(stats.retried));
+        report.run(figures);
+    }
+    let ratio = report.median("outbox_vs_bare");
+    report.target("outbox_vs_bare_client", ratio, 0.7, true);
+    Ok(report.finish())
+}
