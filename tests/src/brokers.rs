@@ -145,13 +145,16 @@ fn restart_nats() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    Command::new("setsid")
+    // `setsid --fork` leaves the server in a session of its own, outliving the test.
+    let status = Command::new("setsid")
+        .arg("--fork")
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
+        .status()
         .expect("starting nats-server again");
+    assert!(status.success(), "setsid nats-server: {status}");
 }
 
 /// A message as a consumer received it.

@@ -250,7 +250,7 @@ fn chaos(n: usize) -> Reply {
 
 /// Every fifth answer a 500 whose text a LATIN1 database cannot store.
 fn unencodable(n: usize) -> Reply {
-    if n % 5 == 0 {
+    if n.is_multiple_of(5) {
         Reply::with_body(500, "Ошибка: überlastet … 再試行")
     } else {
         Reply::status(200)
@@ -259,7 +259,7 @@ fn unencodable(n: usize) -> Reply {
 
 /// Every tenth answer trickled: 50 bytes, one every 100 ms, five times the endpoint timeout.
 fn trickling(n: usize) -> Reply {
-    if n % 10 == 0 {
+    if n.is_multiple_of(10) {
         Reply::TrickleBody {
             every: Duration::from_millis(100),
             bytes: 50,
@@ -294,13 +294,13 @@ fn enqueue<C: TestConnection + Connection>(plan: &Plan, pool: &TestPool<C>, ledg
     while n < plan.messages {
         tx += 1;
         let size = 1 + fastrand::u64(0..8);
-        let roll_back = tx % plan.rollback_every == 0;
+        let roll_back = tx.is_multiple_of(plan.rollback_every);
         let mut batch = Batch::new();
         let mut written: Vec<(MessageId, Option<String>, bool)> = Vec::new();
         for _ in 0..size.min(plan.messages - n) {
             n += 1;
-            if plan.poison_every > 0 && n % plan.poison_every == 0 {
-                let id = if n % (2 * plan.poison_every) == 0 {
+            if plan.poison_every > 0 && n.is_multiple_of(plan.poison_every) {
+                let id = if n.is_multiple_of(2 * plan.poison_every) {
                     batch.push(&Garbled { garbled: true })
                 } else {
                     batch.push(&Nobody { n })
@@ -309,7 +309,7 @@ fn enqueue<C: TestConnection + Connection>(plan: &Plan, pool: &TestPool<C>, ledg
                 written.push((id, None, true));
                 continue;
             }
-            let key = (n % 3 == 0).then(|| format!("key-{}", n % 16));
+            let key = n.is_multiple_of(3).then(|| format!("key-{}", n % 16));
             let hook = Hook {
                 n: n as u32,
                 key: key.clone(),
@@ -318,7 +318,7 @@ fn enqueue<C: TestConnection + Connection>(plan: &Plan, pool: &TestPool<C>, ledg
                 Some(key) => EnqueueOptions::new().ordering_key(key.clone()),
                 None => EnqueueOptions::new(),
             };
-            let id = if plan.stall_every > 0 && n % plan.stall_every == 0 {
+            let id = if plan.stall_every > 0 && n.is_multiple_of(plan.stall_every) {
                 let stall = Stall {
                     hook,
                     hang_ms: 5_000,
