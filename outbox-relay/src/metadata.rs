@@ -1,7 +1,10 @@
 //! What travels with a relayed message besides its data, the same on every broker.
 
 // Each broker uses its part of this; with one feature alone the other's part is unused.
-#![cfg_attr(not(all(feature = "jetstream", feature = "rabbitmq")), allow(dead_code))]
+#![cfg_attr(
+    not(all(feature = "jetstream", feature = "rabbitmq")),
+    allow(dead_code)
+)]
 
 use outbox_core::Context;
 use serde::Serialize;
