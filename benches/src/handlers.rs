@@ -102,6 +102,8 @@ pub enum RelayTarget {
     JetStream(outbox_relay::JetStreamDestination, String),
     /// A RabbitMQ routing key (through the default exchange: the queue's name).
     RabbitMq(outbox_relay::RabbitMqDestination, String),
+    /// A Kafka topic.
+    Kafka(outbox_relay::KafkaDestination, String),
 }
 
 /// Published to the worker's [`RelayTarget`], like a domain event relayed to a broker.
@@ -131,6 +133,7 @@ impl Handler for Relayed {
                 destination.publish(ctx, subject, &self)
             }
             RelayTarget::RabbitMq(destination, key) => destination.publish(ctx, key, &self),
+            RelayTarget::Kafka(destination, topic) => destination.publish(ctx, topic, &self),
         }
     }
 }

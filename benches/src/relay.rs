@@ -14,7 +14,7 @@ use lapin::options::{
 use lapin::protocol::BasicProperties;
 use lapin::types::FieldTable;
 use outbox_diesel::{DieselStore, MessageId, Worker};
-use outbox_relay::{JetStreamDestination, RabbitMqDestination};
+use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use serde_json::{json, Map, Value};
 
 use crate::db::{BenchConnection, BenchDb};
@@ -28,6 +28,9 @@ const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const STREAM: &str = "OUTBOX_BENCH";
 const SUBJECT: &str = "outbox_bench.relay";
 const QUEUE: &str = "outbox_bench.relay";
+const KAFKA_SERVERS: &str = "127.0.0.1:9092";
+const TOPIC: &str = "outbox_bench.relay";
+const PARTITIONS: i32 = 3;
 
 /// A broker the backlog is relayed to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -36,6 +39,8 @@ pub enum Destination {
     Jetstream,
     /// RabbitMQ on 127.0.0.1:5672, a durable queue.
     Rabbitmq,
+    /// A Kafka-compatible broker on 127.0.0.1:9092 (tansu), a topic of 3 partitions.
+    Kafka,
 }
 
 /// The broker side of the benchmark: its client for the baseline and for counting.
@@ -92,6 +97,27 @@ impl Broker {
                         .await
                         .ctx("purging the benchmark queue")?;
                 }
+                Destination::Kafka => {
+                    tansu(&[
+                        "topic",
+                        "delete",
+                        "--broker",
+                        &format!("tcp://{KAFKA_SERVERS}"),
+                        TOPIC,
+                    ]);
+                    let created = tansu(&[
+                        "topic",
+                        "create",
+                        "--broker",
+                        &format!("tcp://{KAFKA_SERVERS}"),
+                        "--partitions",
+                        &PARTITIONS.to_string(),
+                        TOPIC,
+                    ]);
+                    if !created {
+                        return Err(failed("creating the benchmark topic with tansu"));
+                    }
+                }
             }
             Ok(())
         })
@@ -124,6 +150,21 @@ impl Broker {
                         .ctx("counting the queue")?;
                     Ok(u64::from(queue.message_count()))
                 }
+                Destination::Kafka => {
+                    use rdkafka::consumer::{BaseConsumer, Consumer};
+                    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+                        .set("bootstrap.servers", KAFKA_SERVERS)
+                        .create()
+                        .ctx("a Kafka consumer")?;
+                    let mut total = 0;
+                    for partition in 0..PARTITIONS {
+                        let (low, high) = consumer
+                            .fetch_watermarks(TOPIC, partition, Duration::from_secs(10))
+                            .ctx("the partition's watermarks")?;
+                        total += (high - low) as u64;
+                    }
+                    Ok(total)
+                }
             }
         })
     }
@@ -132,6 +173,9 @@ impl Broker {
     /// acknowledgement before the next; messages per second.
     fn bare_publish(&self, tasks: usize, count: u64) -> Res<f64> {
         let body = serde_json::to_vec(&Relayed::new(1)).ctx("serializing")?;
+        if self.destination == Destination::Kafka {
+            return kafka_bare_publish(tasks, count, &body);
+        }
         self.runtime.block_on(async {
             let started = Instant::now();
             let mut publishers = Vec::new();
@@ -200,6 +244,7 @@ impl Broker {
                         }));
                     }
                 }
+                Destination::Kafka => unreachable!("published by threads, above"),
             }
             for publisher in publishers {
                 publisher.await.ctx("a publisher task")??;
@@ -222,8 +267,106 @@ impl Broker {
                     .ctx("building the RabbitMQ destination")?,
                 QUEUE.into(),
             ),
+            Destination::Kafka => RelayTarget::Kafka(
+                KafkaDestination::builder(KAFKA_SERVERS)
+                    .build()
+                    .ctx("building the Kafka destination")?,
+                TOPIC.into(),
+            ),
         })
     }
+}
+
+/// Runs the tansu CLI; whether it succeeded.
+fn tansu(args: &[&str]) -> bool {
+    let program = std::env::var("HOME")
+        .map(|home| format!("{home}/.cargo/bin/tansu"))
+        .ok()
+        .filter(|path| std::path::Path::new(path).exists())
+        .unwrap_or_else(|| "tansu".to_owned());
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map(|output| output.status.success())
+        .unwrap_or(false)
+}
+
+/// Hands each record's delivery report to the thread waiting for it.
+struct Reports;
+
+impl rdkafka::ClientContext for Reports {}
+
+impl rdkafka::producer::ProducerContext for Reports {
+    type DeliveryOpaque = Box<std::sync::mpsc::SyncSender<bool>>;
+
+    fn delivery(
+        &self,
+        result: &rdkafka::message::DeliveryResult<'_>,
+        waiting: Self::DeliveryOpaque,
+    ) {
+        let _ = waiting.try_send(result.is_ok());
+    }
+}
+
+/// librdkafka's producer as the relay configures it (idempotent, `acks=all`, `linger.ms` 1),
+/// `threads` threads each producing a record and waiting for its report before the next.
+fn kafka_bare_publish(threads: usize, count: u64, body: &[u8]) -> Res<f64> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseRecord, ThreadedProducer};
+
+    let producer: ThreadedProducer<Reports> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", KAFKA_SERVERS)
+        .set("linger.ms", "1")
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create_with_context(Reports)
+        .ctx("a Kafka producer")?;
+    let share = count.div_ceil(threads as u64);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..threads as u64)
+            .map(|thread| {
+                let producer = &producer;
+                let n = share.min(count.saturating_sub(thread * share));
+                scope.spawn(move || -> Res<()> {
+                    for _ in 0..n {
+                        let id = MessageId::new().to_string();
+                        let headers = OwnedHeaders::new()
+                            .insert(Header {
+                                key: "outbox-message-id",
+                                value: Some(id.as_bytes()),
+                            })
+                            .insert(Header {
+                                key: "outbox-message-type",
+                                value: Some("bench.relay"),
+                            });
+                        let (report, delivered) = std::sync::mpsc::sync_channel(1);
+                        producer
+                            .send(
+                                BaseRecord::<'_, (), [u8], _>::with_opaque_to(
+                                    TOPIC,
+                                    Box::new(report),
+                                )
+                                .payload(body)
+                                .headers(headers),
+                            )
+                            .map_err(|(e, _)| failed(format!("producing: {e}")))?;
+                        if !delivered.recv().unwrap_or(false) {
+                            return Err(failed("a record was not delivered"));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for producer in producers {
+            producer
+                .join()
+                .map_err(|_| failed("a producer thread panicked"))??;
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })?;
+    Ok(count as f64 / started.elapsed().as_secs_f64())
 }
 
 async fn nats() -> Res<jetstream::Context> {

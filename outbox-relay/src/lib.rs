@@ -9,6 +9,7 @@
 //! |-------------|--------------------------|--------------------------------|-------------------------------------|
 //! | `jetstream` | [`JetStreamDestination`] | the stream's publish ack       | dropped by the stream (`Nats-Msg-Id`) within its duplicate window |
 //! | `rabbitmq`  | [`RabbitMqDestination`]  | a publisher confirm (mandatory, persistent) | consumers drop them by `message_id` |
+//! | `kafka`     | [`KafkaDestination`]     | the delivery report of an idempotent producer with `acks=all` | consumers drop them by the id header |
 //!
 //! A destination is a resource like a `WebhookEndpoint`: build it once at start-up, add it
 //! to the worker's resources, and publish from a handler in one call. The call blocks the
@@ -60,6 +61,8 @@
 mod error;
 #[cfg(feature = "jetstream")]
 mod jetstream;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod metadata;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
@@ -69,6 +72,8 @@ mod runtime;
 pub use error::RelayError;
 #[cfg(feature = "jetstream")]
 pub use jetstream::{JetStreamDestination, JetStreamDestinationBuilder};
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaDestination, KafkaDestinationBuilder};
 pub use metadata::{MESSAGE_ID_HEADER, MESSAGE_TYPE_HEADER, ORDERING_KEY_HEADER};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{RabbitMqDestination, RabbitMqDestinationBuilder};

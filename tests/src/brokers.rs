@@ -25,6 +25,8 @@ pub enum Broker {
     JetStream,
     /// RabbitMQ.
     RabbitMq,
+    /// A Kafka-compatible broker (`tansu`, memory storage).
+    Kafka,
 }
 
 impl Broker {
@@ -32,6 +34,7 @@ impl Broker {
         match self {
             Broker::JetStream => "OUTBOX_TEST_NATS_URL",
             Broker::RabbitMq => "OUTBOX_TEST_AMQP_URL",
+            Broker::Kafka => "OUTBOX_TEST_KAFKA_SERVERS",
         }
     }
 
@@ -41,6 +44,7 @@ impl Broker {
             match self {
                 Broker::JetStream => "nats://127.0.0.1:4222",
                 Broker::RabbitMq => "amqp://guest:guest@127.0.0.1:5672/%2f",
+                Broker::Kafka => "127.0.0.1:9092",
             }
             .to_owned()
         })
@@ -75,6 +79,11 @@ impl Broker {
             Broker::RabbitMq => {
                 "start it with `rabbitmq-server -detached` or `rabbitmqctl start_app`"
             }
+            Broker::Kafka => {
+                "install and start tansu: `cargo install tansu --locked --features dynostore`, then \
+                 `tansu broker --listener-url tcp://127.0.0.1:9092 --advertised-listener-url \
+                 tcp://127.0.0.1:9092 --storage-engine memory://tansu/ &` (scripts/test does both)"
+            }
         };
         let message = format!(
             "{self:?} is not reachable at {} (set {} to point elsewhere, or {fix})",
@@ -91,10 +100,18 @@ impl Broker {
 
     /// Restarts the local broker and waits until it accepts connections again.
     pub fn restart(self) {
+        self.restart_with(|| {});
+    }
+
+    /// Restarts the local broker, running `while_down` while it is stopped, and waits until
+    /// it accepts connections again.
+    pub fn restart_with(self, while_down: impl FnOnce()) {
         match self {
-            Broker::JetStream => restart_nats(),
+            Broker::JetStream => restart_process("nats-server", while_down),
+            Broker::Kafka => restart_process("tansu", while_down),
             Broker::RabbitMq => {
                 run("rabbitmqctl", &["stop_app"]);
+                while_down();
                 run("rabbitmqctl", &["start_app"]);
             }
         }
@@ -118,25 +135,26 @@ fn run(program: &str, args: &[&str]) {
     assert!(status.success(), "{program} {args:?} failed: {status}");
 }
 
-/// Stops the local nats-server and starts it again with the same command line.
-fn restart_nats() {
+/// Kills the local server process `name` and starts it again with the same command line.
+fn restart_process(name: &str, while_down: impl FnOnce()) {
     let pid = String::from_utf8(
         Command::new("pgrep")
-            .args(["-o", "-x", "nats-server"])
+            .args(["-o", "-x", name])
             .output()
             .expect("pgrep")
             .stdout,
     )
     .expect("a pid");
     let pid = pid.trim();
-    assert!(!pid.is_empty(), "no nats-server process to restart");
+    assert!(!pid.is_empty(), "no {name} process to restart");
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("its command line");
     let args: Vec<String> = cmdline
         .split(|b| *b == 0)
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    run("kill", &[pid]);
+    // SIGKILL: a crash, the harder case for what the broker had acknowledged.
+    run("kill", &["-KILL", pid]);
     let start = Instant::now();
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
         assert!(
@@ -145,6 +163,7 @@ fn restart_nats() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    while_down();
     // `setsid --fork` leaves the server in a session of its own, outliving the test.
     let status = Command::new("setsid")
         .arg("--fork")
@@ -153,8 +172,8 @@ fn restart_nats() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .expect("starting nats-server again");
-    assert!(status.success(), "setsid nats-server: {status}");
+        .unwrap_or_else(|e| panic!("starting {name} again: {e}"));
+    assert!(status.success(), "setsid {name}: {status}");
 }
 
 /// A message as a consumer received it.
@@ -436,5 +455,151 @@ impl Drop for TestQueue {
                 }
             }
         });
+    }
+}
+
+/// A topic of its own on the Kafka broker (three partitions), deleted when dropped.
+#[derive(Debug)]
+pub struct TestTopic {
+    /// The topic's name.
+    pub name: String,
+    /// Its partitions.
+    pub partitions: i32,
+}
+
+fn tansu(args: &[&str]) -> std::process::Output {
+    let program = std::env::var("HOME")
+        .map(|home| format!("{home}/.cargo/bin/tansu"))
+        .ok()
+        .filter(|path| std::path::Path::new(path).exists())
+        .unwrap_or_else(|| "tansu".to_owned());
+    Command::new(program).args(args).output().expect(
+        "running tansu (install it with `cargo install tansu --locked --features dynostore`)",
+    )
+}
+
+impl TestTopic {
+    /// Creates the topic with `tansu topic create`.
+    pub fn create(label: &str) -> TestTopic {
+        let topic = TestTopic {
+            name: format!("outbox_test.{label}.{}", fastrand::u64(..)),
+            partitions: 3,
+        };
+        topic.recreate();
+        topic
+    }
+
+    /// Creates the topic (again, after a restart of the memory-backed broker lost it).
+    pub fn recreate(&self) {
+        let broker = format!("tcp://{}", Broker::Kafka.url());
+        let output = tansu(&[
+            "topic",
+            "create",
+            "--broker",
+            &broker,
+            "--partitions",
+            &self.partitions.to_string(),
+            &self.name,
+        ]);
+        assert!(
+            output.status.success(),
+            "creating topic {}: {}",
+            self.name,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Every record in the topic, partition by partition in offset order, with its partition.
+    pub fn records(&self) -> Vec<(i32, Received)> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::{Headers, Message};
+        use rdkafka::{Offset, TopicPartitionList};
+
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", Broker::Kafka.url())
+            .set("group.id", format!("outbox-test-{}", fastrand::u64(..)))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a Kafka consumer");
+        let mut assignment = TopicPartitionList::new();
+        let mut ends = Vec::new();
+        for partition in 0..self.partitions {
+            let (_, high) = consumer
+                .fetch_watermarks(&self.name, partition, Duration::from_secs(10))
+                .expect("the partition's watermarks");
+            ends.push(high);
+            assignment
+                .add_partition_offset(&self.name, partition, Offset::Beginning)
+                .expect("an assignment");
+        }
+        consumer
+            .assign(&assignment)
+            .expect("assigning the partitions");
+        let mut next = vec![0_i64; ends.len()];
+        let mut out = Vec::new();
+        let start = Instant::now();
+        // tansu 0.6 reports a partition's high watermark as the base offset of its last batch
+        // plus one, short of the batch's other records: read on until the topic stays quiet.
+        let mut quiet_since: Option<Instant> = None;
+        loop {
+            let caught_up = next.iter().zip(&ends).all(|(next, end)| next >= end);
+            if caught_up
+                && quiet_since.is_some_and(|since| since.elapsed() > Duration::from_secs(2))
+            {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "read up to offsets {next:?} of {ends:?}"
+            );
+            let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+                quiet_since.get_or_insert_with(Instant::now);
+                continue;
+            };
+            quiet_since = None;
+            let message = message.expect("a record");
+            let partition = message.partition();
+            next[partition as usize] = message.offset() + 1;
+            let headers = message
+                .headers()
+                .map(|headers| {
+                    headers
+                        .iter()
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let got = received(message.payload().unwrap_or_default(), headers);
+            assert_eq!(
+                message
+                    .key()
+                    .map(|k| String::from_utf8_lossy(k).into_owned()),
+                got.ordering_key,
+                "the record key is the ordering key"
+            );
+            out.push((partition, message.offset(), got));
+        }
+        out.sort_by_key(|(partition, offset, _)| (*partition, *offset));
+        out.into_iter()
+            .map(|(partition, _, got)| (partition, got))
+            .collect::<Vec<_>>()
+    }
+
+    /// How many records the topic holds (read, not from the watermarks: see
+    /// [`records`](Self::records)).
+    pub fn count(&self) -> usize {
+        self.records().len()
+    }
+}
+
+impl Drop for TestTopic {
+    fn drop(&mut self) {
+        let broker = format!("tcp://{}", Broker::Kafka.url());
+        let _ = tansu(&["topic", "delete", "--broker", &broker, &self.name]);
     }
 }

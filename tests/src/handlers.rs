@@ -51,6 +51,13 @@ pub enum RelayTarget {
         /// The routing key.
         routing_key: String,
     },
+    /// A Kafka topic.
+    Kafka {
+        /// The destination.
+        destination: outbox_relay::KafkaDestination,
+        /// The topic.
+        topic: String,
+    },
 }
 
 /// Publishes itself to the worker's [`RelayTarget`].
@@ -88,6 +95,7 @@ impl Handler for Relayed {
                 destination,
                 routing_key,
             } => destination.publish(ctx, routing_key, &self),
+            RelayTarget::Kafka { destination, topic } => destination.publish(ctx, topic, &self),
         }
     }
 }

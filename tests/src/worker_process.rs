@@ -3,7 +3,7 @@
 //!
 //! Configured by environment: `OUTBOX_WORKER_DATABASE_URL` (a postgres:// or mysql:// URL, or
 //! an SQLite file path), `OUTBOX_WORKER_WEBHOOK_URL` (on 127.0.0.1) and/or
-//! `OUTBOX_WORKER_DESTINATION` (`jetstream:SUBJECT` or `rabbitmq:ROUTING_KEY`, where
+//! `OUTBOX_WORKER_DESTINATION` (`jetstream:SUBJECT`, `rabbitmq:ROUTING_KEY` or `kafka:TOPIC`, where
 //! `test.relay` messages go, on the brokers of [`crate::brokers`]), and optionally
 //! `OUTBOX_WORKER_LEASE_MS` (6000), `OUTBOX_WORKER_TIMEOUT_MS` (1000, the webhook and handler
 //! timeout), `OUTBOX_WORKER_THREADS` (8), `OUTBOX_WORKER_BATCH` (16),
@@ -15,7 +15,7 @@ use std::time::Duration;
 use diesel::r2d2::Pool;
 use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{Backend, DieselStore, OutboxManager, RetryPolicy, Worker};
-use outbox_relay::{JetStreamDestination, RabbitMqDestination};
+use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use outbox_testkit::outbox::secret;
 use outbox_testkit::{with_connection, TestConnection};
 
@@ -86,7 +86,7 @@ fn run<C: TestConnection>(url: &str) -> ! {
     }
 }
 
-/// The broker destination `jetstream:SUBJECT` or `rabbitmq:ROUTING_KEY` names.
+/// The broker destination `jetstream:SUBJECT`, `rabbitmq:ROUTING_KEY` or `kafka:TOPIC` names.
 fn relay_target(destination: &str, timeout: Duration) -> RelayTarget {
     match destination.split_once(':') {
         Some(("jetstream", subject)) => RelayTarget::JetStream {
@@ -103,7 +103,17 @@ fn relay_target(destination: &str, timeout: Duration) -> RelayTarget {
                 .expect("a RabbitMQ destination"),
             routing_key: routing_key.to_owned(),
         },
-        _ => panic!("OUTBOX_WORKER_DESTINATION is jetstream:SUBJECT or rabbitmq:ROUTING_KEY, not {destination}"),
+        Some(("kafka", topic)) => RelayTarget::Kafka {
+            destination: KafkaDestination::builder(Broker::Kafka.url())
+                .timeout(timeout)
+                .build()
+                .expect("a Kafka destination"),
+            topic: topic.to_owned(),
+        },
+        _ => panic!(
+            "OUTBOX_WORKER_DESTINATION is jetstream:SUBJECT, rabbitmq:ROUTING_KEY or kafka:TOPIC, \
+             not {destination}"
+        ),
     }
 }
 

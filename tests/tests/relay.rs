@@ -15,10 +15,10 @@ use outbox_diesel::{
     Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker,
 };
 use outbox_diesel::{Context, Delivery, Resources};
-use outbox_relay::{JetStreamDestination, RabbitMqDestination};
+use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use outbox_testkit::outbox::{dead, pending};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
-use outbox_tests::brokers::{arrivals, Broker, Received, TestQueue, TestStream};
+use outbox_tests::brokers::{arrivals, Broker, Received, TestQueue, TestStream, TestTopic};
 use outbox_tests::checker::{check, Ledger, Report};
 use outbox_tests::handlers::{RelayTarget, Relayed};
 
@@ -26,12 +26,14 @@ const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-
 
 static JETSTREAM: Mutex<()> = Mutex::new(());
 static RABBITMQ: Mutex<()> = Mutex::new(());
+static KAFKA: Mutex<()> = Mutex::new(());
 
 /// The broker to itself for the test, if it is up.
 fn take(broker: Broker) -> Option<MutexGuard<'static, ()>> {
     let lock = match broker {
         Broker::JetStream => &JETSTREAM,
         Broker::RabbitMq => &RABBITMQ,
+        Broker::Kafka => &KAFKA,
     };
     let guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     broker.available().then_some(guard)
@@ -49,6 +51,27 @@ fn rabbitmq(timeout: Duration) -> RabbitMqDestination {
         .timeout(timeout)
         .build()
         .unwrap()
+}
+
+fn kafka(timeout: Duration) -> KafkaDestination {
+    KafkaDestination::builder(Broker::Kafka.url())
+        .timeout(timeout)
+        .build()
+        .unwrap()
+}
+
+/// The records of a topic in the checker's order (partition by partition), after checking
+/// that each key lives in one partition: per-key order holds within a partition, so the
+/// concatenation keeps every key's order.
+fn by_partition(records: Vec<(i32, Received)>) -> Vec<Received> {
+    let mut partition_of = std::collections::HashMap::new();
+    for (partition, record) in &records {
+        if let Some(key) = &record.ordering_key {
+            let first = *partition_of.entry(key.clone()).or_insert(*partition);
+            assert_eq!(first, *partition, "key {key} is in two partitions");
+        }
+    }
+    records.into_iter().map(|(_, record)| record).collect()
 }
 
 /// Enqueues `count` messages over `keys` keys (and every fifth without a key), the first
@@ -173,9 +196,28 @@ fn every_message_arrives_in_key_order_on_rabbitmq<C: TestConnection>(db: &TestDb
     assert_faithful(&received);
 }
 
+fn every_message_arrives_in_key_order_in_kafka_partitions<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::Kafka) else {
+        return;
+    };
+    let topic = TestTopic::create("drain");
+    let pool = db.pool::<C>(12);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, 300, 7, &mut ledger);
+    let target = RelayTarget::Kafka {
+        destination: kafka(Duration::from_secs(5)),
+        topic: topic.name.clone(),
+    };
+    let (report, received) = drain(&pool, target, &ledger, || by_partition(topic.records()));
+    assert!(report.holds(0), "{report:#?}");
+    assert_eq!(report.delivered, 300);
+    assert_faithful(&received);
+}
+
 backend_tests!(
     every_message_arrives_once_in_key_order_on_jetstream,
-    every_message_arrives_in_key_order_on_rabbitmq
+    every_message_arrives_in_key_order_on_rabbitmq,
+    every_message_arrives_in_key_order_in_kafka_partitions
 );
 
 /// Calls a destination the way a handler does, outside any worker.
@@ -273,6 +315,33 @@ fn what_rabbitmq_will_never_take_is_permanent_and_the_rest_still_goes() {
     call(|ctx| rabbit.publish(ctx, &queue.name, &data)).unwrap();
     call(|ctx| rabbit.publish(ctx, &queue.name, &data)).unwrap();
     assert_eq!(queue.take_all().len(), 2);
+}
+
+#[test]
+fn what_kafka_will_never_take_is_permanent_and_the_rest_still_goes() {
+    let Some(_broker) = take(Broker::Kafka) else {
+        return;
+    };
+    let topic = TestTopic::create("limits");
+    let producer = KafkaDestination::builder(Broker::Kafka.url())
+        .timeout(Duration::from_secs(5))
+        .set("message.max.bytes", "2000")
+        .build()
+        .unwrap();
+    let data = serde_json::json!({"n": 1});
+    for name in ["", "with space", "orders/shipped", &"t".repeat(250)] {
+        permanent(
+            call(|ctx| producer.publish(ctx, name, &data)),
+            "is not a topic name",
+        );
+    }
+    let large = serde_json::json!({ "padding": "x".repeat(5_000) });
+    permanent(
+        call(|ctx| producer.publish(ctx, &topic.name, &large)),
+        "too large",
+    );
+    call(|ctx| producer.publish(ctx, &topic.name, &data)).unwrap();
+    assert_eq!(topic.count(), 1);
 }
 
 #[test]
@@ -388,6 +457,71 @@ fn a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing<C: TestCon
     );
 }
 
+/// The Kafka broker here keeps its topics in memory: a restart loses them, and what it had
+/// acknowledged. So this drill checks what the relay answers for: every message not
+/// acknowledged when the broker went down (none can be while it is down) arrives after the
+/// restart, once the topic is back, and nothing is dead-lettered on the way.
+fn a_kafka_restart_mid_drain_loses_nothing_unacknowledged<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::Kafka) else {
+        return;
+    };
+    let topic = TestTopic::create("restart");
+    let pool = db.pool::<C>(12);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, 2_000, 16, &mut ledger);
+    let target = RelayTarget::Kafka {
+        destination: kafka(Duration::from_secs(2)),
+        topic: topic.name.clone(),
+    };
+    let worker = worker(&pool, target);
+    assert!(
+        eventually(Duration::from_secs(60), || pending(&pool).len() <= 1_800),
+        "nothing was relayed before the restart"
+    );
+    let mut unacknowledged = HashSet::new();
+    Broker::Kafka.restart_with(|| {
+        unacknowledged = pending(&pool).into_iter().map(|m| m.message_id).collect();
+    });
+    topic.recreate();
+    assert!(
+        eventually(Duration::from_secs(120), || pending(&pool).is_empty()),
+        "the outbox did not drain after the restart: {} left, errors {:?}",
+        pending(&pool).len(),
+        pending(&pool)
+            .iter()
+            .filter_map(|m| m.last_error.clone())
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+    let stats = worker.stats();
+    worker.shutdown(Duration::from_secs(10)).unwrap();
+    let records = by_partition(topic.records());
+    let arrived: HashSet<MessageId> = records.iter().map(|r| r.id).collect();
+    let missing = unacknowledged.difference(&arrived).count();
+    eprintln!(
+        "Kafka restart: {} unacknowledged at the restart, {} attempts failed, {} records after it, {missing} missing",
+        unacknowledged.len(),
+        stats.retried,
+        records.len()
+    );
+    assert!(
+        !unacknowledged.is_empty(),
+        "the drain ended before the restart"
+    );
+    assert_eq!(
+        missing, 0,
+        "messages not acknowledged before the restart are missing"
+    );
+    assert!(
+        dead_ids(&pool).is_empty(),
+        "a restart dead-lettered messages"
+    );
+    assert!(
+        stats.retried > 0,
+        "the restart failed no publish: it did not hit the drain"
+    );
+}
+
 fn a_rabbitmq_restart_mid_drain_loses_nothing<C: TestConnection>(db: &TestDb) {
     let Some(_broker) = take(Broker::RabbitMq) else {
         return;
@@ -494,6 +628,32 @@ fn a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq<C: TestConnect
     );
 }
 
+fn a_killed_worker_duplicates_only_what_was_in_flight_on_kafka<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::Kafka) else {
+        return;
+    };
+    let topic = TestTopic::create("kill");
+    let target = RelayTarget::Kafka {
+        destination: kafka(Duration::from_secs(5)),
+        topic: topic.name.clone(),
+    };
+    let (report, in_flight) =
+        kill_mid_drain::<C>(db, &format!("kafka:{}", topic.name), target, || {
+            by_partition(topic.records())
+        });
+    eprintln!(
+        "Kafka kill: {} in flight, {}",
+        in_flight.len(),
+        report.figures()
+    );
+    assert!(report.holds(in_flight.len()), "{report:#?}");
+    let duplicated: HashSet<MessageId> = report.duplicated.iter().copied().collect();
+    assert!(
+        duplicated.is_subset(&in_flight),
+        "a message not in flight arrived twice"
+    );
+}
+
 mod on_postgres {
     use outbox_testkit::{diesel::PgConnection, Backend, TestDb};
 
@@ -510,6 +670,20 @@ mod on_postgres {
     fn a_rabbitmq_restart_mid_drain_loses_nothing() {
         if let Some(db) = TestDb::new(Backend::Postgres) {
             super::a_rabbitmq_restart_mid_drain_loses_nothing::<PgConnection>(&db);
+        }
+    }
+
+    #[test]
+    fn a_kafka_restart_mid_drain_loses_nothing_unacknowledged() {
+        if let Some(db) = TestDb::new(Backend::Postgres) {
+            super::a_kafka_restart_mid_drain_loses_nothing_unacknowledged::<PgConnection>(&db);
+        }
+    }
+
+    #[test]
+    fn a_killed_worker_duplicates_only_what_was_in_flight_on_kafka() {
+        if let Some(db) = TestDb::new(Backend::Postgres) {
+            super::a_killed_worker_duplicates_only_what_was_in_flight_on_kafka::<PgConnection>(&db);
         }
     }
 

@@ -318,6 +318,10 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
 
     // Signing out ends the session: the pages ask for the token again.
     browser.click("#sign-out");
+    // The click returns before its POST completes: navigating away at once could cancel it.
+    browser.settle("the sign-in form after signing out", |page| {
+        page.contains("id=\"token\"")
+    });
     browser.goto(&outbox);
     browser.settle("the sign-in form", |page| page.contains("id=\"token\""));
 }

@@ -3,7 +3,12 @@
 //!
 //! ```text
 //! outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|refused-outcome|trickle|hung-handler|all> --backend <postgres|mysql|sqlite> [--quick] [--messages N]
+//! outbox-drill kill --destination <jetstream|rabbitmq|kafka> --backend <...> [--quick]
 //! ```
+//!
+//! With `--destination`, the workers relay the messages to a broker on 127.0.0.1 instead of
+//! POSTing them, and the checker reads what arrived from the broker: on JetStream each message
+//! must arrive exactly once (the stream drops redeliveries by `Nats-Msg-Id`).
 //!
 //! Prints one JSON line of figures per drill (and one of details where something is wrong) and
 //! exits non-zero if any drill's expectations fail: nothing lost, no ghosts, no order
@@ -19,8 +24,9 @@ use outbox_diesel::admin::{dead_letters, pending_messages, stats, ListOptions};
 use outbox_diesel::{Batch, EnqueueOptions, Message, MessageId};
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::{with_connection, Backend, TestConnection, TestDb, TestPool};
+use outbox_tests::brokers::{arrivals, Broker, TestQueue, TestStream, TestTopic};
 use outbox_tests::checker::{check, Arrival, Ledger};
-use outbox_tests::handlers::{Hook, Stall};
+use outbox_tests::handlers::{Hook, Relayed, Stall};
 use serde::{Deserialize, Serialize};
 
 /// A type no worker handles.
@@ -99,9 +105,71 @@ impl Drill {
     }
 }
 
+/// Where the kill drill's workers relay to, with `--destination`.
+#[derive(Debug)]
+enum Destination {
+    JetStream(TestStream),
+    RabbitMq(TestQueue),
+    Kafka(TestTopic),
+}
+
+impl Destination {
+    fn create(broker: Broker) -> Destination {
+        assert!(broker.available(), "{broker:?} is not reachable");
+        match broker {
+            Broker::JetStream => {
+                Destination::JetStream(TestStream::create("drill", -1, Duration::from_secs(600)))
+            }
+            Broker::RabbitMq => Destination::RabbitMq(TestQueue::declare("drill")),
+            Broker::Kafka => Destination::Kafka(TestTopic::create("drill")),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Destination::JetStream(_) => "jetstream",
+            Destination::RabbitMq(_) => "rabbitmq",
+            Destination::Kafka(_) => "kafka",
+        }
+    }
+
+    /// The worker process's `OUTBOX_WORKER_DESTINATION`.
+    fn worker_env(&self) -> String {
+        match self {
+            Destination::JetStream(stream) => format!("jetstream:{}", stream.subject("events")),
+            Destination::RabbitMq(queue) => format!("rabbitmq:{}", queue.name),
+            Destination::Kafka(topic) => format!("kafka:{}", topic.name),
+        }
+    }
+
+    /// What arrived, in the order the checker needs (a Kafka topic partition by partition:
+    /// a key lives in one partition).
+    fn arrivals(&self) -> Vec<Arrival> {
+        match self {
+            Destination::JetStream(stream) => arrivals(&stream.messages()),
+            Destination::RabbitMq(queue) => arrivals(&queue.take_all()),
+            Destination::Kafka(topic) => {
+                let records: Vec<_> = topic.records().into_iter().map(|(_, r)| r).collect();
+                arrivals(&records)
+            }
+        }
+    }
+}
+
+fn parse_broker(name: &str) -> Option<Broker> {
+    match name {
+        "jetstream" => Some(Broker::JetStream),
+        "rabbitmq" => Some(Broker::RabbitMq),
+        "kafka" => Some(Broker::Kafka),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Plan {
     drill: Drill,
+    /// The broker the workers relay to, if not the webhook receiver.
+    broker: Option<Broker>,
     backend: Backend,
     quick: bool,
     messages: u64,
@@ -113,10 +181,17 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(drill: Drill, backend: Backend, quick: bool, messages: Option<u64>) -> Plan {
+    fn new(
+        drill: Drill,
+        broker: Option<Broker>,
+        backend: Backend,
+        quick: bool,
+        messages: Option<u64>,
+    ) -> Plan {
         let full = if drill == Drill::Kill { 50_000 } else { 20_000 };
         Plan {
             drill,
+            broker,
             backend,
             quick,
             messages: messages.unwrap_or(if quick { 2_000 } else { full }),
@@ -137,7 +212,8 @@ fn usage() -> ! {
     eprintln!(
         "usage: outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|\
          refused-outcome|trickle|hung-handler|all> \
-         --backend <postgres|mysql|sqlite> [--quick] [--messages N]"
+         --backend <postgres|mysql|sqlite> [--quick] [--messages N] \
+         [--destination <jetstream|rabbitmq|kafka>, kill only]"
     );
     std::process::exit(2)
 }
@@ -151,6 +227,7 @@ fn main() {
     let mut backend = None;
     let mut quick = false;
     let mut messages = None;
+    let mut broker = None;
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
@@ -161,6 +238,13 @@ fn main() {
                 }
             }
             "--quick" => quick = true,
+            "--destination" => {
+                broker = Some(
+                    rest.next()
+                        .and_then(|n| parse_broker(n))
+                        .unwrap_or_else(|| usage()),
+                )
+            }
             "--messages" => {
                 messages = Some(
                     rest.next()
@@ -176,7 +260,7 @@ fn main() {
         }
     }
     let Some(backend) = backend else { usage() };
-    if drills.is_empty() {
+    if drills.is_empty() || (broker.is_some() && drills != [Drill::Kill]) {
         usage();
     }
     let mut failed = 0;
@@ -185,7 +269,7 @@ fn main() {
             eprintln!("{} does not apply to {backend}; skipped", drill.name());
             continue;
         }
-        let plan = Plan::new(drill, backend, quick, messages);
+        let plan = Plan::new(drill, broker, backend, quick, messages);
         let held = with_connection!(backend, C => run::<C>(&plan));
         if !held {
             failed += 1;
@@ -200,12 +284,17 @@ fn main() {
 struct Workers {
     url: String,
     webhook: String,
+    destination: Option<String>,
     children: Vec<Child>,
 }
 
 impl Workers {
     fn spawn_one(&self) -> Child {
-        Command::new(std::env::current_exe().expect("this executable"))
+        let mut command = Command::new(std::env::current_exe().expect("this executable"));
+        if let Some(destination) = &self.destination {
+            command.env("OUTBOX_WORKER_DESTINATION", destination);
+        }
+        command
             .arg("worker")
             .env("OUTBOX_WORKER_DATABASE_URL", &self.url)
             .env("OUTBOX_WORKER_WEBHOOK_URL", &self.webhook)
@@ -318,7 +407,9 @@ fn enqueue<C: TestConnection + Connection>(plan: &Plan, pool: &TestPool<C>, ledg
                 Some(key) => EnqueueOptions::new().ordering_key(key.clone()),
                 None => EnqueueOptions::new(),
             };
-            let id = if plan.stall_every > 0 && n.is_multiple_of(plan.stall_every) {
+            let id = if plan.broker.is_some() {
+                batch.push_with(&Relayed::new(n as u32, key.as_deref()), &options)
+            } else if plan.stall_every > 0 && n.is_multiple_of(plan.stall_every) {
                 let stall = Stall {
                     hook,
                     hang_ms: 5_000,
@@ -431,9 +522,11 @@ fn run<C: TestConnection + Connection>(plan: &Plan) -> bool {
         }
         _ => Receiver::ok(),
     };
+    let destination = plan.broker.map(Destination::create);
     let mut workers = Workers {
         url: db.url().to_owned(),
         webhook: receiver.url("/hook"),
+        destination: destination.as_ref().map(Destination::worker_env),
         children: Vec::new(),
     };
     let mut ledger = Ledger::new();
@@ -484,16 +577,19 @@ fn run<C: TestConnection + Connection>(plan: &Plan) -> bool {
     std::thread::sleep(Duration::from_millis(300));
     drop(workers);
 
-    let arrivals: Vec<Arrival> = receiver
-        .requests()
-        .iter()
-        .filter_map(|r| {
-            Some(Arrival {
-                id: r.header("webhook-id")?.parse().ok()?,
-                delivered: (200..300).contains(&r.answered),
+    let arrivals: Vec<Arrival> = match &destination {
+        Some(destination) => destination.arrivals(),
+        None => receiver
+            .requests()
+            .iter()
+            .filter_map(|r| {
+                Some(Arrival {
+                    id: r.header("webhook-id")?.parse().ok()?,
+                    delivered: (200..300).contains(&r.answered),
+                })
             })
-        })
-        .collect();
+            .collect(),
+    };
     let letters = dead_letters(
         &mut pool.get().expect("a connection"),
         &ListOptions::new().limit(u32::MAX),
@@ -514,10 +610,17 @@ fn run<C: TestConnection + Connection>(plan: &Plan) -> bool {
         .duplicated
         .iter()
         .all(|id| in_flight_at_faults.contains(id));
-    let held =
-        report.holds(in_flight_at_faults.len()) && duplicates_explained && unexplained.is_empty();
+    // JetStream drops redeliveries by `Nats-Msg-Id`: each message enters the stream once.
+    let allowed_duplicates = match &destination {
+        Some(Destination::JetStream(_)) => 0,
+        _ => in_flight_at_faults.len(),
+    };
+    let held = report.holds(allowed_duplicates) && duplicates_explained && unexplained.is_empty();
     let mut line = report.figures();
     line["drill"] = plan.drill.name().into();
+    if let Some(destination) = &destination {
+        line["destination"] = destination.name().into();
+    }
     line["backend"] = format!("{:?}", plan.backend).to_lowercase().into();
     line["mode"] = if plan.quick { "quick" } else { "full" }.into();
     line["workers"] = plan.workers.into();

@@ -1,0 +1,443 @@
+//! Relaying to Kafka.
+
+use std::fmt;
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use outbox_core::{Context, ProcessError};
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use serde::Serialize;
+
+use crate::error::RelayError;
+use crate::metadata::Outgoing;
+
+const KIND: &str = "Kafka";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest topic name Kafka accepts.
+const MAX_TOPIC_LEN: usize = 249;
+
+/// A Kafka cluster, producing records with an idempotent producer and `acks=all`, and waiting
+/// for each record's delivery report.
+///
+/// The message's **ordering key is the record key**, so all messages of a key go to one
+/// partition, and since the worker publishes a key's next message only after the previous one
+/// was acknowledged, per-key order carries into the partition. The message id, type and
+/// headers go as record headers (see [`MESSAGE_ID_HEADER`](crate::MESSAGE_ID_HEADER)), the
+/// data as the record's value (JSON).
+///
+/// The idempotent producer drops the duplicates of its own internal retries; a record whose
+/// delivery report was lost (a worker killed after producing it) is produced again by the
+/// next attempt, so consumers drop duplicates by the message id header.
+///
+/// Build it once at start-up and put it in the worker's resources; clones share one producer,
+/// which keeps its connections and reconnects by itself (librdkafka, built from source).
+/// Publishing needs no async runtime.
+///
+/// ```no_run
+/// use outbox_core::{Context, Handler, Message, ProcessError};
+/// use outbox_relay::KafkaDestination;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct OrderShipped {
+///     order_id: i64,
+/// }
+///
+/// impl Message for OrderShipped {
+///     const MESSAGE_TYPE: &'static str = "order.shipped";
+/// }
+///
+/// impl Handler for OrderShipped {
+///     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+///         ctx.resource::<KafkaDestination>()?.publish(ctx, "orders", &self)
+///     }
+/// }
+///
+/// # fn main() -> Result<(), outbox_relay::RelayError> {
+/// let orders = KafkaDestination::builder("127.0.0.1:9092").build()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct KafkaDestination {
+    inner: Arc<Inner>,
+}
+
+type Producer = ThreadedProducer<Reports>;
+
+struct Inner {
+    name: String,
+    timeout: Duration,
+    config: ClientConfig,
+    current: Mutex<Current>,
+}
+
+/// The producer in use, replaced when it is unusable: after a fatal error, or when it has
+/// delivered nothing for a while although records time out (an idempotent producer whose id
+/// the cluster no longer knows, e.g. a broker that lost its state, retries forever with it).
+struct Current {
+    producer: Arc<Producer>,
+    last_delivered: Instant,
+    created: Instant,
+}
+
+/// Configuration of a [`KafkaDestination`], from [`KafkaDestination::builder`].
+#[derive(Clone)]
+pub struct KafkaDestinationBuilder {
+    servers: String,
+    timeout: Duration,
+    settings: Vec<(String, String)>,
+}
+
+/// Hands each record's delivery report to the handler thread waiting for it.
+struct Reports;
+
+impl ClientContext for Reports {}
+
+impl ProducerContext for Reports {
+    type DeliveryOpaque = Box<SyncSender<Result<(), KafkaError>>>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, waiting: Self::DeliveryOpaque) {
+        let report = match result {
+            Ok(_) => Ok(()),
+            Err((error, _)) => Err(error.clone()),
+        };
+        // The handler thread may have stopped waiting (a timeout): nothing to tell then.
+        let _ = waiting.try_send(report);
+    }
+}
+
+impl KafkaDestination {
+    /// Starts configuring a destination on the cluster reached through `servers`
+    /// (`host:port[,host:port…]`, librdkafka's `bootstrap.servers`).
+    pub fn builder(servers: impl Into<String>) -> KafkaDestinationBuilder {
+        KafkaDestinationBuilder {
+            servers: servers.into(),
+            timeout: DEFAULT_TIMEOUT,
+            settings: Vec::new(),
+        }
+    }
+
+    /// The destination's name in errors and logs: the bootstrap servers.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Produces `data` as JSON to `topic`, keyed by the message's ordering key (no key if it
+    /// has none), and waits for the delivery report.
+    ///
+    /// An invalid topic name, a record over `message.max.bytes` and a topic the cluster says
+    /// does not exist are permanent failures; a cluster that cannot be reached, a full
+    /// producer queue and a report not received within the timeout are retried.
+    pub fn publish<T: Serialize + ?Sized>(
+        &self,
+        ctx: &Context<'_>,
+        topic: &str,
+        data: &T,
+    ) -> Result<(), ProcessError> {
+        let outgoing =
+            Outgoing::json(ctx, data, &self.inner.name).map_err(RelayError::into_process_error)?;
+        self.inner
+            .send(topic, ctx.ordering_key(), outgoing)
+            .map_err(RelayError::into_process_error)
+    }
+
+    /// Produces `body` as it is, like [`publish`](Self::publish) without the JSON encoding.
+    pub fn publish_bytes(
+        &self,
+        ctx: &Context<'_>,
+        topic: &str,
+        body: &[u8],
+    ) -> Result<(), ProcessError> {
+        let outgoing = Outgoing::bytes(ctx, body.to_vec());
+        self.inner
+            .send(topic, ctx.ordering_key(), outgoing)
+            .map_err(RelayError::into_process_error)
+    }
+}
+
+impl Inner {
+    fn send(&self, topic: &str, key: Option<&str>, outgoing: Outgoing) -> Result<(), RelayError> {
+        if !is_valid_topic(topic) {
+            return Err(RelayError::Invalid {
+                destination: self.name.clone(),
+                reason: format!(
+                    "`{}` is not a topic name: use 1 to 249 letters, digits, `.`, `_` and `-`",
+                    topic.escape_debug()
+                ),
+            });
+        }
+        let headers = outgoing.headers.iter().fold(
+            OwnedHeaders::new_with_capacity(outgoing.headers.len()),
+            |headers, (name, value)| {
+                headers.insert(Header {
+                    key: name,
+                    value: Some(value.as_bytes()),
+                })
+            },
+        );
+        let (report, delivered) = sync_channel(1);
+        let mut record = BaseRecord::with_opaque_to(topic, Box::new(report))
+            .payload(outgoing.body.as_slice())
+            .headers(headers);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        let producer = Arc::clone(&self.current().producer);
+        if let Err((error, _)) = producer.send(record) {
+            return Err(self.classify(error));
+        }
+        // librdkafka fails the record itself once `message.timeout.ms` (the timeout) passes;
+        // the margin lets that report, which says why, arrive first.
+        let result = match delivered.recv_timeout(self.timeout + Duration::from_secs(1)) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(self.classify(error)),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                Err(RelayError::Timeout {
+                    destination: self.name.clone(),
+                    timeout: self.timeout,
+                })
+            }
+        };
+        match &result {
+            Ok(()) => self.current().last_delivered = Instant::now(),
+            Err(RelayError::Timeout { .. }) => self.replace_if_stuck(),
+            Err(_) => {}
+        }
+        result
+    }
+
+    fn current(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A producer that delivered nothing for two timeouts, while its records time out, is
+    /// replaced (at most once per two timeouts, so an outage costs a new producer now and
+    /// then, not one per record).
+    fn replace_if_stuck(&self) {
+        let stuck_for = 2 * self.timeout;
+        let current = self.current();
+        if current.last_delivered.elapsed() > stuck_for && current.created.elapsed() > stuck_for {
+            drop(current);
+            self.replace_producer("it delivered nothing while its records timed out");
+        }
+    }
+
+    fn classify(&self, error: KafkaError) -> RelayError {
+        let destination = self.name.clone();
+        let reason = error.to_string();
+        let Some(code) = error.rdkafka_error_code() else {
+            return RelayError::Unavailable {
+                destination,
+                reason,
+            };
+        };
+        match code {
+            RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge => {
+                RelayError::TooLarge {
+                    destination,
+                    reason,
+                }
+            }
+            // librdkafka's own verdict after waiting for the topic to appear.
+            RDKafkaErrorCode::UnknownTopic => RelayError::Unroutable {
+                destination,
+                reason,
+            },
+            RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidArgument => RelayError::Invalid {
+                destination,
+                reason,
+            },
+            RDKafkaErrorCode::QueueFull => RelayError::Refused {
+                destination,
+                reason,
+            },
+            RDKafkaErrorCode::MessageTimedOut => RelayError::Timeout {
+                destination,
+                timeout: self.timeout,
+            },
+            RDKafkaErrorCode::Fatal => {
+                self.replace_producer("it failed fatally");
+                RelayError::Unavailable {
+                    destination,
+                    reason: format!("{reason} (the producer was replaced)"),
+                }
+            }
+            _ => RelayError::Unavailable {
+                destination,
+                reason,
+            },
+        }
+    }
+
+    /// The next attempt gets a new producer (with a new producer id); records the old one
+    /// still holds fail and are retried.
+    fn replace_producer(&self, why: &str) {
+        match self.config.create_with_context::<_, Producer>(Reports) {
+            Ok(producer) => {
+                log::warn!("outbox: {}: replacing the producer: {why}", self.name);
+                let old = std::mem::replace(&mut *self.current(), Current::new(producer));
+                // Dropping a producer flushes for up to half a second: not on this thread.
+                let _ = std::thread::Builder::new()
+                    .name("outbox-kafka-producer-drop".into())
+                    .spawn(move || drop(old));
+            }
+            Err(error) => log::warn!(
+                "outbox: {}: cannot replace the producer: {error}",
+                self.name
+            ),
+        }
+    }
+}
+
+impl Current {
+    fn new(producer: Producer) -> Current {
+        Current {
+            producer: Arc::new(producer),
+            last_delivered: Instant::now(),
+            created: Instant::now(),
+        }
+    }
+}
+
+/// A topic name Kafka accepts.
+fn is_valid_topic(topic: &str) -> bool {
+    !topic.is_empty()
+        && topic.len() <= MAX_TOPIC_LEN
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl KafkaDestinationBuilder {
+    /// How long a record may take until its delivery report (10 s by default; librdkafka's
+    /// `message.timeout.ms`), its own retries included; past it the attempt is a retryable
+    /// [`RelayError::Timeout`]. Keep it below the worker's handler timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets a librdkafka producer property (`security.protocol`, `sasl.*`, `linger.ms`,
+    /// `message.max.bytes`, ...). `enable.idempotence` and `acks` cannot be changed: they are
+    /// what makes a delivery report mean the record is stored.
+    pub fn set(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((name.into(), value.into()));
+        self
+    }
+
+    /// Creates the producer. It connects in the background, so a worker can start before its
+    /// cluster.
+    pub fn build(self) -> Result<KafkaDestination, RelayError> {
+        let invalid = |reason: String| RelayError::Config {
+            destination: KIND,
+            reason,
+        };
+        let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        if timeout_ms == 0 || timeout_ms > i32::MAX as u64 {
+            return Err(invalid(format!(
+                "the timeout must be between 1 ms and {} ms",
+                i32::MAX
+            )));
+        }
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.servers)
+            // Records are awaited one by one per handler thread: batching waits cost latency.
+            .set("linger.ms", "1");
+        for (name, value) in &self.settings {
+            if matches!(
+                name.as_str(),
+                "enable.idempotence" | "acks" | "request.required.acks"
+            ) {
+                return Err(invalid(format!(
+                    "`{name}` is set by the destination (idempotent, acks=all)"
+                )));
+            }
+            config.set(name, value);
+        }
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", timeout_ms.to_string());
+        let producer: Producer = config
+            .create_with_context(Reports)
+            .map_err(|error| invalid(error.to_string()))?;
+        Ok(KafkaDestination {
+            inner: Arc::new(Inner {
+                name: format!("{KIND} {}", self.servers),
+                timeout: self.timeout,
+                config,
+                current: Mutex::new(Current::new(producer)),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for KafkaDestination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaDestination")
+            .field("name", &self.inner.name)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
+
+impl fmt::Debug for KafkaDestinationBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Settings may hold SASL passwords: only their names are shown.
+        let names: Vec<&str> = self.settings.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("KafkaDestinationBuilder")
+            .field("servers", &self.servers)
+            .field("timeout", &self.timeout)
+            .field("settings", &names)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_are_what_kafka_accepts() {
+        for good in ["orders", "orders.shipped", "a_b-c.D9", &"t".repeat(249)] {
+            assert!(is_valid_topic(good), "{good}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "with space",
+            "orders/shipped",
+            "é",
+            &"t".repeat(250),
+        ] {
+            assert!(!is_valid_topic(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn idempotence_and_acks_cannot_be_weakened() {
+        for name in ["enable.idempotence", "acks", "request.required.acks"] {
+            let error = KafkaDestination::builder("127.0.0.1:9092")
+                .set(name, "0")
+                .build()
+                .unwrap_err();
+            assert!(
+                error.to_string().contains("set by the destination"),
+                "{error}"
+            );
+        }
+    }
+}
