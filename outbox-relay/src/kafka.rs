@@ -190,13 +190,13 @@ impl Inner {
         }
         let producer = Arc::clone(&self.current().producer);
         if let Err((error, _)) = producer.send(record) {
-            return Err(self.classify(error));
+            return Err(self.failed(&producer, error));
         }
         // librdkafka fails the record itself once `message.timeout.ms` (the timeout) passes;
         // the margin lets that report, which says why, arrive first.
         let result = match delivered.recv_timeout(self.timeout + Duration::from_secs(1)) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(self.classify(error)),
+            Ok(Err(error)) => Err(self.failed(&producer, error)),
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
                 Err(RelayError::Timeout {
                     destination: self.name.clone(),
@@ -212,6 +212,18 @@ impl Inner {
         result
     }
 
+    /// Classifies `error` of `producer`; a fatal one makes it replaced, unless another thread
+    /// has replaced it already.
+    fn failed(&self, producer: &Arc<Producer>, error: KafkaError) -> RelayError {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+            let mut current = self.current();
+            if Arc::ptr_eq(&current.producer, producer) {
+                self.replace(&mut current, "it failed fatally");
+            }
+        }
+        self.classify(error)
+    }
+
     fn current(&self) -> std::sync::MutexGuard<'_, Current> {
         self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -221,10 +233,13 @@ impl Inner {
     /// then, not one per record).
     fn replace_if_stuck(&self) {
         let stuck_for = 2 * self.timeout;
-        let current = self.current();
+        let mut current = self.current();
+        // Checked and replaced under one lock: threads timing out together replace it once.
         if current.last_delivered.elapsed() > stuck_for && current.created.elapsed() > stuck_for {
-            drop(current);
-            self.replace_producer("it delivered nothing while its records timed out");
+            self.replace(
+                &mut current,
+                "it delivered nothing while its records timed out",
+            );
         }
     }
 
@@ -264,13 +279,10 @@ impl Inner {
                 destination,
                 timeout: self.timeout,
             },
-            RDKafkaErrorCode::Fatal => {
-                self.replace_producer("it failed fatally");
-                RelayError::Unavailable {
-                    destination,
-                    reason: format!("{reason} (the producer was replaced)"),
-                }
-            }
+            RDKafkaErrorCode::Fatal => RelayError::Unavailable {
+                destination,
+                reason: format!("{reason} (the producer is replaced)"),
+            },
             _ => RelayError::Unavailable {
                 destination,
                 reason,
@@ -280,11 +292,11 @@ impl Inner {
 
     /// The next attempt gets a new producer (with a new producer id); records the old one
     /// still holds fail and are retried.
-    fn replace_producer(&self, why: &str) {
+    fn replace(&self, current: &mut Current, why: &str) {
         match self.config.create_with_context::<_, Producer>(Reports) {
             Ok(producer) => {
                 log::warn!("outbox: {}: replacing the producer: {why}", self.name);
-                let old = std::mem::replace(&mut *self.current(), Current::new(producer));
+                let old = std::mem::replace(current, Current::new(producer));
                 // Dropping a producer flushes for up to half a second: not on this thread.
                 let _ = std::thread::Builder::new()
                     .name("outbox-kafka-producer-drop".into())

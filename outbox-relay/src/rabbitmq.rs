@@ -1,6 +1,7 @@
 //! Relaying to RabbitMQ (AMQP 0.9.1).
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,12 +81,16 @@ struct Inner {
     timeout: Duration,
     connect_timeout: Duration,
     link: Mutex<Option<Link>>,
+    generations: AtomicU64,
     // Dropped last: the connection's tasks run on it.
     runtime: OwnedRuntime,
 }
 
 /// An open connection and its channel in confirm mode.
 struct Link {
+    /// Which connection this is, counting from 1: a publish that failed on one forgets that
+    /// one only, never a newer one another thread opened since.
+    generation: u64,
     // Kept so that the connection lives as long as its channel.
     _connection: Connection,
     channel: Channel,
@@ -164,16 +169,17 @@ impl Inner {
         })?;
         let properties = self.properties(&outgoing)?;
         self.runtime.block_on(async {
+            let used = AtomicU64::new(0);
             match tokio::time::timeout(
                 self.timeout,
-                self.publish(routing_key, outgoing, properties),
+                self.publish(routing_key, outgoing, properties, &used),
             )
             .await
             {
                 Ok(result) => result,
                 Err(_) => {
                     // The channel may be stuck on a connection the broker no longer serves.
-                    self.forget_link().await;
+                    self.forget_link(used.load(Ordering::Relaxed)).await;
                     Err(RelayError::Timeout {
                         destination: self.name.clone(),
                         timeout: self.timeout,
@@ -210,8 +216,10 @@ impl Inner {
         routing_key: ShortString,
         outgoing: Outgoing,
         properties: BasicProperties,
+        used: &AtomicU64,
     ) -> Result<(), RelayError> {
-        let channel = self.channel().await?;
+        let (channel, generation) = self.channel().await?;
+        used.store(generation, Ordering::Relaxed);
         let confirm = channel
             .basic_publish(
                 self.exchange.clone(),
@@ -248,7 +256,7 @@ impl Inner {
                 reason: "the channel is not in confirm mode".into(),
             }),
             Err(error) => {
-                self.forget_link().await;
+                self.forget_link(generation).await;
                 Err(self.classify(error))
             }
         }
@@ -256,11 +264,11 @@ impl Inner {
 
     /// The channel in confirm mode, opening a connection first if there is none or the last
     /// one broke.
-    async fn channel(&self) -> Result<Channel, RelayError> {
+    async fn channel(&self) -> Result<(Channel, u64), RelayError> {
         let mut link = self.link.lock().await;
         if let Some(open) = link.as_ref() {
             if open.channel.status().connected() {
-                return Ok(open.channel.clone());
+                return Ok((open.channel.clone(), open.generation));
             }
         }
         *link = None;
@@ -283,15 +291,24 @@ impl Inner {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|error| unavailable(format!("cannot enable publisher confirms: {error}")))?;
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         *link = Some(Link {
+            generation,
             _connection: connection,
             channel: channel.clone(),
         });
-        Ok(channel)
+        Ok((channel, generation))
     }
 
-    async fn forget_link(&self) {
-        *self.link.lock().await = None;
+    /// Forgets connection `generation` (0: none was taken) if it is still the current one.
+    async fn forget_link(&self, generation: u64) {
+        let mut link = self.link.lock().await;
+        if link
+            .as_ref()
+            .is_some_and(|open| open.generation == generation)
+        {
+            *link = None;
+        }
     }
 
     fn classify(&self, error: lapin::Error) -> RelayError {
@@ -394,6 +411,7 @@ impl RabbitMqDestinationBuilder {
                 timeout: self.timeout,
                 connect_timeout: self.connect_timeout,
                 link: Mutex::new(None),
+                generations: AtomicU64::new(0),
                 runtime,
             }),
         })
