@@ -13,9 +13,10 @@
 //!
 //! A destination is a resource like a `WebhookEndpoint`: build it once at start-up, add it
 //! to the worker's resources, and publish from a handler in one call. The call blocks the
-//! handler thread; the client library runs on a small runtime the destination owns for its
-//! lifetime (built and dropped safely even inside another async runtime, e.g. a web
-//! framework's start-up).
+//! handler thread until the broker acknowledges. The async clients (JetStream, RabbitMQ) run
+//! on one small runtime the destination owns for its lifetime, built and dropped safely even
+//! inside another async runtime (e.g. a web framework's start-up); librdkafka runs on its own
+//! threads.
 //!
 //! Every published message carries its outbox id ([`MESSAGE_ID_HEADER`]), its type
 //! ([`MESSAGE_TYPE_HEADER`]), its ordering key if it has one ([`ORDERING_KEY_HEADER`]) and
