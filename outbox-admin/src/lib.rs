@@ -276,7 +276,7 @@ where
     /// `type`, `key`, `after`), `GET /dead/confirm?action=requeue|purge&type=`,
     /// `POST /dead/requeue` and `POST /dead/purge` (form `type`, `count`: done only if the
     /// count still holds), `POST /dead/{position}/requeue|purge`,
-    /// `POST /endpoints/{name}/enable`, `GET|POST /login`,
+    /// `POST /destinations/{name}/enable`, `GET|POST /login`,
     /// `POST /logout`.
     ///
     /// JSON (`GET`, cookie or bearer token): `/api/overview` (`pending`, `in_flight`,
@@ -285,10 +285,10 @@ where
     /// `oldest_due_age_seconds`, `settled_per_second`}]), `/api/messages` (the pending
     /// page's query; `messages` and `next_after`, null on the last page), `/api/messages/{id}`
     /// (`state`: `pending` or `dead`, and the message), `/api/dead` (`dead_letters`,
-    /// `next_after`), `/api/blocked` (`blocked_keys`), `/api/endpoints` (`endpoints`
-    /// [{`name`, `state`, `consecutive_failures`, `last_error`, `next_probe_at_unix_ms`,
-    /// `disabled_reason`, `reported_at_unix_ms`}]: the webhook endpoints as the workers report
-    /// them). Times are Unix milliseconds, durations seconds.
+    /// `next_after`), `/api/blocked` (`blocked_keys`), `/api/destinations`
+    /// (`destinations` [{`name`, `kind`, `state`, `consecutive_failures`, `last_error`,
+    /// `next_probe_at_unix_ms`, `disabled_reason`, `reported_at_unix_ms`}]: the destinations
+    /// as the workers report them). Times are Unix milliseconds, durations seconds.
     pub fn handle(&self, request: &Request) -> Response {
         routes::handle(self, request)
     }

@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::time::{Duration, SystemTime};
 
 use outbox_diesel::admin::{
-    BlockedKey, DeadLetter, EndpointStatus, FoundMessage, PendingMessage, TypeStats,
+    BlockedKey, DeadLetter, DestinationStatus, FoundMessage, PendingMessage, TypeStats,
 };
 use outbox_diesel::Headers;
 
@@ -186,8 +186,8 @@ pub(crate) struct Overview {
     pub rates: Vec<Option<f64>>,
     pub stats: Vec<TypeStats>,
     pub blocked: Vec<BlockedKey>,
-    /// The webhook endpoints the workers report.
-    pub endpoints: Vec<EndpointStatus>,
+    /// The destinations the workers report.
+    pub destinations: Vec<DestinationStatus>,
     pub refresh: Duration,
 }
 
@@ -272,23 +272,24 @@ pub(crate) fn overview(page: Page<'_>, o: &Overview) -> String {
         body.push_str("<tr><td colspan=\"7\">No key is blocked.</td></tr>");
     }
     body.push_str("</table>");
-    if !o.endpoints.is_empty() {
-        body.push_str(&endpoints(&base, &o.endpoints));
+    if !o.destinations.is_empty() {
+        body.push_str(&destinations(&base, &o.destinations));
     }
     layout(page, "Overview", &body, Some(o.refresh))
 }
 
-/// The webhook endpoints' health as the workers report it, with a button to enable one that
-/// is paused or disabled.
-fn endpoints(base: &str, endpoints: &[EndpointStatus]) -> String {
-    let mut table = "<h2>Webhook endpoints</h2><p class=\"meta\">Paused: failing again and again; \
-         its messages wait without spending attempts until a probe gets an answer. Disabled: it \
-         answered 410 Gone or an operator disabled it; its messages are dead-lettered until it \
-         is enabled. The workers report every few seconds and follow an enable as fast.</p>\
-         <table id=\"endpoints\"><tr><th>endpoint</th><th>state</th><th>consecutive failures</th>\
-         <th>details</th><th>reported</th><th></th></tr>"
+/// The destinations' health as the workers report it, with a button to enable one that is
+/// not healthy.
+fn destinations(base: &str, destinations: &[DestinationStatus]) -> String {
+    let mut table = "<h2>Destinations</h2><p class=\"meta\">Held: it asked for no deliveries for \
+         a while. Paused: failing again and again; its messages wait without spending attempts \
+         until a probe gets an answer. Disabled: it said it is gone (410 Gone) or an operator \
+         disabled it; its messages are dead-lettered until it is enabled. The workers report \
+         every few seconds and follow an enable as fast.</p>\
+         <table id=\"destinations\"><tr><th>destination</th><th>kind</th><th>state</th>\
+         <th>consecutive failures</th><th>details</th><th>reported</th><th></th></tr>"
         .to_owned();
-    for e in endpoints {
+    for e in destinations {
         let details = match (&e.disabled_reason, &e.last_error, e.next_probe_at) {
             (Some(reason), _, _) => escape(reason),
             (None, Some(error), Some(probe)) => format!(
@@ -304,16 +305,18 @@ fn endpoints(base: &str, endpoints: &[EndpointStatus]) -> String {
             String::new()
         } else {
             format!(
-                "<form class=\"inline\" method=\"post\" action=\"{base}/endpoints/{}/enable\">\
-                 <button class=\"quiet enable-endpoint\">Enable</button></form>",
+                "<form class=\"inline\" method=\"post\" action=\"{base}/destinations/{}/enable\">\
+                 <button class=\"quiet enable-destination\">Enable</button></form>",
                 percent_encoding::utf8_percent_encode(&e.name, percent_encoding::NON_ALPHANUMERIC)
             )
         };
         let _ = write!(
             table,
-            "<tr class=\"endpoint\"><td>{}</td><td><span class=\"state {class}\">{}</span></td>\
+            "<tr class=\"destination\"><td>{}</td><td>{}</td>\
+             <td><span class=\"state {class}\">{}</span></td>\
              <td>{}</td><td>{details}</td><td>{}</td><td>{enable}</td></tr>",
             escape(&e.name),
+            escape(&e.kind),
             escape(&e.state),
             e.consecutive_failures,
             when(e.reported_at),

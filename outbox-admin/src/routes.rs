@@ -97,8 +97,8 @@ where
         ("GET", ["api", "messages", id]) => message_json(admin, id),
         ("GET", ["api", "dead"]) => dead_json(admin, &query),
         ("GET", ["api", "blocked"]) => blocked_json(admin),
-        ("GET", ["api", "endpoints"]) => endpoints_json(admin),
-        ("POST", ["endpoints", name, "enable"]) => enable_endpoint(admin, request, name),
+        ("GET", ["api", "destinations"]) => destinations_json(admin),
+        ("POST", ["destinations", name, "enable"]) => enable_destination(admin, request, name),
         _ if api => Ok(Response::json(404, &json!({"error": "no such endpoint"}))),
         _ => Ok(Response::html(
             404,
@@ -254,22 +254,23 @@ where
         rates: samples.rates(),
         stats,
         blocked,
-        endpoints: admin::endpoints(conn).map_err(text)?,
+        destinations: admin::destinations(conn).map_err(text)?,
         refresh: admin.refresh,
     })
 }
 
-fn endpoints_json<M>(admin: &Admin<M>) -> Outcome
+fn destinations_json<M>(admin: &Admin<M>) -> Outcome
 where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    let endpoints = admin::endpoints(&mut *connection(admin)?).map_err(text)?;
-    let endpoints: Vec<Value> = endpoints
+    let destinations = admin::destinations(&mut *connection(admin)?).map_err(text)?;
+    let destinations: Vec<Value> = destinations
         .iter()
         .map(|e| {
             json!({
                 "name": e.name,
+                "kind": e.kind,
                 "state": e.state,
                 "consecutive_failures": e.consecutive_failures,
                 "last_error": e.last_error,
@@ -279,31 +280,31 @@ where
             })
         })
         .collect();
-    Ok(Response::json(200, &json!({ "endpoints": endpoints })))
+    Ok(Response::json(200, &json!({ "destinations": destinations })))
 }
 
-fn enable_endpoint<M>(admin: &Admin<M>, request: &Request, name: &str) -> Outcome
+fn enable_destination<M>(admin: &Admin<M>, request: &Request, name: &str) -> Outcome
 where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
     let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
-    if !admin::enable_endpoint(&mut *connection(admin)?, &name).map_err(text)? {
+    if !admin::enable_destination(&mut *connection(admin)?, &name).map_err(text)? {
         return Ok(Response::html(
             404,
-            pages::problem(admin.base_path(), "No such endpoint."),
+            pages::problem(admin.base_path(), "No such destination."),
         ));
     }
     log::info!(
         target: "outbox_admin",
-        "webhook endpoint {name} enabled by an operator from {}",
+        "destination {name} enabled by an operator from {}",
         request.peer_or_unknown()
     );
     Ok(done(
         admin.base_path(),
         "/",
         &format!(
-            "Enabled webhook endpoint {name}: the workers send to it again within a few seconds. \
+            "Enabled destination {name}: the workers deliver to it again within a few seconds. \
              Re-queue its dead letters to deliver them."
         ),
     ))

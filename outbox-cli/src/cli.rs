@@ -16,7 +16,7 @@ seconds, payloads are the stored JSON (a string if the stored text is not JSON).
 Exit codes: 0 success, 1 error (one `error: ` line on stderr), 2 usage error.";
 
 /// Operate a transactional outbox: run its migrations, look at pending messages and dead
-/// letters, re-queue or purge dead letters, see and switch webhook endpoints.
+/// letters, re-queue or purge dead letters, see and switch destinations.
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version, after_help = AFTER_HELP)]
 pub struct Cli {
@@ -67,28 +67,29 @@ pub enum Command {
         #[arg(long, default_value_t = 100, value_name = "N")]
         limit: u32,
     },
-    /// Webhook endpoints as the workers report them: healthy, paused (failing again and again:
-    /// deliveries wait and are probed with backoff) or disabled (after a `410 Gone` or an
-    /// operator's disable: deliveries are dead-lettered).
-    Endpoints,
-    /// Enable or disable a webhook endpoint for every worker that delivers to it.
+    /// Destinations (webhook endpoints, brokers) as the workers report them: healthy, held (it
+    /// asked for no deliveries for a while), paused (failing again and again: deliveries wait
+    /// and are probed with backoff) or disabled (it said it is gone, or an operator disabled
+    /// it: deliveries are dead-lettered).
+    Destinations,
+    /// Enable or disable a destination for every worker that delivers to it.
     #[command(subcommand)]
-    Endpoint(EndpointCommand),
+    Destination(DestinationCommand),
 }
 
-/// `outbox endpoint ...`
+/// `outbox destination ...`
 #[derive(Debug, Subcommand)]
-pub enum EndpointCommand {
-    /// Send to the endpoint again, whatever disabled or paused it; the workers follow within a
-    /// few seconds. Messages dead-lettered meanwhile can then be re-queued.
+pub enum DestinationCommand {
+    /// Deliver to the destination again, whatever disabled or paused it; the workers follow
+    /// within a few seconds. Messages dead-lettered meanwhile can then be re-queued.
     Enable {
-        /// The endpoint's name (the first column of `outbox endpoints`).
+        /// The destination's name (the first column of `outbox destinations`).
         name: String,
     },
-    /// Stop sending to the endpoint, as a `410 Gone` does: within a few seconds the workers
-    /// dead-letter its messages with the reason, until `outbox endpoint enable`.
+    /// Stop delivering to the destination, as a `410 Gone` does: within a few seconds the
+    /// workers dead-letter its messages with the reason, until `outbox destination enable`.
     Disable {
-        /// The endpoint's name (the first column of `outbox endpoints`).
+        /// The destination's name (the first column of `outbox destinations`).
         name: String,
         /// Why, recorded with the dead letters.
         #[arg(long, default_value = "disabled by an operator")]

@@ -21,13 +21,13 @@ pub enum CliError {
     )]
     UnknownMessage(outbox_diesel::MessageId),
 
-    /// No worker has reported a webhook endpoint of this name.
+    /// No worker has reported a destination of this name.
     #[error(
-        "no webhook endpoint named `{}` has been reported by a worker (`outbox endpoints` lists \
+        "no destination named `{}` has been reported by a worker (`outbox destinations` lists \
          those that have)",
         crate::table::one_line(.0)
     )]
-    UnknownEndpoint(String),
+    UnknownDestination(String),
 
     /// The operator did not confirm a purge.
     #[error("aborted: nothing was purged")]

@@ -3,12 +3,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::destination::{DestinationRef, Destinations, Envelope};
 use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message::MessageId;
 
-/// Shared resources handlers need, such as an HTTP client, a webhook endpoint or a pool,
-/// built once by the application when it starts the worker and keyed by type.
+/// Shared resources handlers need, such as a pool, a client or configuration, built once by
+/// the application when it starts the worker and keyed by type: one of each type.
+/// Destinations (webhook endpoints, brokers), of which an application often has several of one
+/// type, are named instead: see [`Context::destination`].
 #[derive(Clone, Default)]
 pub struct Resources {
     by_type: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
@@ -31,6 +34,11 @@ impl Resources {
             self.names.push(type_name::<T>());
         }
         self
+    }
+
+    /// Whether a resource of type `T` was added.
+    pub fn contains<T: Send + Sync + 'static>(&self) -> bool {
+        self.by_type.contains_key(&TypeId::of::<T>())
     }
 
     /// Adds `resource` and returns `self`, for building in one expression.
@@ -70,6 +78,17 @@ pub struct Delivery {
     pub ordering_key: Option<String>,
 }
 
+impl Delivery {
+    /// An envelope for this message carrying `body` as JSON.
+    pub fn envelope(&self, body: Vec<u8>) -> Envelope {
+        let mut envelope = Envelope::new(self.message_id, self.message_type.clone(), body);
+        envelope.ordering_key = self.ordering_key.clone();
+        envelope.attempt = self.attempt;
+        envelope.headers = self.headers.clone();
+        envelope
+    }
+}
+
 /// How a worker settles the message of a context inside a transaction (see
 /// [`Context::settle_within`]).
 pub(crate) trait SettleWithin {
@@ -79,33 +98,39 @@ pub(crate) trait SettleWithin {
     ) -> Result<(), ProcessError>;
 }
 
-/// What a handler receives besides its message: facts about the delivery and the application's
-/// shared [`Resources`].
+/// What a handler receives besides its message: facts about the delivery, the worker's named
+/// destinations and the application's shared [`Resources`].
 pub struct Context<'a> {
     delivery: &'a Delivery,
     resources: &'a Resources,
+    destinations: Option<&'a Destinations>,
     settle: Option<&'a dyn SettleWithin>,
     settled_within: bool,
 }
 
 impl<'a> Context<'a> {
-    /// A context for one delivery. The worker builds these; tests of handlers can too.
+    /// A context for one delivery, without destinations. The worker builds these; tests of
+    /// handlers can too.
     pub fn new(delivery: &'a Delivery, resources: &'a Resources) -> Self {
         Context {
             delivery,
             resources,
+            destinations: None,
             settle: None,
             settled_within: false,
         }
     }
 
-    /// A context whose message the worker can settle inside a transaction.
+    /// A context with the worker's destinations, whose message the worker can settle inside a
+    /// transaction.
     pub(crate) fn in_worker(
         delivery: &'a Delivery,
         resources: &'a Resources,
+        destinations: &'a Destinations,
         settle: &'a dyn SettleWithin,
     ) -> Self {
         Context {
+            destinations: Some(destinations),
             settle: Some(settle),
             ..Context::new(delivery, resources)
         }
@@ -168,6 +193,33 @@ impl<'a> Context<'a> {
     /// The ordering key the message was enqueued with, if any.
     pub fn ordering_key(&self) -> Option<&'a str> {
         self.delivery.ordering_key.as_deref()
+    }
+
+    /// The worker's destination named `name` (given to
+    /// [`WorkerBuilder::destination`](crate::WorkerBuilder::destination)), to deliver this
+    /// message to, or a permanent failure naming the missing destination (a configuration
+    /// mistake that retrying will not fix).
+    pub fn destination(&self, name: &str) -> Result<DestinationRef<'a>, ProcessError> {
+        let registered = self.destinations.and_then(|d| d.get(name)).ok_or_else(|| {
+            let known: Vec<&str> = self
+                .destinations
+                .map(|d| d.names().collect())
+                .unwrap_or_default();
+            ProcessError::permanent(format!(
+                "this worker has no destination named `{name}` (it has {known:?}); add it with \
+                 `WorkerBuilder::destination(\"{name}\", ..)`"
+            ))
+        })?;
+        Ok(DestinationRef {
+            registered,
+            delivery: self.delivery,
+        })
+    }
+
+    /// An envelope for this message with `body` as JSON, to [`send`](DestinationRef::send)
+    /// with other settings (a subject, another content type).
+    pub fn envelope(&self, body: Vec<u8>) -> Envelope {
+        self.delivery.envelope(body)
     }
 
     /// The shared resource of type `T`, or a permanent failure naming the missing type (a

@@ -19,8 +19,8 @@ pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 /// The longest header name, in bytes.
 const MAX_NAME_BYTES: usize = 128;
 
-/// Names a message may not set: the webhook endpoint sets them itself (the Standard Webhooks
-/// headers and the body's framing), or only the HTTP client may.
+/// Names a message may not set: destinations set them themselves (the body's framing), or
+/// only the HTTP client may.
 const RESERVED: &[&str] = &[
     "content-type",
     "content-length",
@@ -34,11 +34,13 @@ const RESERVED: &[&str] = &[
     "upgrade",
 ];
 
-/// Whether `name` (in any case) is a header the endpoint sets itself: every `webhook-*` header
-/// and the body's framing.
-pub(crate) fn is_reserved(name: &str) -> bool {
+/// Whether `name` (in any case) is a header a message may not set because destinations set it
+/// themselves: every `outbox-*` header (the message's id, type and ordering key on brokers),
+/// every `webhook-*` header (the Standard Webhooks id, timestamp and signature) and the body's
+/// framing (`content-type`, `content-length`, `host`, ...).
+pub fn is_reserved_header(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    name.starts_with("webhook-") || RESERVED.contains(&name.as_str())
+    name.starts_with("webhook-") || name.starts_with("outbox-") || RESERVED.contains(&name.as_str())
 }
 
 /// A header name or value a message cannot carry, or headers too many or too large.
@@ -60,10 +62,10 @@ pub enum HeaderError {
         /// The header's name.
         name: String,
     },
-    /// A name the webhook endpoint sets itself.
+    /// A name destinations set themselves.
     #[error(
-        "header `{name}` is set by the webhook endpoint itself (every webhook-* header and the \
-         body's framing); a message cannot set it"
+        "header `{name}` is set by the destination itself (every outbox-* and webhook-* header \
+         and the body's framing); a message cannot set it"
     )]
     Reserved {
         /// The header's name.
@@ -285,7 +287,7 @@ fn checked_name(name: &str) -> Result<String, HeaderError> {
             name: name.escape_debug().to_string(),
         });
     }
-    if is_reserved(name) {
+    if is_reserved_header(name) {
         return Err(HeaderError::Reserved {
             name: name.to_ascii_lowercase(),
         });

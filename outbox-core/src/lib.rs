@@ -1,9 +1,12 @@
-//! The storage-independent core of [`outbox`](https://docs.rs/outbox-diesel): the [`Message`]
-//! and [`Handler`] traits, the [`Registry`] that `#[outbox_handler]` fills at link time, and the
-//! [`Context`] handlers run with.
+//! The storage- and transport-independent core of [`outbox`](https://docs.rs/outbox-diesel):
+//! the [`Message`] and [`Handler`] traits, the [`Registry`] that `#[outbox_handler]` fills at
+//! link time, the [`Context`] handlers run with, the [`Destination`](destination::Destination)
+//! trait every transport implements (webhooks in `outbox-webhook`, brokers in `outbox-relay`),
+//! and the [`Worker`].
 //!
 //! Applications use these through `outbox-diesel`, which re-exports them next to the
-//! transactional enqueue; depend on this crate directly only to write a storage backend.
+//! transactional enqueue; depend on this crate directly only to write a storage backend or a
+//! destination.
 //!
 //! ```
 //! use outbox_core::{Context, Delivery, Handler, Message, MessageId, ProcessError, Resources};
@@ -45,6 +48,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod context;
+pub mod destination;
 mod error;
 mod headers;
 mod message;
@@ -54,13 +58,14 @@ mod retry;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-#[cfg(feature = "webhook")]
-pub mod webhook;
 mod worker;
 
 pub use context::{Context, Delivery, Resources};
 pub use error::{FailureKind, ProcessError};
-pub use headers::{HeaderError, Headers, MAX_HEADERS, MAX_HEADER_BYTES, TRACEPARENT, TRACESTATE};
+pub use headers::{
+    is_reserved_header, HeaderError, Headers, MAX_HEADERS, MAX_HEADER_BYTES, TRACEPARENT,
+    TRACESTATE,
+};
 pub use message::{Handler, Message, MessageId, ParseMessageIdError};
 pub use registry::{DispatchError, HandlerRegistration, Registry, RegistryError};
 pub use retry::RetryPolicy;

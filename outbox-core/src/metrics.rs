@@ -3,8 +3,8 @@
 //! `metrics-exporter-prometheus`), and then every worker of the process reports to it.
 //!
 //! Names and units follow Prometheus conventions; labels stay bounded: `type` is a message type
-//! this worker has a handler for (any other is reported as `unregistered`), `outcome` and
-//! `operation` take the few values listed here.
+//! this worker has a handler for (any other is reported as `unregistered`), `destination` one
+//! of its destinations' names, `outcome` and `operation` take the few values listed here.
 //!
 //! | Name | Kind | Labels | What |
 //! |---|---|---|---|
@@ -19,7 +19,9 @@
 //! | [`STORE_ERRORS`] | counter | `operation` | failed store calls: `claim`, `settle`, `extend_leases`, `housekeeping`, `backlog` |
 //! | [`PENDING`] | gauge | | messages in the outbox (due, delayed, held or parked), sampled |
 //! | [`OLDEST_DUE_AGE`] | gauge (s) | | how long the oldest due, unclaimed message has waited (0 when none waits), sampled |
-//! | [`ENDPOINT_STATE`] | gauge | `endpoint`, `state` | 1 for the state a webhook endpoint is in (`healthy`, `paused`, `disabled`), 0 for the others |
+//! | [`DESTINATION_ATTEMPTS`] | counter | `destination`, `outcome` | deliveries to a destination: `delivered`, `failed` (retryable), `rejected` (permanent), `pushed_back`, and those not sent: `waited` (paused or held), `refused` (disabled) |
+//! | [`DESTINATION_DURATION`] | histogram (s) | `destination` | how long deliveries took |
+//! | [`DESTINATION_STATE`] | gauge | `destination`, `kind`, `state` | 1 for the state a destination is in (`healthy`, `held`, `paused`, `disabled`), 0 for the others; set for every destination when the worker starts |
 //!
 //! The two sampled gauges come from one query the worker runs at start and then every
 //! [`WorkerBuilder::backlog_interval`](crate::WorkerBuilder::backlog_interval) (15 s by
@@ -52,9 +54,13 @@ pub const STORE_ERRORS: &str = "outbox_store_errors_total";
 pub const PENDING: &str = "outbox_pending_messages";
 /// How long the oldest due, unclaimed message has waited, sampled (gauge, seconds).
 pub const OLDEST_DUE_AGE: &str = "outbox_oldest_due_age_seconds";
-/// 1 for the state each webhook endpoint is in, 0 for the others, by `endpoint` and `state`
-/// (gauge). Alert on `outbox_webhook_endpoint_state{state!="healthy"} == 1`.
-pub const ENDPOINT_STATE: &str = "outbox_webhook_endpoint_state";
+/// Deliveries to a destination, by `destination` and `outcome` (counter).
+pub const DESTINATION_ATTEMPTS: &str = "outbox_destination_attempts_total";
+/// How long deliveries to a destination took, by `destination` (histogram, seconds).
+pub const DESTINATION_DURATION: &str = "outbox_destination_duration_seconds";
+/// 1 for the state each destination is in, 0 for the others, by `destination`, `kind` and
+/// `state` (gauge). Alert on `outbox_destination_state{state=~"paused|disabled"} == 1`.
+pub const DESTINATION_STATE: &str = "outbox_destination_state";
 
 /// The `type` label of messages no handler of this worker serves: unbounded strings from the
 /// database never become label values.
@@ -111,10 +117,20 @@ pub(crate) fn describe() {
         Unit::Seconds,
         "How long the oldest due, unclaimed outbox message has waited, sampled"
     );
-    describe_gauge!(
-        ENDPOINT_STATE,
+    describe_counter!(
+        DESTINATION_ATTEMPTS,
         Unit::Count,
-        "1 for the state a webhook endpoint is in (healthy, paused, disabled), 0 for the others"
+        "Deliveries to an outbox destination, by destination and outcome"
+    );
+    describe_histogram!(
+        DESTINATION_DURATION,
+        Unit::Seconds,
+        "How long deliveries to an outbox destination took, by destination"
+    );
+    describe_gauge!(
+        DESTINATION_STATE,
+        Unit::Count,
+        "1 for the state an outbox destination is in (healthy, held, paused, disabled), 0 for the others"
     );
 }
 
@@ -154,13 +170,27 @@ pub(crate) fn store_error(operation: &'static str) {
     ::metrics::counter!(STORE_ERRORS, "operation" => operation).increment(1);
 }
 
-/// Records that webhook endpoint `endpoint` is in `state` (and in no other).
-#[cfg_attr(not(feature = "webhook"), allow(dead_code))]
-pub(crate) fn endpoint_state(endpoint: &str, state: &'static str) {
-    for each in ["healthy", "paused", "disabled"] {
+pub(crate) fn destination_attempt(destination: &str, outcome: &'static str) {
+    ::metrics::counter!(DESTINATION_ATTEMPTS, "destination" => destination.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+pub(crate) fn destination_duration(destination: &str, duration: Duration) {
+    ::metrics::histogram!(DESTINATION_DURATION, "destination" => destination.to_owned())
+        .record(duration.as_secs_f64());
+}
+
+/// Records that destination `destination` is in `state` (and in no other).
+pub(crate) fn destination_state(destination: &str, kind: &'static str, state: &'static str) {
+    for each in crate::destination::DestinationState::NAMES {
         let value = if each == state { 1.0 } else { 0.0 };
-        ::metrics::gauge!(ENDPOINT_STATE, "endpoint" => endpoint.to_owned(), "state" => each)
-            .set(value);
+        ::metrics::gauge!(
+            DESTINATION_STATE,
+            "destination" => destination.to_owned(),
+            "kind" => kind,
+            "state" => each
+        )
+        .set(value);
     }
 }
 

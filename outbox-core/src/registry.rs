@@ -3,14 +3,17 @@ use std::fmt;
 
 use crate::context::Context;
 use crate::error::ProcessError;
-use crate::message::Handler;
+use crate::message::{Handler, Message};
 use crate::retry::RetryPolicy;
 
 /// One handler as registered at link time by `#[outbox_handler]`: the type string, the Rust type
-/// that handles it, and how to deserialize and process a payload of that type.
+/// that handles it, and how to process a payload of that type: deserialize it and run the
+/// type's [`Handler`], or deliver it as it is to a named destination (a route,
+/// `#[outbox_handler("type", deliver_to = "name")]`).
 pub struct HandlerRegistration {
     message_type: &'static str,
     handler_name: &'static str,
+    destination: Option<&'static str>,
     dispatch: fn(String, &mut Context<'_>) -> Result<(), DispatchError>,
     retry_policy: fn() -> Option<RetryPolicy>,
 }
@@ -21,9 +24,27 @@ impl HandlerRegistration {
         HandlerRegistration {
             message_type: H::MESSAGE_TYPE,
             handler_name,
+            destination: None,
             dispatch: dispatch::<H>,
             retry_policy: H::retry_policy,
         }
+    }
+
+    #[doc(hidden)]
+    pub const fn routed<M: Message>(handler_name: &'static str, destination: &'static str) -> Self {
+        HandlerRegistration {
+            message_type: M::MESSAGE_TYPE,
+            handler_name,
+            destination: Some(destination),
+            dispatch: unrouted,
+            retry_policy: no_policy,
+        }
+    }
+
+    /// The destination messages of this type are delivered to without handler code, if the
+    /// type is routed (`deliver_to`).
+    pub fn destination(&self) -> Option<&'static str> {
+        self.destination
     }
 
     /// The type string this handler serves.
@@ -45,7 +66,10 @@ impl HandlerRegistration {
     /// is dropped once deserialized, so that a large message is not held twice while its
     /// handler runs.
     pub fn dispatch(&self, payload: String, ctx: &mut Context<'_>) -> Result<(), DispatchError> {
-        (self.dispatch)(payload, ctx)
+        match self.destination {
+            Some(name) => route(name, payload, ctx),
+            None => (self.dispatch)(payload, ctx),
+        }
     }
 }
 
@@ -69,6 +93,32 @@ fn dispatch<H: Handler>(payload: String, ctx: &mut Context<'_>) -> Result<(), Di
     message.process(ctx).map_err(DispatchError::Process)
 }
 
+fn no_policy() -> Option<RetryPolicy> {
+    None
+}
+
+/// A routed registration's handler: never called, its route is.
+fn unrouted(_: String, _: &mut Context<'_>) -> Result<(), DispatchError> {
+    Err(DispatchError::Process(ProcessError::permanent(
+        "a routed message type has no handler of its own",
+    )))
+}
+
+/// A routed message's delivery: its stored payload goes to its destination as it is, after a
+/// check that it is JSON (a row edited by hand may hold anything).
+fn route(name: &str, payload: String, ctx: &mut Context<'_>) -> Result<(), DispatchError> {
+    if let Err(source) = serde_json::from_str::<serde::de::IgnoredAny>(&payload) {
+        return Err(DispatchError::NotJson {
+            message_type: ctx.message_type().to_owned(),
+            source,
+        });
+    }
+    let destination = ctx.destination(name).map_err(DispatchError::Process)?;
+    destination
+        .send(ctx.envelope(payload.into_bytes()))
+        .map_err(DispatchError::Process)
+}
+
 inventory::collect!(HandlerRegistration);
 
 /// Why a stored message could not be handed to its handler, or what the handler reported.
@@ -84,6 +134,16 @@ pub enum DispatchError {
         message_type: &'static str,
         /// The Rust type the payload was meant for.
         handler_name: &'static str,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The stored payload of a routed message is not JSON (a row edited by hand): it is
+    /// dead-lettered with this reason.
+    #[error("payload of routed message type `{message_type}` is not JSON: {source}")]
+    NotJson {
+        /// The type string of the message.
+        message_type: String,
         /// What serde said.
         #[source]
         source: serde_json::Error,
@@ -139,6 +199,18 @@ impl Registry {
     /// The handler for `message_type`, if one is linked in.
     pub fn get(&self, message_type: &str) -> Option<&'static HandlerRegistration> {
         self.by_type.get(message_type).copied()
+    }
+
+    /// The routed registrations (`deliver_to`), sorted by type.
+    pub fn routes(&self) -> Vec<&'static HandlerRegistration> {
+        let mut routes: Vec<_> = self
+            .by_type
+            .values()
+            .copied()
+            .filter(|r| r.destination.is_some())
+            .collect();
+        routes.sort_unstable_by_key(|r| r.message_type);
+        routes
     }
 
     /// All registered type strings, sorted.

@@ -263,9 +263,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// A cheap round trip that succeeds when the store is reachable: it tells "the database is
     /// down" (wait) from "the database refuses this one outcome" (do something about it).
-    fn ping(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
+    fn ping(&self) -> Result<(), StoreError>;
 
     /// Checks, once at start-up, that the store is reachable and ready and can lend the worker
     /// `connections` connections at once, so that a wrong URL, a missing migration or a pool too
@@ -277,10 +275,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// The safety net of per-key order: makes the first pending message of every ordering key
     /// claimable where concurrent transactions left none so (a store that parks the messages
-    /// behind a key's head). The worker calls it every few seconds; returns how many.
-    fn promote_stranded(&self) -> Result<usize, StoreError> {
-        Ok(0)
-    }
+    /// behind a key's head). The worker calls it every few seconds; returns how many. A store
+    /// that never parks a key's head returns `Ok(0)`, but must say so: a store that parks and
+    /// forgets this stalls keys for good.
+    fn promote_stranded(&self) -> Result<usize, StoreError>;
 
     /// Settles a claimed message as done in one database transaction with `work`, which gets
     /// the store's connection (as `&mut dyn Any`; `outbox-diesel`'s `exactly_once` gives it its
@@ -316,20 +314,17 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Shares the health of the worker's webhook endpoints (named `names`) with other workers
-    /// and with operators, in one transaction: records the endpoints the store does not know
-    /// yet, reads them (locked against concurrent changes), hands them to `reconcile` (which
-    /// applies what the store says: an operator enabled or disabled one, another worker was
-    /// told `410 Gone`) and writes the reports it returns. The worker calls it when it starts
-    /// and every few seconds. The default shares nothing.
-    fn sync_endpoints(
+    /// Shares the health of the worker's destinations with other workers and with operators,
+    /// in one transaction: records the destinations the store does not know yet, reads them
+    /// (locked against concurrent changes), hands them to `reconcile` (which applies what the
+    /// store says: an operator enabled or disabled one, another worker was told `410 Gone`)
+    /// and writes the reports it returns. The worker calls it when it starts and every few
+    /// seconds. A store that keeps nothing between runs may share nothing and return `Ok`.
+    fn sync_destinations(
         &self,
-        names: &[&str],
-        reconcile: &mut dyn FnMut(&[StoredEndpoint]) -> Vec<EndpointReport>,
-    ) -> Result<(), StoreError> {
-        let _ = (names, reconcile);
-        Ok(())
-    }
+        destinations: &[SyncedDestination<'_>],
+        reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
+    ) -> Result<(), StoreError>;
 
     /// Whether [`listen`](Store::listen) gives a listener, which then holds a connection of its
     /// own (counted by the worker before it calls [`check`](Store::check)).
@@ -391,24 +386,34 @@ impl Backlog {
     }
 }
 
-/// A webhook endpoint as the store keeps it: [`Store::sync_endpoints`].
+/// A destination a worker shares through the store: [`Store::sync_destinations`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SyncedDestination<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its kind (`webhook`, `jetstream`, ...).
+    pub kind: &'a str,
+}
+
+/// A destination as the store keeps it: [`Store::sync_destinations`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct StoredEndpoint {
-    /// The endpoint's name.
+pub struct StoredDestination {
+    /// The destination's name.
     pub name: String,
     /// Why it is disabled, if the store says it is: a `410 Gone` some worker was told, or an
     /// operator's decision.
     pub disabled: Option<String>,
     /// How many times an operator has enabled it: a worker that sees the count grow enables its
-    /// endpoint.
+    /// destination.
     pub enables: i64,
 }
 
-impl StoredEndpoint {
-    /// An endpoint named `name`, disabled for `disabled` if given, enabled `enables` times.
+impl StoredDestination {
+    /// A destination named `name`, disabled for `disabled` if given, enabled `enables` times.
     pub fn new(name: impl Into<String>, disabled: Option<String>, enables: i64) -> Self {
-        StoredEndpoint {
+        StoredDestination {
             name: name.into(),
             disabled,
             enables,
@@ -416,19 +421,21 @@ impl StoredEndpoint {
     }
 }
 
-/// One endpoint's health as a worker reports it: [`Store::sync_endpoints`].
+/// One destination's health as a worker reports it: [`Store::sync_destinations`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct EndpointReport {
-    /// The endpoint's name.
+pub struct DestinationReport {
+    /// The destination's name.
     pub name: String,
-    /// `healthy`, `paused` or `disabled`.
+    /// Its kind (`webhook`, `jetstream`, ...).
+    pub kind: &'static str,
+    /// `healthy`, `held`, `paused` or `disabled`.
     pub state: &'static str,
-    /// Retryable failures since the receiver last answered.
+    /// Retryable failures since the destination last answered.
     pub consecutive_failures: u32,
-    /// The last failure, while paused.
+    /// The last failure while paused, or what the destination said while held.
     pub last_error: Option<String>,
-    /// How long until the next probe, while paused.
+    /// How long until the next probe while paused, or until deliveries resume while held.
     pub probe_in: Option<Duration>,
     /// Why it is disabled.
     pub disabled_reason: Option<String>,

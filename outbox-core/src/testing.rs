@@ -37,7 +37,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::message::{Message, MessageId};
 use crate::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store, StoreError,
+    ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Outcome, Settlement, Store,
+    StoreError, StoredDestination, SyncedDestination,
 };
 
 /// A message in a [`MemoryStore`].
@@ -97,6 +98,7 @@ struct State {
     system_base: SystemTime,
     rows: BTreeMap<i64, MemoryRow>,
     dead: BTreeMap<i64, MemoryDeadLetter>,
+    destinations: BTreeMap<String, (StoredDestination, Option<DestinationReport>)>,
     next_position: i64,
     faults: Faults,
     calls: u64,
@@ -120,6 +122,7 @@ impl MemoryStore {
                 system_base: SystemTime::now(),
                 rows: BTreeMap::new(),
                 dead: BTreeMap::new(),
+                destinations: BTreeMap::new(),
                 next_position: 1,
                 faults: Faults::default(),
                 calls: 0,
@@ -426,6 +429,38 @@ impl Store for MemoryStore {
 
     fn ping(&self) -> Result<(), StoreError> {
         self.call("checking the store").map(|_| ())
+    }
+
+    fn promote_stranded(&self) -> Result<usize, StoreError> {
+        // Claims find each key's head by looking: nothing is ever parked.
+        self.call("promoting stranded keys").map(|_| 0)
+    }
+
+    fn sync_destinations(
+        &self,
+        destinations: &[SyncedDestination<'_>],
+        reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call("sharing destinations' health")?;
+        for synced in destinations {
+            state
+                .destinations
+                .entry(synced.name.to_owned())
+                .or_insert_with(|| (StoredDestination::new(synced.name, None, 0), None));
+        }
+        let stored: Vec<StoredDestination> = destinations
+            .iter()
+            .filter_map(|d| state.destinations.get(d.name).map(|(s, _)| s.clone()))
+            .collect();
+        for report in reconcile(&stored) {
+            if let Some((record, last)) = state.destinations.get_mut(&report.name) {
+                if report.disabled_reason.is_some() && record.disabled.is_none() {
+                    record.disabled = report.disabled_reason.clone();
+                }
+                *last = Some(report);
+            }
+        }
+        Ok(())
     }
 
     fn check(&self, connections: usize) -> Result<(), StoreError> {

@@ -428,22 +428,25 @@ pub fn purge_dead_letters<C: OutboxConnection>(
     Ok(purged)
 }
 
-/// A webhook endpoint's health as the workers that deliver to it report it: every worker given
-/// the endpoint with `WorkerBuilder::webhook` writes what it sees when it starts and every few
-/// seconds after (the last report wins when several deliver to it).
+/// A destination's health as the workers that deliver to it report it: every worker given
+/// the destination (`WorkerBuilder::destination`) writes what it sees when it starts and every
+/// few seconds after (the last report wins when several deliver to it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct EndpointStatus {
-    /// The endpoint's name (`WebhookEndpointBuilder::name`).
+pub struct DestinationStatus {
+    /// The destination's name, as the workers were given it.
     pub name: String,
-    /// `healthy`, `paused` (failing again and again: deliveries wait, probed with backoff) or
-    /// `disabled` (after a `410 Gone` or an operator's disable: deliveries are dead-lettered).
+    /// Its kind: `webhook`, `jetstream`, `rabbitmq`, `kafka`, ...
+    pub kind: String,
+    /// `healthy`, `held` (it asked for no deliveries for a while), `paused` (failing again and
+    /// again: deliveries wait, probed with backoff) or `disabled` (it said it is gone, or an
+    /// operator disabled it: deliveries are dead-lettered).
     pub state: String,
-    /// Retryable failures since the receiver last answered.
+    /// Retryable failures since the destination last answered.
     pub consecutive_failures: u32,
-    /// The last failure, while paused.
+    /// The last failure while paused, or what the destination said while held.
     pub last_error: Option<String>,
-    /// When the next probe may go out, while paused.
+    /// When the next probe may go out while paused, or deliveries resume while held.
     pub next_probe_at: Option<SystemTime>,
     /// Why it is disabled.
     pub disabled_reason: Option<String>,
@@ -452,13 +455,14 @@ pub struct EndpointStatus {
     pub reported_at: SystemTime,
 }
 
-/// Every webhook endpoint a worker has reported, by name.
-pub fn endpoints<C: OutboxConnection>(conn: &mut C) -> Result<Vec<EndpointStatus>> {
-    let rows = with_backend!(conn.backend_connection(), c => c.endpoints())?;
+/// Every destination a worker has reported, by name.
+pub fn destinations<C: OutboxConnection>(conn: &mut C) -> Result<Vec<DestinationStatus>> {
+    let rows = with_backend!(conn.backend_connection(), c => c.destinations())?;
     Ok(rows
         .into_iter()
-        .map(|row| EndpointStatus {
+        .map(|row| DestinationStatus {
             name: row.name,
+            kind: row.kind,
             state: row.state,
             consecutive_failures: row.consecutive_failures.max(0).unsigned_abs(),
             last_error: row.last_error,
@@ -469,29 +473,29 @@ pub fn endpoints<C: OutboxConnection>(conn: &mut C) -> Result<Vec<EndpointStatus
         .collect())
 }
 
-/// Enables a webhook endpoint for every worker that delivers to it, whatever disabled or paused
+/// Enables a destination for every worker that delivers to it, whatever disabled or paused
 /// it: each follows within a few seconds (its next sync with the store). Messages dead-lettered
 /// while it was disabled stay dead letters until re-queued. Returns `false` if no worker has
-/// reported an endpoint of that name.
-pub fn enable_endpoint<C: OutboxConnection>(conn: &mut C, name: &str) -> Result<bool> {
-    let changed = with_backend!(conn.backend_connection(), c => c.enable_endpoint(name))?;
+/// reported a destination of that name.
+pub fn enable_destination<C: OutboxConnection>(conn: &mut C, name: &str) -> Result<bool> {
+    let changed = with_backend!(conn.backend_connection(), c => c.enable_destination(name))?;
     if changed > 0 {
-        log::warn!("outbox: webhook endpoint {name} enabled by an operator");
+        log::warn!("outbox: destination {name} enabled by an operator");
     }
     Ok(changed > 0)
 }
 
-/// Disables a webhook endpoint for every worker that delivers to it, as a `410 Gone` does: within
+/// Disables a destination for every worker that delivers to it, as a `410 Gone` does: within
 /// a few seconds its deliveries stop and their messages are dead-lettered with `reason`, until
-/// [`enable_endpoint`]. Returns `false` if no worker has reported an endpoint of that name.
-pub fn disable_endpoint<C: OutboxConnection>(
+/// [`enable_destination`]. Returns `false` if no worker has reported a destination of that name.
+pub fn disable_destination<C: OutboxConnection>(
     conn: &mut C,
     name: &str,
     reason: &str,
 ) -> Result<bool> {
-    let changed = with_backend!(conn.backend_connection(), c => c.disable_endpoint(name, reason))?;
+    let changed = with_backend!(conn.backend_connection(), c => c.disable_destination(name, reason))?;
     if changed > 0 {
-        log::warn!("outbox: webhook endpoint {name} disabled by an operator: {reason}");
+        log::warn!("outbox: destination {name} disabled by an operator: {reason}");
     }
     Ok(changed > 0)
 }

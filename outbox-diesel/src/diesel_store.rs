@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
 use diesel::{Connection, QueryResult};
 use outbox_core::store::{
-    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, EndpointReport, Listener, Outcome, Pruned,
-    SettleTarget, Settlement, Store, StoreError, StoredEndpoint, SuccessorLease,
+    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Outcome, Pruned,
+    SettleTarget, Settlement, Store, StoreError, StoredDestination, SuccessorLease,
+    SyncedDestination,
 };
 use outbox_core::{Headers, MessageId, ProcessError};
 
@@ -31,10 +32,10 @@ const POOL_WAIT: Duration = Duration::from_secs(5);
 ///
 /// The pool may be the application's own, of any manager whose connections are
 /// [`OutboxConnection`]s: Diesel's `ConnectionManager<PgConnection>` (or MySQL, SQLite), or
-/// [`OutboxManager`](crate::OutboxManager) of a `MultiConnection` enum. The worker holds three
-/// of its connections for its lifetime (the claimer's, the acker's and, on PostgreSQL, the
-/// `LISTEN` connection) and briefly a fourth at start-up, so size the pool for the worker plus
-/// the application.
+/// [`OutboxManager`](crate::OutboxManager) of a `MultiConnection` enum. The worker holds four
+/// of its connections for its lifetime (the claimer's, the acker's, the housekeeper's and, on
+/// PostgreSQL, the `LISTEN` connection) and briefly one more at start-up, so size the pool for
+/// the worker plus the application.
 ///
 /// On PostgreSQL, claims and settlements commit without waiting for the WAL flush
 /// (`synchronous_commit = off` for those transactions only, never the session): a database
@@ -45,6 +46,8 @@ pub struct DieselStore<M: ManageConnection> {
     // Held, not checked out per call: a checkout costs a validation round trip (r2d2 pings).
     claim_connection: Mutex<Option<PooledConnection<M>>>,
     settle_connection: Mutex<Option<PooledConnection<M>>>,
+    /// The housekeeper's: its chores (a backlog count, a prune) never hold up a claim.
+    chores_connection: Mutex<Option<PooledConnection<M>>>,
     idempotency_window: Duration,
     idempotency_sweep: Mutex<SweepCursor>,
     retention: Retention,
@@ -70,6 +73,7 @@ where
             backend: OnceLock::new(),
             claim_connection: Mutex::new(None),
             settle_connection: Mutex::new(None),
+            chores_connection: Mutex::new(None),
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_sweep: Mutex::new(SweepCursor::default()),
             retention: Retention::default(),
@@ -233,7 +237,7 @@ where
 
     fn promote_stranded(&self) -> Result<usize, StoreError> {
         self.with_held(
-            &self.claim_connection,
+            &self.chores_connection,
             "promoting stranded ordering keys",
             |conn| with_backend!(conn.backend_connection(), c => c.promote_stranded()),
         )
@@ -286,15 +290,15 @@ where
         }
     }
 
-    fn sync_endpoints(
+    fn sync_destinations(
         &self,
-        names: &[&str],
-        reconcile: &mut dyn FnMut(&[StoredEndpoint]) -> Vec<EndpointReport>,
+        destinations: &[SyncedDestination<'_>],
+        reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
     ) -> Result<(), StoreError> {
         self.with_held(
-            &self.claim_connection,
-            "sharing the webhook endpoints' health",
-            |conn| with_backend!(conn.backend_connection(), c => sql::sync_endpoints(c, names, reconcile)),
+            &self.chores_connection,
+            "sharing the destinations' health",
+            |conn| with_backend!(conn.backend_connection(), c => sql::sync_destinations(c, destinations, reconcile)),
         )
     }
 
@@ -303,7 +307,7 @@ where
             .idempotency_sweep
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.with_held(&self.claim_connection, "pruning expired rows", |conn| {
+        self.with_held(&self.chores_connection, "pruning expired rows", |conn| {
             with_backend!(conn.backend_connection(), c => {
                 let mut pruned = self.retention.prune(c)?;
                 pruned.idempotency_keys =
@@ -315,7 +319,7 @@ where
 
     fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
         self.with_held(
-            &self.claim_connection,
+            &self.chores_connection,
             "sampling the backlog",
             |conn| with_backend!(conn.backend_connection(), c => c.backlog()),
         )
@@ -347,9 +351,9 @@ where
                 "the connection pool is too small for the worker",
                 format!(
                     "it lends at most {max} connections, and the worker holds {connections} for \
-                     as long as it runs (its claimer's and its acker's, and on PostgreSQL its \
-                     LISTEN connection); build the pool with max_size({connections}) plus what \
-                     the application needs at once"
+                     as long as it runs (its claimer's, its acker's and its housekeeper's, and on \
+                     PostgreSQL its LISTEN connection); build the pool with \
+                     max_size({connections}) plus what the application needs at once"
                 ),
             ));
         }
@@ -363,7 +367,7 @@ where
                     "SELECT settled_at FROM outbox_idempotency WHERE 1 = 0",
                 )
             })
-            .and_then(|_| execute_batch(&mut *conn, "SELECT 1 FROM outbox_endpoint WHERE 1 = 0"))
+            .and_then(|_| execute_batch(&mut *conn, "SELECT kind FROM outbox_destination WHERE 1 = 0"))
             .map_err(|e| {
                 StoreError::new(
                     "the outbox tables are missing, out of date or unreadable (run \

@@ -50,7 +50,7 @@ use std::fmt;
 use std::time::Duration;
 
 use diesel::Connection;
-use outbox_core::webhook::{verify, VerifiedWebhook, VerifyError, WebhookHeaders, WebhookSecret};
+use outbox_webhook::{verify, VerifiedWebhook, VerifyError, WebhookHeaders, WebhookSecret};
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::enqueue::MAX_KEY_LEN;
@@ -114,7 +114,7 @@ impl Inbox {
     pub fn new(secrets: impl IntoIterator<Item = WebhookSecret>) -> Self {
         Inbox {
             secrets: secrets.into_iter().collect(),
-            tolerance: outbox_core::webhook::DEFAULT_TOLERANCE,
+            tolerance: outbox_webhook::DEFAULT_TOLERANCE,
         }
     }
 

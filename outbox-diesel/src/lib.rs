@@ -75,8 +75,8 @@
 //! - `sqlite` (default): SQLite, built from source, nothing to install.
 //! - `postgres`: PostgreSQL through libpq.
 //! - `mysql`: MySQL 8 and MariaDB 10.6+ through the MySQL client library.
-//! - `webhook` (default): [`webhook::WebhookEndpoint`], Standard Webhooks delivery, and
-//!   [`webhook::verify`] for receivers.
+//! - `webhook` (default): [`webhook::WebhookEndpoint`], a [`destination`] that delivers Standard
+//!   Webhooks, and [`webhook::verify`] for receivers.
 //!
 //! # Guarantees
 //!
@@ -120,6 +120,7 @@ pub use error::{Error, Result};
 pub use exactly_once::exactly_once;
 pub use migrations::run_migrations;
 pub use outbox_core::metrics;
+pub use outbox_core::destination;
 pub use outbox_core::{
     Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, HeaderError,
     Headers, Message, MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError,
@@ -153,10 +154,11 @@ pub mod store {
 /// that needs them).
 pub use outbox_macros::outbox_handler;
 
-/// Webhook delivery (Standard Webhooks) and the verifier for receivers.
+/// Webhook delivery (Standard Webhooks) and the verifier for receivers: the `outbox-webhook`
+/// crate.
 #[cfg(feature = "webhook")]
 pub mod webhook {
-    pub use outbox_core::webhook::*;
+    pub use outbox_webhook::*;
 }
 
 /// The traits that give messages their `enqueue` methods: `use outbox_diesel::prelude::*;`.

@@ -13,15 +13,27 @@ pub fn expand(handler: &Handler, item: TokenStream) -> TokenStream {
     let Handler {
         message_type,
         ident,
+        deliver_to,
     } = handler;
     let name = ident.to_string();
     // Spanned at the struct's name, so a missing `impl Handler` is reported there.
-    let registration = quote_spanned! {ident.span()=>
-        ::outbox_diesel::__private::inventory::submit! {
-            ::outbox_diesel::__private::HandlerRegistration::new::<#ident>(
-                ::core::concat!(::core::module_path!(), "::", #name)
-            )
-        }
+    let registration = match deliver_to {
+        None => quote_spanned! {ident.span()=>
+            ::outbox_diesel::__private::inventory::submit! {
+                ::outbox_diesel::__private::HandlerRegistration::new::<#ident>(
+                    ::core::concat!(::core::module_path!(), "::", #name)
+                )
+            }
+        },
+        // Routed: the message goes to its destination as it is; no `Handler` to implement.
+        Some(destination) => quote_spanned! {ident.span()=>
+            ::outbox_diesel::__private::inventory::submit! {
+                ::outbox_diesel::__private::HandlerRegistration::routed::<#ident>(
+                    ::core::concat!(::core::module_path!(), "::", #name),
+                    #destination
+                )
+            }
+        },
     };
     quote! {
         #item
@@ -54,8 +66,7 @@ fn message_impl(input: &Input) -> Option<TokenStream> {
         _ => return None,
     };
     let message_type = input
-        .message_type
-        .as_ref()
+        .message_type()
         .map(|lit| lit.value())
         .unwrap_or_default();
     let (impl_generics, type_generics, where_clause) = generics.split_for_impl();

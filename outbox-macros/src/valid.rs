@@ -10,22 +10,66 @@ use crate::parse::Input;
 /// The longest type string the outbox tables store.
 const MAX_TYPE_LEN: usize = 255;
 
-/// A valid handler: the checked type string and the struct's name.
+/// The longest destination name a worker accepts.
+const MAX_DESTINATION_LEN: usize = 255;
+
+/// A valid handler: the checked type string, the struct's name, and the destination it is
+/// routed to, if it is.
 pub struct Handler {
     pub message_type: LitStr,
     pub ident: syn::Ident,
+    pub deliver_to: Option<LitStr>,
 }
 
 impl Handler {
     /// Checks the input; the error points at the offending token.
     pub fn validate(input: &Input) -> syn::Result<Handler> {
         let message_type = message_type(input)?;
+        let deliver_to = deliver_to(input)?;
         let ident = message_struct(&input.item)?;
         Ok(Handler {
             message_type,
             ident,
+            deliver_to,
         })
     }
+}
+
+fn deliver_to(input: &Input) -> syn::Result<Option<LitStr>> {
+    let mut deliver_to = None;
+    for option in input.parsed.iter().flat_map(|args| &args.options) {
+        if option.name != "deliver_to" {
+            return Err(syn::Error::new_spanned(
+                &option.name,
+                format!(
+                    "unknown option `{}`; the one option is `deliver_to = \"destination\"`, \
+                     which delivers the message as it is to that destination of the worker",
+                    option.name
+                ),
+            ));
+        }
+        if deliver_to.is_some() {
+            return Err(syn::Error::new_spanned(
+                &option.name,
+                "`deliver_to` is given twice; a message type goes to one destination",
+            ));
+        }
+        let name = option.value.value();
+        if name.is_empty() || name.chars().count() > MAX_DESTINATION_LEN {
+            return Err(syn::Error::new_spanned(
+                &option.value,
+                format!("a destination name is 1 to {MAX_DESTINATION_LEN} characters"),
+            ));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(syn::Error::new_spanned(
+                &option.value,
+                "a destination name has no control characters",
+            ));
+        }
+        deliver_to = Some(option.value.clone());
+    }
+    Ok(deliver_to)
 }
 
 fn message_type(input: &Input) -> syn::Result<LitStr> {
@@ -35,10 +79,11 @@ fn message_type(input: &Input) -> syn::Result<LitStr> {
             "#[outbox_handler] needs the message type string, e.g. #[outbox_handler(\"comment.thankYou\")]",
         ));
     }
-    let Some(lit) = &input.message_type else {
+    let Some(lit) = input.message_type() else {
         return Err(syn::Error::new_spanned(
             &input.args,
-            "expected the message type as one string literal, e.g. #[outbox_handler(\"comment.thankYou\")]",
+            "expected the message type as a string literal, optionally followed by \
+             `deliver_to = \"destination\"`, e.g. #[outbox_handler(\"comment.thankYou\")]",
         ));
     };
     let value = lit.value();

@@ -1,13 +1,15 @@
 use std::time::Duration;
 
-use outbox_core::{FailureKind, ProcessError};
+use outbox_core::destination::{DeliveryError, Scope};
+use outbox_core::FailureKind;
 
 /// Why a message was not relayed, or a destination could not be configured.
 ///
 /// Each variant says whether another attempt can succeed ([`RelayError::kind`]): a broker that
-/// is down, slow or pushing back is worth retrying with backoff; a message the broker will never
-/// take (nowhere to route it, too large, an invalid subject or topic) goes to the dead-letter
-/// table at once, with this error as its reason (see [`RelayError::into_process_error`]).
+/// is down, slow or pushing back is worth retrying with backoff (and pauses the destination
+/// after enough in a row); a message the broker will never take (nowhere to route it, too
+/// large, an invalid subject or topic) goes to the dead-letter table at once, with this error as
+/// its reason (see [`RelayError::into_delivery_error`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
@@ -18,15 +20,6 @@ pub enum RelayError {
         destination: &'static str,
         /// What is wrong.
         reason: String,
-    },
-    /// The message's data could not be serialized to JSON.
-    #[error("cannot serialize the message for {destination}: {source}")]
-    Serialize {
-        /// The destination.
-        destination: String,
-        /// Serde's error.
-        #[source]
-        source: serde_json::Error,
     },
     /// The broker cannot be reached or the connection broke: retried with backoff, and the
     /// destination reconnects by itself.
@@ -92,20 +85,28 @@ impl RelayError {
             | RelayError::Timeout { .. }
             | RelayError::Refused { .. } => FailureKind::Retryable,
             RelayError::Config { .. }
-            | RelayError::Serialize { .. }
             | RelayError::Unroutable { .. }
             | RelayError::TooLarge { .. }
             | RelayError::Invalid { .. } => FailureKind::Permanent,
         }
     }
 
-    /// The handler's failure, keeping the classification: retried when worth retrying,
-    /// dead-lettered otherwise. (`?` alone would make every `RelayError` retryable, as it
-    /// does any error.)
-    pub fn into_process_error(self) -> ProcessError {
-        match self.kind() {
-            FailureKind::Permanent => ProcessError::permanent(self),
-            _ => ProcessError::retryable(self),
+    /// The failure classified for the worker: a broker that is down, slow or refusing for now
+    /// is a retryable failure of the destination (enough in a row pause it); what the broker
+    /// will never take is a permanent failure of the message; a configuration or encoding
+    /// error never reached the broker.
+    pub fn into_delivery_error(self) -> DeliveryError {
+        let reason = self.to_string();
+        match &self {
+            RelayError::Unavailable { .. }
+            | RelayError::Timeout { .. }
+            | RelayError::Refused { .. } => DeliveryError::unavailable(reason),
+            RelayError::Unroutable { .. }
+            | RelayError::TooLarge { .. }
+            | RelayError::Invalid { .. } => DeliveryError::permanent(reason),
+            RelayError::Config { .. } => {
+                DeliveryError::new(FailureKind::Permanent, Scope::Unsent, reason)
+            }
         }
     }
 }
@@ -136,8 +137,9 @@ mod tests {
         ];
         for error in retried {
             let reason = error.to_string();
-            let failure = error.into_process_error();
+            let failure = error.into_delivery_error();
             assert_eq!(failure.kind(), FailureKind::Retryable, "{reason}");
+            assert_eq!(failure.scope(), Scope::Destination, "{reason}");
             assert_eq!(failure.reason(), reason);
         }
     }
@@ -161,7 +163,9 @@ mod tests {
         for error in dead {
             let reason = error.to_string();
             assert!(reason.contains("nats://127.0.0.1:4222") && reason.contains("why"));
-            assert_eq!(error.into_process_error().kind(), FailureKind::Permanent);
+            let failure = error.into_delivery_error();
+            assert_eq!(failure.kind(), FailureKind::Permanent);
+            assert_eq!(failure.scope(), Scope::Message, "the broker is up");
         }
     }
 }

@@ -8,11 +8,9 @@ use std::time::Duration;
 use async_nats::header::{HeaderMap, HeaderName, NATS_MESSAGE_ID};
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
-use outbox_core::{Context, ProcessError};
-use serde::Serialize;
+use outbox_core::destination::{DeliveryError, Destination, Envelope};
 
 use crate::error::RelayError;
-use crate::metadata::Outgoing;
 use crate::runtime::OwnedRuntime;
 use crate::shown_url;
 
@@ -29,32 +27,30 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// default): inside that window each message enters the stream once. Set the window longer
 /// than a message can take from its first publish to its last retry.
 ///
-/// Build it once at start-up and put it in the worker's resources; clones share one
+/// A message goes to its envelope's subject (a handler's
+/// [`deliver_to`](outbox_core::destination::DestinationRef::deliver_to)), else the
+/// destination's [`subject`](JetStreamDestinationBuilder::subject), else its message type (a
+/// type such as `order.shipped` is a valid subject). Its id, type, ordering key and headers go
+/// as NATS headers (see [`MESSAGE_ID_HEADER`](crate::MESSAGE_ID_HEADER)), its id also as
+/// `Nats-Msg-Id`; a duplicate the stream dropped counts as published. No stream for the
+/// subject, an invalid subject and a message over the server's or the stream's size limit are
+/// permanent failures; a server that cannot be reached or does not acknowledge in time is
+/// retried, and pauses the destination after enough in a row.
+///
+/// Build it once at start-up and give it to the worker under a name; clones share one
 /// connection, which reconnects by itself. Publishing blocks the handler thread until the
 /// stream acknowledges (or [`timeout`](JetStreamDestinationBuilder::timeout) passes).
 ///
 /// ```no_run
-/// use outbox_core::{Context, Handler, Message, ProcessError};
 /// use outbox_relay::JetStreamDestination;
-/// use serde::{Deserialize, Serialize};
-///
-/// #[derive(Serialize, Deserialize)]
-/// struct OrderShipped {
-///     order_id: i64,
-/// }
-///
-/// impl Message for OrderShipped {
-///     const MESSAGE_TYPE: &'static str = "order.shipped";
-/// }
-///
-/// impl Handler for OrderShipped {
-///     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-///         ctx.resource::<JetStreamDestination>()?.publish(ctx, "orders.shipped", &self)
-///     }
-/// }
 ///
 /// # fn main() -> Result<(), outbox_relay::RelayError> {
-/// let orders = JetStreamDestination::builder("nats://127.0.0.1:4222").build()?;
+/// let orders = JetStreamDestination::builder("nats://127.0.0.1:4222")
+///     .subject("orders.events")
+///     .build()?;
+/// // Worker::builder(store).destination("orders", orders), and on the message's struct:
+/// // #[outbox_handler("order.shipped", deliver_to = "orders")]
+/// # drop(orders);
 /// # Ok(())
 /// # }
 /// ```
@@ -65,6 +61,7 @@ pub struct JetStreamDestination {
 
 struct Inner {
     name: String,
+    subject: Option<String>,
     timeout: Duration,
     context: jetstream::Context,
     client: async_nats::Client,
@@ -76,6 +73,7 @@ struct Inner {
 #[derive(Clone)]
 pub struct JetStreamDestinationBuilder {
     url: String,
+    subject: Option<String>,
     timeout: Duration,
     connect_timeout: Duration,
 }
@@ -86,51 +84,15 @@ impl JetStreamDestination {
     pub fn builder(url: impl Into<String>) -> JetStreamDestinationBuilder {
         JetStreamDestinationBuilder {
             url: url.into(),
+            subject: None,
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
 
-    /// The destination's name in errors and logs: the server's URL.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    /// Publishes `data` as JSON to `subject` for the message in `ctx`, with the message's id
-    /// as `Nats-Msg-Id`, and its type, ordering key and headers as NATS headers (see
-    /// [`MESSAGE_ID_HEADER`](crate::MESSAGE_ID_HEADER)), and waits for the stream's
-    /// acknowledgement.
-    ///
-    /// A duplicate the stream dropped counts as published. Failures are classified as
-    /// [`RelayError`] says: no stream for the subject, an invalid subject and a message over
-    /// the server's or the stream's size limit are permanent; the rest is retried.
-    pub fn publish<T: Serialize + ?Sized>(
-        &self,
-        ctx: &Context<'_>,
-        subject: &str,
-        data: &T,
-    ) -> Result<(), ProcessError> {
-        let outgoing =
-            Outgoing::json(ctx, data, &self.inner.name).map_err(RelayError::into_process_error)?;
-        self.send(subject, outgoing)
-            .map_err(RelayError::into_process_error)
-    }
-
-    /// Publishes `body` as it is to `subject`, like [`publish`](Self::publish) without the
-    /// JSON encoding.
-    pub fn publish_bytes(
-        &self,
-        ctx: &Context<'_>,
-        subject: &str,
-        body: &[u8],
-    ) -> Result<(), ProcessError> {
-        let outgoing = Outgoing::bytes(ctx, body.to_vec());
-        self.send(subject, outgoing)
-            .map_err(RelayError::into_process_error)
-    }
-
-    fn send(&self, subject: &str, outgoing: Outgoing) -> Result<(), RelayError> {
+    fn send(&self, envelope: &Envelope) -> Result<(), RelayError> {
         let inner = &self.inner;
+        let subject = envelope.subject_or(inner.subject.as_deref());
         if !is_valid_publish_subject(subject) {
             return Err(inner.invalid(format!(
                 "`{}` is not a subject to publish to: use dot-separated tokens without spaces or \
@@ -139,14 +101,21 @@ impl JetStreamDestination {
             )));
         }
         let mut headers = HeaderMap::new();
-        for (name, value) in &outgoing.headers {
+        for (name, value) in envelope.transport_headers(is_set_by_nats) {
             let name = HeaderName::from_str(name)
                 .map_err(|_| inner.invalid(format!("`{name}` is not a NATS header name")))?;
+            if value.contains(['\r', '\n']) {
+                return Err(inner.invalid(format!(
+                    "the value of header `{name}` holds a line break, which NATS headers cannot \
+                     carry"
+                )));
+            }
             headers.insert(name, value.as_str());
         }
-        headers.insert(NATS_MESSAGE_ID, outgoing.id.as_str());
-        let outgoing_id = outgoing.id;
-        let body = bytes::Bytes::from(outgoing.body);
+        let outgoing_id = envelope.message_id.to_string();
+        headers.insert(NATS_MESSAGE_ID, outgoing_id.as_str());
+        headers.insert("Content-Type", envelope.content_type.as_str());
+        let body = bytes::Bytes::from(envelope.body.clone());
         inner.runtime.block_on(async {
             let publish = async {
                 let ack = inner
@@ -175,6 +144,25 @@ impl JetStreamDestination {
             }
         })
     }
+}
+
+impl Destination for JetStreamDestination {
+    fn kind(&self) -> &'static str {
+        "jetstream"
+    }
+
+    fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
+        self.send(envelope).map_err(RelayError::into_delivery_error)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+}
+
+/// Headers NATS gives a meaning of its own, which a message's headers must not forge.
+fn is_set_by_nats(name: &str) -> bool {
+    name.to_ascii_lowercase().starts_with("nats-")
 }
 
 impl Inner {
@@ -278,6 +266,13 @@ fn is_valid_publish_subject(subject: &str) -> bool {
 }
 
 impl JetStreamDestinationBuilder {
+    /// The subject messages go to when their envelope names none (default: their message
+    /// type).
+    pub fn subject(mut self, subject: impl Into<String>) -> Self {
+        self.subject = Some(subject.into());
+        self
+    }
+
     /// How long a publish may wait for the stream's acknowledgement (10 s by default); past
     /// it the attempt is a retryable [`RelayError::Timeout`]. Keep it below the worker's
     /// handler timeout.
@@ -300,6 +295,16 @@ impl JetStreamDestinationBuilder {
             return Err(RelayError::Config {
                 destination: KIND,
                 reason: "the timeout must be longer than zero".into(),
+            });
+        }
+        if let Some(subject) = self.subject.as_deref().filter(|s| !is_valid_publish_subject(s)) {
+            return Err(RelayError::Config {
+                destination: KIND,
+                reason: format!(
+                    "`{}` is not a subject to publish to: use dot-separated tokens without \
+                     spaces or wildcards",
+                    subject.escape_debug()
+                ),
             });
         }
         let name = format!("{KIND} {}", shown_url(&self.url));
@@ -327,6 +332,7 @@ impl JetStreamDestinationBuilder {
         Ok(JetStreamDestination {
             inner: Arc::new(Inner {
                 name,
+                subject: self.subject,
                 timeout: self.timeout,
                 context,
                 client,
@@ -340,6 +346,7 @@ impl fmt::Debug for JetStreamDestinationBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JetStreamDestinationBuilder")
             .field("url", &shown_url(&self.url))
+            .field("subject", &self.subject)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .finish()

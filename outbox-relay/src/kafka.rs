@@ -5,16 +5,14 @@ use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use outbox_core::{Context, ProcessError};
+use outbox_core::destination::{DeliveryError, Destination, Envelope};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
-use serde::Serialize;
 
 use crate::error::RelayError;
-use crate::metadata::Outgoing;
 
 const KIND: &str = "Kafka";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,32 +32,23 @@ const MAX_TOPIC_LEN: usize = 249;
 /// delivery report was lost (a worker killed after producing it) is produced again by the
 /// next attempt, so consumers drop duplicates by the message id header.
 ///
-/// Build it once at start-up and put it in the worker's resources; clones share one producer,
-/// which keeps its connections and reconnects by itself (librdkafka, built from source).
-/// Publishing needs no async runtime.
+/// A message goes to the topic its envelope names (a handler's
+/// [`deliver_to`](outbox_core::destination::DestinationRef::deliver_to)), else the
+/// destination's [`topic`](KafkaDestinationBuilder::topic), else its message type (a type
+/// such as `order.shipped` is a valid topic name).
+///
+/// Build it once at start-up and give it to the worker under a name; clones share one
+/// producer, which keeps its connections and reconnects by itself (librdkafka, built from
+/// source). Publishing needs no async runtime.
 ///
 /// ```no_run
-/// use outbox_core::{Context, Handler, Message, ProcessError};
 /// use outbox_relay::KafkaDestination;
-/// use serde::{Deserialize, Serialize};
-///
-/// #[derive(Serialize, Deserialize)]
-/// struct OrderShipped {
-///     order_id: i64,
-/// }
-///
-/// impl Message for OrderShipped {
-///     const MESSAGE_TYPE: &'static str = "order.shipped";
-/// }
-///
-/// impl Handler for OrderShipped {
-///     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-///         ctx.resource::<KafkaDestination>()?.publish(ctx, "orders", &self)
-///     }
-/// }
 ///
 /// # fn main() -> Result<(), outbox_relay::RelayError> {
-/// let orders = KafkaDestination::builder("127.0.0.1:9092").build()?;
+/// let orders = KafkaDestination::builder("127.0.0.1:9092").topic("orders").build()?;
+/// // Worker::builder(store).destination("orders", orders), and on the message's struct:
+/// // #[outbox_handler("order.shipped", deliver_to = "orders")]
+/// # drop(orders);
 /// # Ok(())
 /// # }
 /// ```
@@ -72,6 +61,7 @@ type Producer = ThreadedProducer<Reports>;
 
 struct Inner {
     name: String,
+    topic: Option<String>,
     timeout: Duration,
     config: ClientConfig,
     current: Mutex<Current>,
@@ -90,6 +80,7 @@ struct Current {
 #[derive(Clone)]
 pub struct KafkaDestinationBuilder {
     servers: String,
+    topic: Option<String>,
     timeout: Duration,
     settings: Vec<(String, String)>,
 }
@@ -118,51 +109,42 @@ impl KafkaDestination {
     pub fn builder(servers: impl Into<String>) -> KafkaDestinationBuilder {
         KafkaDestinationBuilder {
             servers: servers.into(),
+            topic: None,
             timeout: DEFAULT_TIMEOUT,
             settings: Vec::new(),
         }
     }
 
-    /// The destination's name in errors and logs: the bootstrap servers.
-    pub fn name(&self) -> &str {
-        &self.inner.name
+}
+
+impl Destination for KafkaDestination {
+    fn kind(&self) -> &'static str {
+        "kafka"
     }
 
-    /// Produces `data` as JSON to `topic`, keyed by the message's ordering key (no key if it
-    /// has none), and waits for the delivery report.
-    ///
-    /// An invalid topic name, a record over `message.max.bytes` and a topic the cluster says
-    /// does not exist are permanent failures; a cluster that cannot be reached, a full
-    /// producer queue and a report not received within the timeout are retried.
-    pub fn publish<T: Serialize + ?Sized>(
-        &self,
-        ctx: &Context<'_>,
-        topic: &str,
-        data: &T,
-    ) -> Result<(), ProcessError> {
-        let outgoing =
-            Outgoing::json(ctx, data, &self.inner.name).map_err(RelayError::into_process_error)?;
+    /// Produces the envelope's body keyed by its ordering key (no key if it has none), and
+    /// waits for the delivery report. An invalid topic name, a record over
+    /// `message.max.bytes` and a topic the cluster says does not exist are permanent failures;
+    /// a cluster that cannot be reached, a full producer queue and a report not received
+    /// within the timeout are retried.
+    fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
         self.inner
-            .send(topic, ctx.ordering_key(), outgoing)
-            .map_err(RelayError::into_process_error)
+            .send(envelope)
+            .map_err(RelayError::into_delivery_error)
     }
 
-    /// Produces `body` as it is, like [`publish`](Self::publish) without the JSON encoding.
-    pub fn publish_bytes(
-        &self,
-        ctx: &Context<'_>,
-        topic: &str,
-        body: &[u8],
-    ) -> Result<(), ProcessError> {
-        let outgoing = Outgoing::bytes(ctx, body.to_vec());
-        self.inner
-            .send(topic, ctx.ordering_key(), outgoing)
-            .map_err(RelayError::into_process_error)
+    fn timeout(&self) -> Duration {
+        // librdkafka reports a record it gave up on; the margin lets that report arrive.
+        self.inner.timeout + REPORT_MARGIN
     }
 }
 
+/// How long past its timeout a record's delivery report is waited for.
+const REPORT_MARGIN: Duration = Duration::from_secs(1);
+
 impl Inner {
-    fn send(&self, topic: &str, key: Option<&str>, outgoing: Outgoing) -> Result<(), RelayError> {
+    fn send(&self, envelope: &Envelope) -> Result<(), RelayError> {
+        let topic = envelope.subject_or(self.topic.as_deref());
         if !is_valid_topic(topic) {
             return Err(RelayError::Invalid {
                 destination: self.name.clone(),
@@ -172,8 +154,8 @@ impl Inner {
                 ),
             });
         }
-        let headers = outgoing.headers.iter().fold(
-            OwnedHeaders::new_with_capacity(outgoing.headers.len()),
+        let headers = envelope.transport_headers(|_| false).fold(
+            OwnedHeaders::new_with_capacity(envelope.headers.len() + 3),
             |headers, (name, value)| {
                 headers.insert(Header {
                     key: name,
@@ -183,10 +165,10 @@ impl Inner {
         );
         let (report, delivered) = sync_channel(1);
         let mut record = BaseRecord::with_opaque_to(topic, Box::new(report))
-            .payload(outgoing.body.as_slice())
+            .payload(envelope.body.as_slice())
             .headers(headers);
-        if let Some(key) = key {
-            record = record.key(key);
+        if let Some(key) = &envelope.ordering_key {
+            record = record.key(key.as_str());
         }
         let producer = Arc::clone(&self.current().producer);
         if let Err((error, _)) = producer.send(record) {
@@ -194,7 +176,7 @@ impl Inner {
         }
         // librdkafka fails the record itself once `message.timeout.ms` (the timeout) passes;
         // the margin lets that report, which says why, arrive first.
-        let result = match delivered.recv_timeout(self.timeout + Duration::from_secs(1)) {
+        let result = match delivered.recv_timeout(self.timeout + REPORT_MARGIN) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => Err(self.failed(&producer, error)),
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
@@ -332,6 +314,12 @@ fn is_valid_topic(topic: &str) -> bool {
 }
 
 impl KafkaDestinationBuilder {
+    /// The topic of messages whose envelope names none (default: their message type).
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+
     /// How long a record may take until its delivery report (10 s by default; librdkafka's
     /// `message.timeout.ms`), its own retries included; past it the attempt is a retryable
     /// [`RelayError::Timeout`]. Keep it below the worker's handler timeout.
@@ -362,6 +350,12 @@ impl KafkaDestinationBuilder {
                 i32::MAX
             )));
         }
+        if let Some(topic) = self.topic.as_deref().filter(|t| !is_valid_topic(t)) {
+            return Err(invalid(format!(
+                "`{}` is not a topic name: use 1 to 249 letters, digits, `.`, `_` and `-`",
+                topic.escape_debug()
+            )));
+        }
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", &self.servers)
@@ -388,6 +382,7 @@ impl KafkaDestinationBuilder {
         Ok(KafkaDestination {
             inner: Arc::new(Inner {
                 name: format!("{KIND} {}", self.servers),
+                topic: self.topic,
                 timeout: self.timeout,
                 config,
                 current: Mutex::new(Current::new(producer)),
@@ -411,6 +406,7 @@ impl fmt::Debug for KafkaDestinationBuilder {
         let names: Vec<&str> = self.settings.iter().map(|(n, _)| n.as_str()).collect();
         f.debug_struct("KafkaDestinationBuilder")
             .field("servers", &self.servers)
+            .field("topic", &self.topic)
             .field("timeout", &self.timeout)
             .field("settings", &names)
             .finish()

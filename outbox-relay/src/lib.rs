@@ -3,7 +3,8 @@
 //! it, a retry carries the same message id, and what the broker will never take is
 //! dead-lettered with the reason while the rest is retried.
 //!
-//! Each broker is a feature, so an application builds only the client it uses:
+//! Each broker is a [`Destination`](outbox_core::destination::Destination) behind a feature,
+//! so an application builds only the client it uses:
 //!
 //! | feature     | destination              | acknowledged by                | duplicates                          |
 //! |-------------|--------------------------|--------------------------------|-------------------------------------|
@@ -11,44 +12,33 @@
 //! | `rabbitmq`  | [`RabbitMqDestination`]  | a publisher confirm (mandatory, persistent) | consumers drop them by `message_id` |
 //! | `kafka`     | [`KafkaDestination`]     | the delivery report of an idempotent producer with `acks=all` | consumers drop them by the id header |
 //!
-//! A destination is a resource like a `WebhookEndpoint`: build it once at start-up, add it
-//! to the worker's resources, and publish from a handler in one call. The call blocks the
-//! handler thread until the broker acknowledges. The async clients (JetStream, RabbitMQ) run
-//! on one small runtime the destination owns for its lifetime, built and dropped safely even
-//! inside another async runtime (e.g. a web framework's start-up); librdkafka runs on its own
-//! threads.
+//! Build one at start-up, give it to the worker under a name, and route message types to it
+//! (`#[outbox_handler("order.shipped", deliver_to = "orders")]`) or deliver to it from a
+//! handler (`ctx.destination("orders")?.deliver_to("orders.shipped", &self)`). The worker wraps
+//! it as it wraps webhooks: a broker that keeps failing is paused and probed, its messages wait
+//! without spending attempts, and its deliveries are counted in the metrics. A publish blocks
+//! the handler thread until the broker acknowledges. The async clients (JetStream, RabbitMQ)
+//! run on one small runtime the destination owns for its lifetime, built and dropped safely
+//! even inside another async runtime (e.g. a web framework's start-up); librdkafka runs on its
+//! own threads.
 //!
 //! Every published message carries its outbox id ([`MESSAGE_ID_HEADER`]), its type
 //! ([`MESSAGE_TYPE_HEADER`]), its ordering key if it has one ([`ORDERING_KEY_HEADER`]) and
-//! the headers it was enqueued with (`traceparent` among them). The body is the data, as
-//! JSON. The worker processes one message of an ordering key at a time and only after the
+//! the headers it was enqueued with (`traceparent` among them). The body is the message's data,
+//! as JSON. The worker processes one message of an ordering key at a time and only after the
 //! previous one was acknowledged, so per-key order carries into the stream or queue.
 //!
 //! ```no_run
 //! # #[cfg(feature = "jetstream")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_core::{Context, Handler, Message, ProcessError, Resources};
 //! use outbox_relay::JetStreamDestination;
-//! use serde::{Deserialize, Serialize};
 //!
-//! #[derive(Serialize, Deserialize)]
-//! struct CommentPosted {
-//!     comment_id: i64,
-//! }
-//!
-//! impl Message for CommentPosted {
-//!     const MESSAGE_TYPE: &'static str = "comment.posted";
-//! }
-//!
-//! impl Handler for CommentPosted {
-//!     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-//!         ctx.resource::<JetStreamDestination>()?.publish(ctx, "blog.comments", &self)
-//!     }
-//! }
-//!
-//! let resources = Resources::new()
-//!     .with(JetStreamDestination::builder("nats://127.0.0.1:4222").build()?);
-//! # drop(resources);
+//! let comments = JetStreamDestination::builder("nats://127.0.0.1:4222")
+//!     .subject("blog.comments")
+//!     .build()?;
+//! // Worker::builder(store).destination("comments", comments), and on the message's struct:
+//! // #[outbox_handler("comment.posted", deliver_to = "comments")]
+//! # drop(comments);
 //! # Ok(())
 //! # }
 //! # #[cfg(not(feature = "jetstream"))]
@@ -64,7 +54,6 @@ mod error;
 mod jetstream;
 #[cfg(feature = "kafka")]
 mod kafka;
-mod metadata;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
 #[cfg(any(feature = "jetstream", feature = "rabbitmq"))]
@@ -75,7 +64,7 @@ pub use error::RelayError;
 pub use jetstream::{JetStreamDestination, JetStreamDestinationBuilder};
 #[cfg(feature = "kafka")]
 pub use kafka::{KafkaDestination, KafkaDestinationBuilder};
-pub use metadata::{MESSAGE_ID_HEADER, MESSAGE_TYPE_HEADER, ORDERING_KEY_HEADER};
+pub use outbox_core::destination::{MESSAGE_ID_HEADER, MESSAGE_TYPE_HEADER, ORDERING_KEY_HEADER};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{RabbitMqDestination, RabbitMqDestinationBuilder};
 

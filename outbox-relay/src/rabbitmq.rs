@@ -9,12 +9,10 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError, BasicProperties};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
-use outbox_core::{Context, ProcessError};
-use serde::Serialize;
+use outbox_core::destination::{DeliveryError, Destination, Envelope};
 use tokio::sync::Mutex;
 
 use crate::error::RelayError;
-use crate::metadata::Outgoing;
 use crate::runtime::OwnedRuntime;
 use crate::shown_url;
 
@@ -28,44 +26,36 @@ const PERSISTENT: u8 = 2;
 ///
 /// Each message is published **persistent**, **mandatory** (a message no queue is bound to
 /// receive comes back, and is dead-lettered as [`RelayError::Unroutable`] instead of being
-/// dropped by the broker), with its outbox id as the AMQP `message_id`, its type as `type`,
-/// `application/json` as `content_type`, and its ordering key and headers in the headers
-/// table (see [`MESSAGE_ID_HEADER`](crate::MESSAGE_ID_HEADER)). A publish succeeds when the
-/// broker confirms it, which for a durable queue means it is on disk.
+/// dropped by the broker), with its outbox id as the AMQP `message_id`, its type as `type`, its
+/// envelope's content type as `content_type`, and its ordering key and headers in the headers
+/// table (see [`MESSAGE_ID_HEADER`](crate::MESSAGE_ID_HEADER)). It goes with the routing key its
+/// envelope names (a handler's
+/// [`deliver_to`](outbox_core::destination::DestinationRef::deliver_to)), else the
+/// destination's [`routing_key`](RabbitMqDestinationBuilder::routing_key), else its message
+/// type. A publish succeeds when the broker confirms it, which for a durable queue means it is
+/// on disk.
+///
+/// Each publish has a channel to itself (channels are reused, one publish at a time): a message
+/// the broker refuses by closing the channel (one over `max_message_size`, say) fails alone,
+/// never the messages beside it.
 ///
 /// RabbitMQ does not drop duplicates: a message whose confirm was lost (a broker restart, a
 /// worker killed after publishing) is published again, so consumers drop duplicates by
 /// `message_id`.
 ///
-/// Build it once at start-up and put it in the worker's resources; clones share one
+/// Build it once at start-up and give it to the worker under a name; clones share one
 /// connection, which is re-opened by the next publish after it breaks.
 ///
 /// ```no_run
-/// use outbox_core::{Context, Handler, Message, ProcessError};
 /// use outbox_relay::RabbitMqDestination;
-/// use serde::{Deserialize, Serialize};
-///
-/// #[derive(Serialize, Deserialize)]
-/// struct OrderShipped {
-///     order_id: i64,
-/// }
-///
-/// impl Message for OrderShipped {
-///     const MESSAGE_TYPE: &'static str = "order.shipped";
-/// }
-///
-/// impl Handler for OrderShipped {
-///     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-///         // To the exchange the destination was built with, routed by the message type.
-///         let orders = ctx.resource::<RabbitMqDestination>()?;
-///         orders.publish(ctx, ctx.message_type(), &self)
-///     }
-/// }
 ///
 /// # fn main() -> Result<(), outbox_relay::RelayError> {
 /// let orders = RabbitMqDestination::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
 ///     .exchange("orders")
 ///     .build()?;
+/// // Worker::builder(store).destination("orders", orders), and on the message's struct:
+/// // #[outbox_handler("order.shipped", deliver_to = "orders")] (routed by its type)
+/// # drop(orders);
 /// # Ok(())
 /// # }
 /// ```
@@ -78,6 +68,7 @@ struct Inner {
     name: String,
     url: String,
     exchange: ShortString,
+    routing_key: Option<String>,
     timeout: Duration,
     connect_timeout: Duration,
     link: Mutex<Option<Link>>,
@@ -86,14 +77,14 @@ struct Inner {
     runtime: OwnedRuntime,
 }
 
-/// An open connection and its channel in confirm mode.
+/// An open connection and its idle channels in confirm mode.
 struct Link {
     /// Which connection this is, counting from 1: a publish that failed on one forgets that
     /// one only, never a newer one another thread opened since.
     generation: u64,
-    // Kept so that the connection lives as long as its channel.
-    _connection: Connection,
-    channel: Channel,
+    connection: Connection,
+    /// Channels no publish is using, each with nothing awaiting a confirm.
+    idle: Vec<Channel>,
 }
 
 /// Configuration of a [`RabbitMqDestination`], from [`RabbitMqDestination::builder`].
@@ -101,6 +92,7 @@ struct Link {
 pub struct RabbitMqDestinationBuilder {
     url: String,
     exchange: String,
+    routing_key: Option<String>,
     timeout: Duration,
     connect_timeout: Duration,
 }
@@ -112,54 +104,33 @@ impl RabbitMqDestination {
         RabbitMqDestinationBuilder {
             url: url.into(),
             exchange: String::new(),
+            routing_key: None,
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
 
-    /// The destination's name in errors and logs: the broker's URL (without its password)
-    /// and the exchange.
-    pub fn name(&self) -> &str {
-        &self.inner.name
+}
+
+impl Destination for RabbitMqDestination {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
     }
 
-    /// Publishes `data` as JSON to the destination's exchange with `routing_key`, and waits
-    /// for the broker's confirm.
-    ///
-    /// An unroutable message, a missing exchange, a routing key over 255 bytes or a message
-    /// over the broker's size limit are permanent failures; a connection that cannot be
-    /// opened, a broken one, a negative confirm and a confirm not received in time are
-    /// retried.
-    pub fn publish<T: Serialize + ?Sized>(
-        &self,
-        ctx: &Context<'_>,
-        routing_key: &str,
-        data: &T,
-    ) -> Result<(), ProcessError> {
-        let outgoing =
-            Outgoing::json(ctx, data, &self.inner.name).map_err(RelayError::into_process_error)?;
+    fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
         self.inner
-            .send(routing_key, outgoing)
-            .map_err(RelayError::into_process_error)
+            .send(envelope)
+            .map_err(RelayError::into_delivery_error)
     }
 
-    /// Publishes `body` as it is, like [`publish`](Self::publish) without the JSON encoding
-    /// (the content type is still `application/json`).
-    pub fn publish_bytes(
-        &self,
-        ctx: &Context<'_>,
-        routing_key: &str,
-        body: &[u8],
-    ) -> Result<(), ProcessError> {
-        let outgoing = Outgoing::bytes(ctx, body.to_vec());
-        self.inner
-            .send(routing_key, outgoing)
-            .map_err(RelayError::into_process_error)
+    fn timeout(&self) -> Duration {
+        self.inner.timeout
     }
 }
 
 impl Inner {
-    fn send(&self, routing_key: &str, outgoing: Outgoing) -> Result<(), RelayError> {
+    fn send(&self, envelope: &Envelope) -> Result<(), RelayError> {
+        let routing_key = envelope.subject_or(self.routing_key.as_deref());
         let routing_key = ShortString::try_new(routing_key).map_err(|_| RelayError::Invalid {
             destination: self.name.clone(),
             reason: format!(
@@ -167,12 +138,12 @@ impl Inner {
                 routing_key.len()
             ),
         })?;
-        let properties = self.properties(&outgoing)?;
+        let properties = self.properties(envelope)?;
         self.runtime.block_on(async {
             let used = AtomicU64::new(0);
             match tokio::time::timeout(
                 self.timeout,
-                self.publish(routing_key, outgoing, properties, &used),
+                self.publish(routing_key, &envelope.body, properties, &used),
             )
             .await
             {
@@ -189,7 +160,7 @@ impl Inner {
         })
     }
 
-    fn properties(&self, outgoing: &Outgoing) -> Result<BasicProperties, RelayError> {
+    fn properties(&self, envelope: &Envelope) -> Result<BasicProperties, RelayError> {
         let short = |what: &str, value: &str| {
             ShortString::try_new(value).map_err(|_| RelayError::Invalid {
                 destination: self.name.clone(),
@@ -197,16 +168,16 @@ impl Inner {
             })
         };
         let mut table = FieldTable::default();
-        for (name, value) in &outgoing.headers {
+        for (name, value) in envelope.transport_headers(|_| false) {
             table.insert(
                 short("header name", name)?,
-                AMQPValue::LongString(LongString::from(value.as_bytes().to_vec())),
+                AMQPValue::LongString(LongString::from(value.into_bytes())),
             );
         }
         Ok(BasicProperties::default()
-            .with_message_id(short("message id", &outgoing.id)?)
-            .with_type(short("message type", &outgoing.message_type)?)
-            .with_content_type(ShortString::from("application/json"))
+            .with_message_id(short("message id", &envelope.message_id.to_string())?)
+            .with_type(short("message type", &envelope.message_type)?)
+            .with_content_type(short("content type", &envelope.content_type)?)
             .with_delivery_mode(PERSISTENT)
             .with_headers(table))
     }
@@ -214,11 +185,11 @@ impl Inner {
     async fn publish(
         &self,
         routing_key: ShortString,
-        outgoing: Outgoing,
+        body: &[u8],
         properties: BasicProperties,
         used: &AtomicU64,
     ) -> Result<(), RelayError> {
-        let (channel, generation) = self.channel().await?;
+        let (channel, generation) = self.checkout().await?;
         used.store(generation, Ordering::Relaxed);
         let confirm = channel
             .basic_publish(
@@ -228,7 +199,7 @@ impl Inner {
                     mandatory: true,
                     immediate: false,
                 },
-                &outgoing.body,
+                body,
                 properties,
             )
             .await;
@@ -236,7 +207,7 @@ impl Inner {
             Ok(confirm) => confirm.await,
             Err(error) => Err(error),
         };
-        match confirmation {
+        let result = match confirmation {
             Ok(Confirmation::Ack(None)) => Ok(()),
             Ok(Confirmation::Ack(Some(returned))) => Err(RelayError::Unroutable {
                 destination: self.name.clone(),
@@ -256,20 +227,32 @@ impl Inner {
                 reason: "the channel is not in confirm mode".into(),
             }),
             Err(error) => {
-                self.forget_link(generation).await;
-                Err(self.classify(error))
+                if !self.connection_alive(generation).await {
+                    self.forget_link(generation).await;
+                }
+                // The channel is closed; only this publish was on it.
+                return Err(self.classify(error));
             }
-        }
+        };
+        self.check_in(channel, generation).await;
+        result
     }
 
-    /// The channel in confirm mode, opening a connection first if there is none or the last
-    /// one broke.
-    async fn channel(&self) -> Result<(Channel, u64), RelayError> {
+    /// A channel in confirm mode with nothing else on it, opening a connection first if there
+    /// is none or the last one broke.
+    async fn checkout(&self) -> Result<(Channel, u64), RelayError> {
         let mut link = self.link.lock().await;
-        if let Some(open) = link.as_ref() {
-            if open.channel.status().connected() {
-                return Ok((open.channel.clone(), open.generation));
+        if let Some(open) = link
+            .as_mut()
+            .filter(|open| open.connection.status().connected())
+        {
+            while let Some(channel) = open.idle.pop() {
+                if channel.status().connected() {
+                    return Ok((channel, open.generation));
+                }
             }
+            let channel = self.confirming_channel(&open.connection).await?;
+            return Ok((channel, open.generation));
         }
         *link = None;
         let unavailable = |reason: String| RelayError::Unavailable {
@@ -283,6 +266,21 @@ impl Inner {
         .await
         .map_err(|_| unavailable(format!("connecting took over {:?}", self.connect_timeout)))?
         .map_err(|error| unavailable(format!("cannot connect: {error}")))?;
+        let channel = self.confirming_channel(&connection).await?;
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        *link = Some(Link {
+            generation,
+            connection,
+            idle: Vec::new(),
+        });
+        Ok((channel, generation))
+    }
+
+    async fn confirming_channel(&self, connection: &Connection) -> Result<Channel, RelayError> {
+        let unavailable = |reason: String| RelayError::Unavailable {
+            destination: self.name.clone(),
+            reason,
+        };
         let channel = connection
             .create_channel()
             .await
@@ -291,13 +289,26 @@ impl Inner {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|error| unavailable(format!("cannot enable publisher confirms: {error}")))?;
-        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        *link = Some(Link {
-            generation,
-            _connection: connection,
-            channel: channel.clone(),
-        });
-        Ok((channel, generation))
+        Ok(channel)
+    }
+
+    /// Gives a channel whose publish was confirmed back for the next publish, if its
+    /// connection is still the current one.
+    async fn check_in(&self, channel: Channel, generation: u64) {
+        let mut link = self.link.lock().await;
+        if let Some(open) = link.as_mut().filter(|open| open.generation == generation) {
+            if channel.status().connected() {
+                open.idle.push(channel);
+            }
+        }
+    }
+
+    /// Whether connection `generation` is the current one and still open.
+    async fn connection_alive(&self, generation: u64) -> bool {
+        let link = self.link.lock().await;
+        link.as_ref().is_some_and(|open| {
+            open.generation == generation && open.connection.status().connected()
+        })
     }
 
     /// Forgets connection `generation` (0: none was taken) if it is still the current one.
@@ -354,6 +365,12 @@ impl Inner {
 }
 
 impl RabbitMqDestinationBuilder {
+    /// The routing key of messages whose envelope names none (default: their message type).
+    pub fn routing_key(mut self, routing_key: impl Into<String>) -> Self {
+        self.routing_key = Some(routing_key.into());
+        self
+    }
+
     /// The exchange messages are published to: the default exchange (`""`, routing straight
     /// to the queue the routing key names) unless set. The exchange must exist.
     pub fn exchange(mut self, exchange: impl Into<String>) -> Self {
@@ -408,6 +425,7 @@ impl RabbitMqDestinationBuilder {
                 name,
                 url: self.url,
                 exchange,
+                routing_key: self.routing_key,
                 timeout: self.timeout,
                 connect_timeout: self.connect_timeout,
                 link: Mutex::new(None),
@@ -432,6 +450,7 @@ impl fmt::Debug for RabbitMqDestinationBuilder {
         f.debug_struct("RabbitMqDestinationBuilder")
             .field("url", &shown_url(&self.url))
             .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
             .field("timeout", &self.timeout)
             .finish()
     }

@@ -174,7 +174,6 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
             .iter()
             .fold(
                 WebhookEndpoint::builder(webhook_url.clone())
-                    .name("mail")
                     .secret(settings.webhook_secret.clone())
                     .timeout(Duration::from_secs(5)),
                 |builder, address| builder.allow_address(*address),
@@ -235,7 +234,7 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
                     Worker::builder(DieselStore::new(worker_pool))
                         .handler_threads(4)
                         .retry_policy(retry_policy)
-                        .webhook(endpoint)
+                        .destination(messages::MAIL, endpoint)
                         .spawn()
                 })
                 .await;

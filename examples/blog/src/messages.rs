@@ -1,11 +1,13 @@
-//! What the blog tells the world, and how: each message delivers itself to the mail webhook.
+//! What the blog tells the world: each message is routed to the mail webhook, as it is.
 
-use outbox_diesel::webhook::WebhookEndpoint;
-use outbox_diesel::{outbox_handler, Context, Handler, ProcessError};
+use outbox_diesel::outbox_handler;
 use serde::{Deserialize, Serialize};
 
+/// The name the blog's worker gives its mail webhook: messages routed here go to it.
+pub const MAIL: &str = "mail";
+
 /// Thank a member for their first comment ever.
-#[outbox_handler("comment.thankYou")]
+#[outbox_handler("comment.thankYou", deliver_to = "mail")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ThankYou {
     /// Who to thank.
@@ -18,14 +20,8 @@ pub struct ThankYou {
     pub post_title: String,
 }
 
-impl Handler for ThankYou {
-    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
-    }
-}
-
 /// Tell a subscriber of a post that someone else commented.
-#[outbox_handler("comment.notification")]
+#[outbox_handler("comment.notification", deliver_to = "mail")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Notification {
     /// Where to write.
@@ -38,10 +34,4 @@ pub struct Notification {
     pub commenter: String,
     /// The start of the comment.
     pub excerpt: String,
-}
-
-impl Handler for Notification {
-    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
-    }
 }

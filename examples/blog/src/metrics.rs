@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox_diesel::metrics::{ATTEMPT_DURATION, DELIVERY_LAG};
+use outbox_diesel::metrics::{ATTEMPT_DURATION, DELIVERY_LAG, DESTINATION_DURATION};
 
 /// Buckets for handler durations and delivery lag, in seconds: from a fast local handler to a
 /// message that waited out a long outage.
@@ -20,7 +20,7 @@ pub fn recorder() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let installed = [ATTEMPT_DURATION, DELIVERY_LAG]
+            let installed = [ATTEMPT_DURATION, DELIVERY_LAG, DESTINATION_DURATION]
                 .into_iter()
                 .try_fold(PrometheusBuilder::new(), |builder, name| {
                     builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), &SECONDS_BUCKETS)

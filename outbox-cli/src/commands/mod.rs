@@ -1,14 +1,14 @@
 //! The commands, written once for every backend: `run` dispatches to the module of each.
 
 mod changes;
-mod endpoints;
+mod destinations;
 mod listing;
 mod stats;
 
 use outbox_diesel::OutboxConnection;
 use serde_json::{json, Value};
 
-use crate::cli::{Command, DeadCommand, EndpointCommand, PendingCommand};
+use crate::cli::{Command, DeadCommand, DestinationCommand, PendingCommand};
 use crate::error::CliError;
 
 /// What a command prints on stdout, and an error to report after it when the command did only
@@ -51,10 +51,12 @@ where
         Command::Dead(DeadCommand::Show { position }) => listing::dead_show(conn, *position, json),
         Command::Show { message_id } => listing::show(conn, *message_id, json),
         Command::Blocked { limit } => listing::blocked(conn, *limit, json),
-        Command::Endpoints => endpoints::list(conn, json),
-        Command::Endpoint(EndpointCommand::Enable { name }) => endpoints::enable(conn, name, json),
-        Command::Endpoint(EndpointCommand::Disable { name, reason }) => {
-            endpoints::disable(conn, name, reason, json)
+        Command::Destinations => destinations::list(conn, json),
+        Command::Destination(DestinationCommand::Enable { name }) => {
+            destinations::enable(conn, name, json)
+        }
+        Command::Destination(DestinationCommand::Disable { name, reason }) => {
+            destinations::disable(conn, name, reason, json)
         }
         Command::Dead(DeadCommand::Requeue { selector, dry_run }) => {
             changes::requeue(conn, selector, *dry_run, json)

@@ -15,7 +15,7 @@ use super::handle::{AliveGuard, Counters};
 use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, Job};
 use super::held::Admission;
 use super::shared::Shared;
-use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS, HOUSEKEEPING_EVERY};
+use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS};
 use crate::metrics;
 
 /// How much the next claim may take, or `None` while the worker holds too much to claim a
@@ -93,10 +93,6 @@ pub(crate) struct Claimer {
     failures: Failures,
     /// Early looks still to take after a claim or a wake-up, in milliseconds.
     follow_ups: &'static [u64],
-    next_housekeeping: Instant,
-    next_backlog: Instant,
-    #[cfg(feature = "webhook")]
-    endpoints: super::endpoints::EndpointSync,
 }
 
 impl Claimer {
@@ -115,19 +111,7 @@ impl Claimer {
             capacity,
             failures: Failures::new(Backoff::from_pair(CLAIM_RETRY)),
             follow_ups: &[],
-            next_housekeeping: Instant::now() + HOUSEKEEPING_EVERY,
-            // The gauges are there from the start.
-            next_backlog: Instant::now(),
-            #[cfg(feature = "webhook")]
-            endpoints: Default::default(),
         }
-    }
-
-    /// The webhook endpoints whose health the claimer shares through the store.
-    #[cfg(feature = "webhook")]
-    pub fn with_endpoints(mut self, endpoints: super::endpoints::EndpointSync) -> Self {
-        self.endpoints = endpoints;
-        self
     }
 
     pub fn run(mut self) {
@@ -141,10 +125,6 @@ impl Claimer {
     }
 
     fn step(&mut self) {
-        #[cfg(feature = "webhook")]
-        self.endpoints.run(self.shared.store.as_ref());
-        self.housekeeping();
-        self.sample_backlog();
         let shared = &self.shared;
         let config = &shared.config;
         let Some(limit) = plan_claim(config, shared.held.count(), shared.held.bytes()) else {
@@ -209,58 +189,6 @@ impl Claimer {
             // that key is claimable now, not at the next poll.
             recv(self.capacity) -> _ => self.follow_ups = &[],
             default(timeout) => self.follow_ups = self.follow_ups.get(1..).unwrap_or(&[]),
-        }
-    }
-}
-
-impl Claimer {
-    /// Runs the store's safety net for per-key order and its pruning every few seconds.
-    fn housekeeping(&mut self) {
-        if Instant::now() < self.next_housekeeping {
-            return;
-        }
-        self.next_housekeeping = Instant::now() + HOUSEKEEPING_EVERY;
-        let store = &self.shared.store;
-        match store.promote_stranded() {
-            Ok(0) => {}
-            Ok(n) => log::info!(
-                "outbox: {n} ordering keys had no claimable head (concurrent transactions left \
-                 it parked); promoted"
-            ),
-            Err(error) => {
-                metrics::store_error("housekeeping");
-                log::warn!("outbox: promoting stranded ordering keys failed: {error}");
-            }
-        }
-        match store.prune() {
-            Ok(pruned) if pruned.total() == 0 => {}
-            Ok(pruned) => log::debug!(
-                "outbox: pruned {} expired idempotency keys, {} dead letters and {} received \
-                 webhook ids past their retention",
-                pruned.idempotency_keys,
-                pruned.dead_letters,
-                pruned.inbox_ids
-            ),
-            Err(error) => {
-                metrics::store_error("housekeeping");
-                log::warn!("outbox: pruning expired rows failed: {error}");
-            }
-        }
-    }
-
-    /// Samples the store's backlog for the metrics gauges.
-    fn sample_backlog(&mut self) {
-        if Instant::now() < self.next_backlog {
-            return;
-        }
-        self.next_backlog = Instant::now() + self.shared.config.backlog_interval;
-        match self.shared.store.backlog() {
-            Ok(Some(backlog)) => metrics::backlog(backlog.pending, backlog.oldest_due_age),
-            Ok(None) => {}
-            Err(error) => {
-                metrics::store_error("backlog");
-                log::warn!("outbox: sampling the backlog for the metrics failed: {error}");
-            }
         }
     }
 }

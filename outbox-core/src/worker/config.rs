@@ -1,9 +1,11 @@
 //! The worker's settings: the builder applications configure, and the checked configuration
 //! the threads run with.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::context::Resources;
+use crate::destination::{Destination, DestinationOptions, NameError};
 use crate::registry::RegistryError;
 use crate::retry::RetryPolicy;
 use crate::store::{Store, StoreError};
@@ -24,8 +26,9 @@ const DEFAULT_BACKLOG_INTERVAL: Duration = Duration::from_secs(15);
 pub struct WorkerBuilder<S> {
     pub(super) store: S,
     pub(super) resources: Resources,
-    #[cfg(feature = "webhook")]
-    pub(super) endpoints: super::endpoints::EndpointSync,
+    pub(super) destinations: Vec<(String, Arc<dyn Destination>, DestinationOptions)>,
+    /// A resource type given twice: the second would replace the first unseen.
+    duplicate_resource: Option<&'static str>,
     settings: Settings,
 }
 
@@ -65,8 +68,10 @@ pub(crate) struct Config {
 
 impl<S> std::fmt::Debug for WorkerBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let destinations: Vec<&str> = self.destinations.iter().map(|d| d.0.as_str()).collect();
         f.debug_struct("WorkerBuilder")
             .field("resources", &self.resources)
+            .field("destinations", &destinations)
             .field("settings", &self.settings)
             .finish()
     }
@@ -77,8 +82,8 @@ impl<S: Store> WorkerBuilder<S> {
         WorkerBuilder {
             store,
             resources: Resources::new(),
-            #[cfg(feature = "webhook")]
-            endpoints: Default::default(),
+            destinations: Vec::new(),
+            duplicate_resource: None,
             settings: Settings {
                 handler_threads: DEFAULT_HANDLER_THREADS,
                 batch_size: DEFAULT_BATCH_SIZE,
@@ -117,8 +122,8 @@ impl<S: Store> WorkerBuilder<S> {
         self
     }
 
-    /// The longest one `process` call may take (default 30 s; for webhooks at least the
-    /// endpoint's timeout). A handler still running after it (plus a second of grace) counts
+    /// The longest one `process` call may take (default 30 s, and at least the longest
+    /// timeout of the worker's destinations, whatever the order of the builder's calls). A handler still running after it (plus a second of grace) counts
     /// as a timed-out attempt: the message is retried with backoff, the stuck thread is
     /// replaced so the worker keeps its capacity, and its late outcome is dropped.
     pub fn handler_timeout(mut self, timeout: Duration) -> Self {
@@ -172,8 +177,14 @@ impl<S: Store> WorkerBuilder<S> {
         self
     }
 
-    /// Adds a shared resource handlers reach with [`Context::resource`](crate::Context::resource).
+    /// Adds a shared resource handlers reach with
+    /// [`Context::resource`](crate::Context::resource): one per type (`spawn` refuses a type
+    /// given twice). Destinations, of which there may be several of one type, are given with
+    /// [`destination`](Self::destination) instead.
     pub fn resource<T: Send + Sync + 'static>(mut self, resource: T) -> Self {
+        if self.resources.contains::<T>() {
+            self.duplicate_resource = Some(std::any::type_name::<T>());
+        }
         self.resources.insert(resource);
         self
     }
@@ -184,16 +195,29 @@ impl<S: Store> WorkerBuilder<S> {
         self
     }
 
-    /// Adds a webhook endpoint as a resource, makes the handler timeout cover its timeout, and
-    /// shares its health through the store: the worker records it when it starts and every few
-    /// seconds (for `outbox endpoints` and the admin pages), adopts a disable recorded there (a
-    /// `410 Gone` another worker or an earlier run was told, an operator's `outbox endpoint
-    /// disable`) and follows an operator's enable.
-    #[cfg(feature = "webhook")]
-    pub fn webhook(mut self, endpoint: crate::webhook::WebhookEndpoint) -> Self {
-        self.settings.handler_timeout = self.settings.handler_timeout.max(endpoint.timeout());
-        self.endpoints.add(endpoint.clone());
-        self.resources.insert(endpoint);
+    /// Adds `destination` (a webhook endpoint, a broker) under `name`, with the default
+    /// [`DestinationOptions`]. Messages reach it by that name: routed types
+    /// (`#[outbox_handler("type", deliver_to = "name")]`) and handlers
+    /// ([`Context::destination`](crate::Context::destination)).
+    ///
+    /// Every destination is wrapped the same way: its health is kept (paused after failures,
+    /// probed, disabled when it says it is gone) and shared through the store, when the worker
+    /// starts and every few seconds, and its deliveries are counted in the
+    /// [metrics](crate::metrics). `spawn` refuses two destinations with one name, and a routed
+    /// type whose destination is missing.
+    pub fn destination(self, name: impl Into<String>, destination: impl Destination) -> Self {
+        self.destination_with(name, destination, DestinationOptions::new())
+    }
+
+    /// Adds `destination` under `name`, wrapped as `options` say.
+    pub fn destination_with(
+        mut self,
+        name: impl Into<String>,
+        destination: impl Destination,
+        options: DestinationOptions,
+    ) -> Self {
+        self.destinations
+            .push((name.into(), Arc::new(destination), options));
         self
     }
 
@@ -203,6 +227,16 @@ impl<S: Store> WorkerBuilder<S> {
         let invalid = |setting: &'static str, problem: String| {
             Err(WorkerError::InvalidConfig { setting, problem })
         };
+        if let Some(resource) = self.duplicate_resource {
+            return invalid(
+                "resource",
+                format!(
+                    "two resources of type `{resource}` were given; a worker keeps one per type, \
+                     so the second would replace the first (give destinations, of which there \
+                     may be several of one type, with `destination(name, ..)`)"
+                ),
+            );
+        }
         if s.handler_threads == 0 || s.handler_threads > 4096 {
             return invalid(
                 "handler_threads",
@@ -279,6 +313,25 @@ pub enum WorkerError {
     /// small for the worker.
     #[error("the outbox store failed while the worker started: {0}")]
     Store(#[source] StoreError),
+    /// A destination's name is invalid or given twice.
+    #[error(transparent)]
+    Destination(#[from] NameError),
+    /// A routed message type names a destination the worker does not have.
+    #[error(
+        "message type `{message_type}` is routed to destination `{destination}` (by \
+         `{handler}`), but this worker has no destination of that name (it has {known:?}); add \
+         it with `WorkerBuilder::destination(\"{destination}\", ..)`"
+    )]
+    UnknownDestination {
+        /// The routed type.
+        message_type: &'static str,
+        /// The struct that routes it.
+        handler: &'static str,
+        /// The destination it names.
+        destination: &'static str,
+        /// The destinations the worker has.
+        known: Vec<String>,
+    },
     /// The operating system refused a thread.
     #[error("could not start a worker thread: {0}")]
     Spawn(#[from] std::io::Error),

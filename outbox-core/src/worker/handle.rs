@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::config::WorkerError;
+use crate::destination::DestinationState;
 use super::shared::Shared;
 use super::timing::UNHEALTHY_STORE_ERRORS;
 use super::wake;
@@ -92,6 +93,8 @@ pub struct Health {
     pub claimer_alive: bool,
     /// Whether the acker thread (settlements, heartbeat, watchdog) runs.
     pub acker_alive: bool,
+    /// Whether the housekeeper thread (the store's chores, sharing destinations' health) runs.
+    pub housekeeper_alive: bool,
     /// Whether the listener thread runs (`None`: the worker has none).
     pub listener_alive: Option<bool>,
     /// Handler threads serving messages.
@@ -119,6 +122,7 @@ impl Health {
     pub fn is_healthy(&self) -> bool {
         self.claimer_alive
             && self.acker_alive
+            && self.housekeeper_alive
             && self.listener_alive != Some(false)
             && self.handler_threads > self.stuck_handlers
             && self.store_errors_in_a_row < UNHEALTHY_STORE_ERRORS
@@ -130,6 +134,7 @@ impl Health {
 pub(crate) struct Vitals {
     pub claimer_alive: AtomicBool,
     pub acker_alive: AtomicBool,
+    pub housekeeper_alive: AtomicBool,
     pub listener_alive: AtomicBool,
     pub has_listener: AtomicBool,
     pub handler_threads: AtomicUsize,
@@ -212,7 +217,7 @@ impl std::fmt::Debug for Stopper {
 impl Stopper {
     /// Stops claiming; in-flight messages finish, queued ones are given back.
     pub fn stop(&self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.request_stop();
         let _ = self.wake.try_send(());
     }
 }
@@ -239,6 +244,7 @@ impl WorkerHandle {
         Health {
             claimer_alive: vitals.claimer_alive.load(Ordering::SeqCst),
             acker_alive: vitals.acker_alive.load(Ordering::SeqCst),
+            housekeeper_alive: vitals.housekeeper_alive.load(Ordering::SeqCst),
             listener_alive: vitals
                 .has_listener
                 .load(Ordering::SeqCst)
@@ -255,6 +261,12 @@ impl WorkerHandle {
             in_flight: self.shared.held.count(),
             stopping: self.shared.stopping(),
         }
+    }
+
+    /// Where destination `name` stands (healthy, held, paused, disabled) in this worker, or
+    /// `None` if the worker has no destination of that name.
+    pub fn destination_state(&self, name: &str) -> Option<DestinationState> {
+        self.shared.destinations.get(name).map(|d| d.state())
     }
 
     /// A handle that can stop the worker from another thread.

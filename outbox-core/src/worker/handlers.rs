@@ -220,7 +220,7 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         job,
         ordering_key: message.ordering_key.as_deref(),
     };
-    let mut ctx = Context::in_worker(&delivery, &shared.resources, &settle);
+    let mut ctx = Context::in_worker(&delivery, &shared.resources, &shared.destinations, &settle);
     // Spans the handler starts are children of the one that enqueued the message.
     #[cfg(feature = "opentelemetry")]
     let _trace = message
@@ -254,13 +254,36 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
             );
             Attempt::Succeeded
         }
-        Ok(Err(error @ DispatchError::Deserialize { .. })) => {
+        Ok(Err(error @ (DispatchError::Deserialize { .. } | DispatchError::NotJson { .. }))) => {
             Attempt::Undeserializable(error.to_string())
         }
         Ok(Err(DispatchError::Process(failure))) => Attempt::Failed(failure),
         Err(panic) => Attempt::Panicked(panic_text(panic.as_ref())),
     };
     settle_attempt(message.attempt, attempt, &policy)
+}
+
+/// The settlement of a message whose processing panicked outside its handler (in its
+/// handler's own `retry_policy()`, say): retried after a fixed delay, within the attempts of
+/// the worker's policy (the handler's cannot be asked: asking may be what panicked).
+fn panicked_outside(shared: &Shared, message: &ClaimedMessage, text: &str) -> Settlement {
+    let policy = catch_unwind(AssertUnwindSafe(|| {
+        policy_for(shared, &message.message_type)
+    }))
+    .unwrap_or_else(|_| shared.config.retry_policy.clone());
+    if policy.allows_retry_after(message.attempt) {
+        Settlement::Retry {
+            delay: PANIC_RETRY_DELAY,
+            error: storable(format!("the worker panicked while processing it: {text}")),
+        }
+    } else {
+        Settlement::DeadLetter {
+            error: storable(format!(
+                "gave up after {} attempts: the worker panicked while processing it: {text}",
+                message.attempt
+            )),
+        }
+    }
 }
 
 /// Logs a settlement decided for a message, with the trace id of the request that enqueued it
@@ -382,16 +405,7 @@ fn run(shared: &Shared, jobs: &Receiver<Job>, outcomes: &Sender<Outcome>, thread
                         message.message_id,
                         message.message_type
                     );
-                    if message.attempt >= RetryPolicy::default().attempts() {
-                        Settlement::DeadLetter {
-                            error: storable(format!("gave up after {} attempts: the worker panicked while processing it: {text}", message.attempt)),
-                        }
-                    } else {
-                        Settlement::Retry {
-                            delay: PANIC_RETRY_DELAY,
-                            error: storable(format!("the worker panicked while processing it: {text}")),
-                        }
-                    }
+                    panicked_outside(shared, &message, &text)
                 },
             )
         };

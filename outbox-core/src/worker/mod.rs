@@ -28,11 +28,10 @@ mod acker;
 mod backoff;
 mod claimer;
 mod config;
-#[cfg(feature = "webhook")]
-mod endpoints;
 mod handle;
 mod handlers;
 mod held;
+mod housekeeper;
 mod listener;
 mod shared;
 #[cfg(test)]
@@ -47,6 +46,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::bounded;
 
+use crate::destination::Destinations;
 use crate::registry::Registry;
 use crate::store::Store;
 
@@ -57,7 +57,8 @@ pub use wake::notify_enqueued;
 use acker::Acker;
 use claimer::Claimer;
 use handlers::HandlerPool;
-use shared::Shared;
+use housekeeper::Housekeeper;
+use shared::{Parts, Shared};
 
 /// The worker that delivers the outbox's messages. Start one per process with
 /// [`Worker::builder`]; run more processes to scale out.
@@ -77,28 +78,48 @@ impl Worker {
 }
 
 impl<S: Store> WorkerBuilder<S> {
-    /// Checks the configuration, the store and the handler registry, and starts the threads.
+    /// Checks the configuration, the destinations, the store and the handler registry, and
+    /// starts the threads.
     ///
-    /// Fails on a setting out of range, two handlers with one type string, or a store that is
-    /// unreachable, not migrated, or cannot lend the worker the connections it holds (two,
-    /// plus one for `LISTEN`).
+    /// Fails on a setting out of range, two handlers with one type string, two destinations
+    /// with one name, a routed type whose destination the worker does not have, two resources
+    /// of one type, or a store that is unreachable, not migrated, or cannot lend the worker the
+    /// connections it holds (three, plus one for `LISTEN`).
     pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
-        let config = self.config()?;
+        let mut config = self.config()?;
         let registry = Registry::from_inventory()?;
+        let destinations = Destinations::new(self.destinations)?;
+        for route in registry.routes() {
+            let Some(destination) = route.destination() else {
+                continue;
+            };
+            if destinations.get(destination).is_none() {
+                return Err(WorkerError::UnknownDestination {
+                    message_type: route.message_type(),
+                    handler: route.handler_name(),
+                    destination,
+                    known: destinations.names().map(str::to_owned).collect(),
+                });
+            }
+        }
+        // The watchdog must never abandon a delivery that its destination would still finish.
+        config.handler_timeout = config.handler_timeout.max(destinations.longest_timeout());
         let listens = config.listen;
-        // The claimer's and the acker's, and the listener's.
-        let connections = 2 + usize::from(listens && self.store.listens());
+        // The claimer's, the acker's and the housekeeper's, and the listener's.
+        let connections = 3 + usize::from(listens && self.store.listens());
         self.store.check(connections).map_err(WorkerError::Store)?;
         log::info!(
             "outbox worker starting: {} handler threads, batches of {}, lease {:?}, handler \
-             timeout {:?}, handling {:?}",
+             timeout {:?}, handling {:?}, destinations {:?}",
             config.handler_threads,
             config.batch_size,
             config.lease,
             config.handler_timeout,
-            registry.message_types()
+            registry.message_types(),
+            destinations.names().collect::<Vec<_>>()
         );
         crate::metrics::describe();
+        destinations.publish_states();
         let listener = if listens {
             self.store.listen().map_err(WorkerError::Store)?
         } else {
@@ -106,6 +127,7 @@ impl<S: Store> WorkerBuilder<S> {
         };
         let (wake_tx, wake_rx) = bounded::<()>(1);
         let (capacity_tx, capacity_rx) = bounded::<()>(1);
+        let (stop_tx, stop_rx) = bounded::<()>(0);
         // As many jobs as the worker may hold messages: the acker hands over what a settlement
         // leases without ever waiting for a handler thread.
         let (jobs_tx, jobs_rx) = bounded(config.max_in_flight);
@@ -114,11 +136,16 @@ impl<S: Store> WorkerBuilder<S> {
             (listens && self.store.wants_local_wakeups()).then(|| wake::subscribe(wake_tx.clone()));
 
         let handler_threads = config.handler_threads;
-        let shared = Arc::new(Shared::new(
+        let parts = Parts {
             config,
-            Box::new(self.store),
+            store: Box::new(self.store),
             registry,
-            self.resources,
+            resources: self.resources,
+            destinations,
+        };
+        let shared = Arc::new(Shared::new(
+            parts,
+            stop_tx,
             capacity_tx,
             HandlerPool::new(jobs_rx, outcomes_tx.clone()),
         ));
@@ -127,10 +154,18 @@ impl<S: Store> WorkerBuilder<S> {
             wake: wake_tx.clone(),
             _local_wakeups: local_wakeups,
         };
+        // A destination disabled before a restart gets no delivery: its record is read before
+        // the first claim.
+        let mut housekeeper = Housekeeper::new(Arc::clone(&shared), stop_rx);
+        housekeeper.sync_destinations();
         // From here on, a failure to start a thread stops those already started (the handle's
         // drop). The threads count as alive from their start, before they first run.
         let vitals = &shared.vitals;
-        for flag in [&vitals.claimer_alive, &vitals.acker_alive] {
+        for flag in [
+            &vitals.claimer_alive,
+            &vitals.acker_alive,
+            &vitals.housekeeper_alive,
+        ] {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         let acker_jobs = jobs_tx.clone();
@@ -141,8 +176,6 @@ impl<S: Store> WorkerBuilder<S> {
             wake_rx,
             capacity_rx,
         );
-        #[cfg(feature = "webhook")]
-        let claimer = claimer.with_endpoints(self.endpoints);
         shared
             .threads
             .spawn("outbox-claimer".into(), move || claimer.run())?;
@@ -153,6 +186,9 @@ impl<S: Store> WorkerBuilder<S> {
         shared
             .threads
             .spawn("outbox-acker".into(), move || acker.run())?;
+        shared
+            .threads
+            .spawn("outbox-housekeeper".into(), move || housekeeper.run())?;
         if let Some(listener) = listener {
             for flag in [&shared.vitals.has_listener, &shared.vitals.listener_alive] {
                 flag.store(true, std::sync::atomic::Ordering::SeqCst);

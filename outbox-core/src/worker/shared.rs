@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use crate::context::Resources;
+use crate::destination::Destinations;
 use crate::registry::Registry;
 use crate::store::Store;
 
@@ -23,6 +24,7 @@ pub(crate) struct Shared {
     pub store: Box<dyn Store>,
     pub registry: Registry,
     pub resources: Resources,
+    pub destinations: Destinations,
     pub held: Held,
     pub counters: Counters,
     pub vitals: Vitals,
@@ -35,25 +37,42 @@ pub(crate) struct Shared {
     /// their keys themselves instead of leaving it to the next claim.
     pub claims_short: AtomicBool,
     give_up_at: Mutex<Option<Instant>>,
+    /// Dropped when the worker stops: wakes the threads that wait on it.
+    stop_signal: Mutex<Option<Sender<()>>>,
     /// Wakes the claimer: capacity was freed, or a key's head was settled.
     pub capacity: Sender<()>,
     pub pool: HandlerPool,
 }
 
+/// What a worker is made of, besides its threads' channels.
+pub(crate) struct Parts {
+    pub config: Config,
+    pub store: Box<dyn Store>,
+    pub registry: Registry,
+    pub resources: Resources,
+    pub destinations: Destinations,
+}
+
 impl Shared {
     pub fn new(
-        config: Config,
-        store: Box<dyn Store>,
-        registry: Registry,
-        resources: Resources,
+        parts: Parts,
+        stop_signal: Sender<()>,
         capacity: Sender<()>,
         pool: HandlerPool,
     ) -> Self {
+        let Parts {
+            config,
+            store,
+            registry,
+            resources,
+            destinations,
+        } = parts;
         Shared {
             config,
             store,
             registry,
             resources,
+            destinations,
             held: Held::default(),
             counters: Counters::default(),
             vitals: Vitals::default(),
@@ -62,6 +81,7 @@ impl Shared {
             claimer_done: AtomicBool::new(false),
             claims_short: AtomicBool::new(false),
             give_up_at: Mutex::new(None),
+            stop_signal: Mutex::new(Some(stop_signal)),
             capacity,
             pool,
         }
@@ -79,6 +99,15 @@ impl Shared {
 
     pub fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Asks every thread to stop.
+    pub fn request_stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.stop_signal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 
     pub fn set_give_up_at(&self, at: Option<Instant>) {

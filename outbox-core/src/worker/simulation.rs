@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::bounded;
 
 use crate::context::Resources;
+use crate::destination::Destinations;
 use crate::error::ProcessError;
 use crate::registry::Registry;
 use crate::retry::RetryPolicy;
@@ -33,7 +34,7 @@ use super::claimer::plan_claim;
 use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt, HandlerPool, Job};
 use super::held::Admission;
-use super::shared::Shared;
+use super::shared::{Parts, Shared};
 use super::timing::{HEARTBEATS_PER_LEASE, START_MARGIN};
 
 const KNOWN: &str = "sim.known";
@@ -67,13 +68,19 @@ struct SimWorker {
 impl SimWorker {
     fn new(config: &Config, store: &MemoryStore, now: Instant) -> Self {
         let (capacity, _) = bounded(1);
+        let (stop, _) = bounded(1);
         let (_, jobs) = bounded(1);
         let (outcomes, _) = bounded(1);
+        let parts = Parts {
+            config: config.clone(),
+            store: Box::new(store.clone()),
+            registry: Registry::empty(),
+            resources: Resources::new(),
+            destinations: Destinations::default(),
+        };
         let shared = Arc::new(Shared::new(
-            config.clone(),
-            Box::new(store.clone()),
-            Registry::empty(),
-            Resources::new(),
+            parts,
+            stop,
             capacity,
             HandlerPool::new(jobs, outcomes),
         ));

@@ -111,5 +111,39 @@ fn spawn_refuses_a_store_that_cannot_lend_the_connections() {
     store.set_max_connections(Some(1));
     let err = Worker::builder(store).spawn().unwrap_err();
     assert!(matches!(err, WorkerError::Store(_)), "{err}");
-    assert!(err.to_string().contains("the worker holds 2"), "{err}");
+    assert!(err.to_string().contains("the worker holds 3"), "{err}");
+}
+
+#[test]
+fn spawn_refuses_two_destinations_with_one_name_and_two_resources_of_one_type() {
+    use crate::destination::{DeliveryError, Destination, Envelope};
+
+    struct Nowhere;
+    impl Destination for Nowhere {
+        fn kind(&self) -> &'static str {
+            "nowhere"
+        }
+        fn deliver(&self, _: &Envelope) -> Result<(), DeliveryError> {
+            Ok(())
+        }
+    }
+
+    let store = MemoryStore::new();
+    let err = Worker::builder(store.clone())
+        .destination("mail", Nowhere)
+        .destination("mail", Nowhere)
+        .spawn()
+        .unwrap_err();
+    assert!(matches!(err, WorkerError::Destination(_)), "{err}");
+    assert!(err.to_string().contains("two destinations are named `mail`"), "{err}");
+
+    let err = Worker::builder(store)
+        .resource(String::from("first"))
+        .resource(String::from("second"))
+        .spawn()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("two resources of type `alloc::string::String`"),
+        "{err}"
+    );
 }

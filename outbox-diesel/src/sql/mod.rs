@@ -115,16 +115,17 @@ macro_rules! fixed_statement_methods {
             Prepared::new(BLOCKED_KEYS, STYLE, &[Bind::BigInt(limit)]).load(self)
         }
 
-        fn add_endpoint(&mut self, name: &str) -> QueryResult<()> {
-            run(self, ADD_ENDPOINT, &[Bind::Text(name)]).map(drop)
+        fn add_destination(&mut self, name: &str, kind: &str) -> QueryResult<()> {
+            run(self, ADD_DESTINATION, &[Bind::Text(name), Bind::Text(kind)]).map(drop)
         }
 
-        fn lock_endpoint(&mut self, name: &str) -> QueryResult<Vec<StoredEndpointRow>> {
-            Prepared::new(LOCK_ENDPOINT, STYLE, &[Bind::Text(name)]).load(self)
+        fn lock_destination(&mut self, name: &str) -> QueryResult<Vec<StoredDestinationRow>> {
+            Prepared::new(LOCK_DESTINATION, STYLE, &[Bind::Text(name)]).load(self)
         }
 
-        fn report_endpoint(&mut self, report: &EndpointReport) -> QueryResult<()> {
+        fn report_destination(&mut self, report: &DestinationReport) -> QueryResult<()> {
             let binds = [
+                Bind::Text(report.kind),
                 Bind::Text(report.state),
                 Bind::BigInt(i64::from(report.consecutive_failures)),
                 Bind::NullableText(report.last_error.as_deref()),
@@ -132,21 +133,21 @@ macro_rules! fixed_statement_methods {
                 Bind::NullableText(report.disabled_reason.as_deref()),
                 Bind::Text(&report.name),
             ];
-            run(self, REPORT_ENDPOINT, &binds).map(drop)
+            run(self, REPORT_DESTINATION, &binds).map(drop)
         }
 
-        fn endpoints(&mut self) -> QueryResult<Vec<EndpointRow>> {
-            Prepared::new(ENDPOINTS, STYLE, &[]).load(self)
+        fn destinations(&mut self) -> QueryResult<Vec<DestinationRow>> {
+            Prepared::new(DESTINATIONS, STYLE, &[]).load(self)
         }
 
-        fn enable_endpoint(&mut self, name: &str) -> QueryResult<usize> {
-            run(self, ENABLE_ENDPOINT, &[Bind::Text(name)])
+        fn enable_destination(&mut self, name: &str) -> QueryResult<usize> {
+            run(self, ENABLE_DESTINATION, &[Bind::Text(name)])
         }
 
-        fn disable_endpoint(&mut self, name: &str, reason: &str) -> QueryResult<usize> {
+        fn disable_destination(&mut self, name: &str, reason: &str) -> QueryResult<usize> {
             run(
                 self,
-                DISABLE_ENDPOINT,
+                DISABLE_DESTINATION,
                 &[Bind::Text(reason), Bind::Text(name)],
             )
         }
@@ -172,7 +173,9 @@ use std::collections::BTreeMap;
 
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName};
-use outbox_core::store::{ClaimLimit, EndpointReport, Outcome, Settlement, StoredEndpoint};
+use outbox_core::store::{
+    ClaimLimit, DestinationReport, Outcome, Settlement, StoredDestination, SyncedDestination,
+};
 
 use crate::enqueue::NewMessage;
 use bind::Bind;
@@ -278,9 +281,9 @@ pub(crate) struct BlockedKeyRow {
     pub(crate) waiting: i64,
 }
 
-/// A webhook endpoint as a worker reads it to adopt what the store says.
+/// A destination as a worker reads it to adopt what the store says.
 #[derive(QueryableByName, Debug)]
-pub(crate) struct StoredEndpointRow {
+pub(crate) struct StoredDestinationRow {
     #[diesel(sql_type = Text)]
     pub(crate) name: String,
     #[diesel(sql_type = Text)]
@@ -291,21 +294,23 @@ pub(crate) struct StoredEndpointRow {
     pub(crate) enables: i64,
 }
 
-impl StoredEndpointRow {
-    fn into_stored(self) -> StoredEndpoint {
+impl StoredDestinationRow {
+    fn into_stored(self) -> StoredDestination {
         let disabled = (self.state == DISABLED).then(|| self.disabled_reason.unwrap_or_default());
-        StoredEndpoint::new(self.name, disabled, self.enables)
+        StoredDestination::new(self.name, disabled, self.enables)
     }
 }
 
-/// The state word of a disabled endpoint, as workers and operators write it.
+/// The state word of a disabled destination, as workers and operators write it.
 pub(crate) const DISABLED: &str = "disabled";
 
-/// A webhook endpoint as listed.
+/// A destination as listed.
 #[derive(QueryableByName, Debug)]
-pub(crate) struct EndpointRow {
+pub(crate) struct DestinationRow {
     #[diesel(sql_type = Text)]
     pub(crate) name: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) kind: String,
     #[diesel(sql_type = Text)]
     pub(crate) state: String,
     #[diesel(sql_type = Integer)]
@@ -622,52 +627,52 @@ pub(crate) trait Statements: Sized {
     /// Heads of ordering keys waiting for a retry, at most `limit`, soonest retry first.
     fn blocked_keys(&mut self, limit: i64) -> QueryResult<Vec<BlockedKeyRow>>;
 
-    /// Records a webhook endpoint as healthy unless it is known.
-    fn add_endpoint(&mut self, name: &str) -> QueryResult<()>;
+    /// Records a destination as healthy unless it is known.
+    fn add_destination(&mut self, name: &str, kind: &str) -> QueryResult<()>;
 
-    /// A webhook endpoint, locked until the transaction ends (no row: unknown).
-    fn lock_endpoint(&mut self, name: &str) -> QueryResult<Vec<StoredEndpointRow>>;
+    /// A destination, locked until the transaction ends (no row: unknown).
+    fn lock_destination(&mut self, name: &str) -> QueryResult<Vec<StoredDestinationRow>>;
 
-    /// Writes a worker's report of a webhook endpoint.
-    fn report_endpoint(&mut self, report: &EndpointReport) -> QueryResult<()>;
+    /// Writes a worker's report of a destination.
+    fn report_destination(&mut self, report: &DestinationReport) -> QueryResult<()>;
 
-    /// Every webhook endpoint, by name.
-    fn endpoints(&mut self) -> QueryResult<Vec<EndpointRow>>;
+    /// Every destination, by name.
+    fn destinations(&mut self) -> QueryResult<Vec<DestinationRow>>;
 
-    /// An operator's enable; how many endpoints it changed (0: unknown name).
-    fn enable_endpoint(&mut self, name: &str) -> QueryResult<usize>;
+    /// An operator's enable; how many destinations it changed (0: unknown name).
+    fn enable_destination(&mut self, name: &str) -> QueryResult<usize>;
 
-    /// An operator's disable; how many endpoints it changed (0: unknown name).
-    fn disable_endpoint(&mut self, name: &str, reason: &str) -> QueryResult<usize>;
+    /// An operator's disable; how many destinations it changed (0: unknown name).
+    fn disable_destination(&mut self, name: &str, reason: &str) -> QueryResult<usize>;
 }
 
-/// One sync of a worker's webhook endpoints ([`Store::sync_endpoints`](outbox_core::store::Store::sync_endpoints)):
+/// One sync of a worker's destinations ([`Store::sync_destinations`](outbox_core::store::Store::sync_destinations)):
 /// in one transaction, the unknown ones recorded, all read locked (in name order, so that two
 /// workers lock them in one order), handed to `reconcile`, its reports written.
-pub(crate) fn sync_endpoints<C: Statements>(
+pub(crate) fn sync_destinations<C: Statements>(
     c: &mut C,
-    names: &[&str],
-    reconcile: &mut dyn FnMut(&[StoredEndpoint]) -> Vec<EndpointReport>,
+    destinations: &[SyncedDestination<'_>],
+    reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
 ) -> QueryResult<()> {
-    let mut names = names.to_vec();
-    names.sort_unstable();
-    names.dedup();
+    let mut destinations = destinations.to_vec();
+    destinations.sort_unstable_by_key(|d| d.name);
+    destinations.dedup_by_key(|d| d.name);
     // The settlement's transaction: a write transaction at once on SQLite; on PostgreSQL a
     // report lost to a database crash is simply written again a few seconds later.
     c.settle_transaction(|c| {
-        for name in &names {
-            c.add_endpoint(name)?;
+        for destination in &destinations {
+            c.add_destination(destination.name, destination.kind)?;
         }
-        let mut stored = Vec::with_capacity(names.len());
-        for name in &names {
+        let mut stored = Vec::with_capacity(destinations.len());
+        for destination in &destinations {
             stored.extend(
-                c.lock_endpoint(name)?
+                c.lock_destination(destination.name)?
                     .into_iter()
-                    .map(StoredEndpointRow::into_stored),
+                    .map(StoredDestinationRow::into_stored),
             );
         }
         for report in reconcile(&stored) {
-            c.report_endpoint(&report)?;
+            c.report_destination(&report)?;
         }
         Ok(())
     })

@@ -10,8 +10,8 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, DeadLetterRow,
-    EndpointReport, EndpointRow, Filter, IdRow, MessageIdRow, PendingRow, Selection, Statements,
-    StatsRow, StoredEndpointRow, ID_CHUNK,
+    DestinationReport, DestinationRow, Filter, IdRow, MessageIdRow, PendingRow, Selection, Statements,
+    StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -420,39 +420,40 @@ fn settle_keys(n: usize) -> String {
 pub(crate) const EXPIRE_KEYS: &str = "DELETE FROM outbox_idempotency \
      WHERE settled_at <= TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) LIMIT ?";
 
-/// A webhook endpoint recorded as healthy unless it is known (not `INSERT IGNORE`, which would
+/// A destination recorded as healthy unless it is known (not `INSERT IGNORE`, which would
 /// store a name too long for the column cut short). Binds: name.
-pub(crate) const ADD_ENDPOINT: &str = "INSERT INTO outbox_endpoint (name, state, reported_at) \
-     VALUES (?, 'healthy', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE name = name";
+pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination \
+         (name, kind, state, reported_at) \
+     VALUES (?, ?, 'healthy', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE name = name";
 
-/// A webhook endpoint as the store keeps it, locked until the transaction ends. Binds: name.
-pub(crate) const LOCK_ENDPOINT: &str = "SELECT name, state, disabled_reason, enables \
-     FROM outbox_endpoint WHERE name = ? FOR UPDATE";
+/// A destination as the store keeps it, locked until the transaction ends. Binds: name.
+pub(crate) const LOCK_DESTINATION: &str = "SELECT name, state, disabled_reason, enables \
+     FROM outbox_destination WHERE name = ? FOR UPDATE";
 
-/// A worker's report of a webhook endpoint's health. Binds: state, consecutive failures, last
-/// error, µs until the next probe (NULL: none), why it is disabled, name.
-pub(crate) const REPORT_ENDPOINT: &str = "UPDATE outbox_endpoint \
-     SET state = ?, consecutive_failures = ?, last_error = ?, \
+/// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
+/// last error, µs until the next probe (NULL: none), why it is disabled, name.
+pub(crate) const REPORT_DESTINATION: &str = "UPDATE outbox_destination \
+     SET kind = ?, state = ?, consecutive_failures = ?, last_error = ?, \
          next_probe_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), disabled_reason = ?, \
          reported_at = UTC_TIMESTAMP(6) \
      WHERE name = ?";
 
-/// Every webhook endpoint, by name.
-pub(crate) const ENDPOINTS: &str = "SELECT name, state, consecutive_failures, last_error, \
+/// Every destination, by name.
+pub(crate) const DESTINATIONS: &str = "SELECT name, kind, state, consecutive_failures, last_error, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_probe_at) AS next_probe_at, \
          disabled_reason, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', reported_at) AS reported_at \
-     FROM outbox_endpoint ORDER BY name";
+     FROM outbox_destination ORDER BY name";
 
 /// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
 /// name.
-pub(crate) const ENABLE_ENDPOINT: &str = "UPDATE outbox_endpoint \
+pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
          disabled_reason = NULL, enables = enables + 1 \
      WHERE name = ?";
 
 /// An operator's disable, which the workers adopt. Binds: reason, name.
-pub(crate) const DISABLE_ENDPOINT: &str = "UPDATE outbox_endpoint \
+pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
 
 fn run(c: &mut MysqlConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
@@ -826,12 +827,12 @@ mod tests {
             (SET_KEY_POSITION, 1),
             (UNSETTLED_KEYS, 2),
             (EXPIRE_KEYS, 2),
-            (ADD_ENDPOINT, 1),
-            (LOCK_ENDPOINT, 1),
-            (REPORT_ENDPOINT, 6),
-            (ENDPOINTS, 0),
-            (ENABLE_ENDPOINT, 1),
-            (DISABLE_ENDPOINT, 2),
+            (ADD_DESTINATION, 2),
+            (LOCK_DESTINATION, 1),
+            (REPORT_DESTINATION, 7),
+            (DESTINATIONS, 0),
+            (ENABLE_DESTINATION, 1),
+            (DISABLE_DESTINATION, 2),
         ] {
             assert_eq!(sql.matches('?').count(), binds, "{sql}");
         }

@@ -11,9 +11,9 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, DeadLetterRow, EndpointReport,
-    EndpointRow, Filter, IdRow, MessageIdRow, MessageRow, PendingRow, Selection, Statements,
-    StatsRow, StoredEndpointRow,
+    micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, DeadLetterRow, DestinationReport,
+    DestinationRow, Filter, IdRow, MessageIdRow, MessageRow, PendingRow, Selection, Statements,
+    StatsRow, StoredDestinationRow,
 };
 use crate::enqueue::NewMessage;
 
@@ -406,38 +406,38 @@ pub(crate) const EXPIRE_KEYS: &str = "DELETE FROM outbox_idempotency WHERE idemp
      SELECT idempotency_key FROM outbox_idempotency \
      WHERE settled_at <= now() - $1 * INTERVAL '1 microsecond' LIMIT $2)";
 
-/// A webhook endpoint recorded as healthy unless it is known. Binds: name.
-pub(crate) const ADD_ENDPOINT: &str = "INSERT INTO outbox_endpoint (name, state) \
-     VALUES ($1, 'healthy') ON CONFLICT (name) DO NOTHING";
+/// A destination recorded as healthy unless it is known. Binds: name, kind.
+pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination (name, kind, state) \
+     VALUES ($1, $2, 'healthy') ON CONFLICT (name) DO NOTHING";
 
-/// A webhook endpoint as the store keeps it, locked until the transaction ends. Binds: name.
-pub(crate) const LOCK_ENDPOINT: &str = "SELECT name, state, disabled_reason, enables \
-     FROM outbox_endpoint WHERE name = $1 FOR UPDATE";
+/// A destination as the store keeps it, locked until the transaction ends. Binds: name.
+pub(crate) const LOCK_DESTINATION: &str = "SELECT name, state, disabled_reason, enables \
+     FROM outbox_destination WHERE name = $1 FOR UPDATE";
 
-/// A worker's report of a webhook endpoint's health. Binds: state, consecutive failures, last
-/// error, µs until the next probe (NULL: none), why it is disabled, name.
-pub(crate) const REPORT_ENDPOINT: &str = "UPDATE outbox_endpoint \
-     SET state = $1, consecutive_failures = $2, last_error = $3, \
-         next_probe_at = now() + $4 * INTERVAL '1 microsecond', disabled_reason = $5, \
+/// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
+/// last error, µs until the next probe (NULL: none), why it is disabled, name.
+pub(crate) const REPORT_DESTINATION: &str = "UPDATE outbox_destination \
+     SET kind = $1, state = $2, consecutive_failures = $3, last_error = $4, \
+         next_probe_at = now() + $5 * INTERVAL '1 microsecond', disabled_reason = $6, \
          reported_at = now() \
-     WHERE name = $6";
+     WHERE name = $7";
 
-/// Every webhook endpoint, by name.
-pub(crate) const ENDPOINTS: &str = "SELECT name, state, consecutive_failures, last_error, \
+/// Every destination, by name.
+pub(crate) const DESTINATIONS: &str = "SELECT name, kind, state, consecutive_failures, last_error, \
          (EXTRACT(EPOCH FROM next_probe_at) * 1000000)::BIGINT AS next_probe_at, \
          disabled_reason, \
          (EXTRACT(EPOCH FROM reported_at) * 1000000)::BIGINT AS reported_at \
-     FROM outbox_endpoint ORDER BY name";
+     FROM outbox_destination ORDER BY name";
 
 /// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
 /// name.
-pub(crate) const ENABLE_ENDPOINT: &str = "UPDATE outbox_endpoint \
+pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
          disabled_reason = NULL, enables = enables + 1 \
      WHERE name = $1";
 
 /// An operator's disable, which the workers adopt. Binds: reason, name.
-pub(crate) const DISABLE_ENDPOINT: &str = "UPDATE outbox_endpoint \
+pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'disabled', next_probe_at = NULL, disabled_reason = $1 WHERE name = $2";
 
 fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
@@ -748,12 +748,12 @@ mod tests {
             UNSETTLED_KEYS,
             SETTLE_KEYS,
             EXPIRE_KEYS,
-            ADD_ENDPOINT,
-            LOCK_ENDPOINT,
-            REPORT_ENDPOINT,
-            ENDPOINTS,
-            ENABLE_ENDPOINT,
-            DISABLE_ENDPOINT,
+            ADD_DESTINATION,
+            LOCK_DESTINATION,
+            REPORT_DESTINATION,
+            DESTINATIONS,
+            ENABLE_DESTINATION,
+            DISABLE_DESTINATION,
         ] {
             let mut expected = 1;
             let mut rest = sql;

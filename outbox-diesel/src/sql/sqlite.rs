@@ -10,8 +10,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, DeadLetterRow,
-    EndpointReport, EndpointRow, Filter, IdRow, MessageIdRow, PendingRow, Selection, Statements,
-    StatsRow, StoredEndpointRow, ID_CHUNK,
+    DestinationReport, DestinationRow, Filter, IdRow, MessageIdRow, PendingRow, Selection, Statements,
+    StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -406,42 +406,42 @@ pub(crate) const EXPIRE_KEYS: &str = "DELETE FROM outbox_idempotency WHERE rowid
      SELECT rowid FROM outbox_idempotency WHERE settled_at <= \
      strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) LIMIT ?)";
 
-/// A webhook endpoint recorded as healthy unless it is known. Binds: name.
-pub(crate) const ADD_ENDPOINT: &str =
-    "INSERT INTO outbox_endpoint (name, state) VALUES (?, 'healthy') ON CONFLICT (name) DO NOTHING";
+/// A destination recorded as healthy unless it is known. Binds: name.
+pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination (name, kind, state) \
+     VALUES (?, ?, 'healthy') ON CONFLICT (name) DO NOTHING";
 
-/// A webhook endpoint as the store keeps it (the transaction is a write transaction already, so
+/// A destination as the store keeps it (the transaction is a write transaction already, so
 /// nobody changes it meanwhile). Binds: name.
-pub(crate) const LOCK_ENDPOINT: &str =
-    "SELECT name, state, disabled_reason, enables FROM outbox_endpoint WHERE name = ?";
+pub(crate) const LOCK_DESTINATION: &str =
+    "SELECT name, state, disabled_reason, enables FROM outbox_destination WHERE name = ?";
 
-/// A worker's report of a webhook endpoint's health. Binds: state, consecutive failures, last
-/// error, µs until the next probe (NULL: none; a NULL
-/// modifier makes `strftime` NULL), why it is disabled, name.
-pub(crate) const REPORT_ENDPOINT: &str = "UPDATE outbox_endpoint \
-     SET state = ?, consecutive_failures = ?, last_error = ?, \
+/// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
+/// last error, µs until the next probe (NULL: none; a NULL modifier makes `strftime` NULL),
+/// why it is disabled, name.
+pub(crate) const REPORT_DESTINATION: &str = "UPDATE outbox_destination \
+     SET kind = ?, state = ?, consecutive_failures = ?, last_error = ?, \
          next_probe_at = strftime('%Y-%m-%d %H:%M:%f', 'now', (? / 1000000.0) || ' seconds'), \
          disabled_reason = ?, reported_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
      WHERE name = ?";
 
-/// Every webhook endpoint, by name.
-pub(crate) const ENDPOINTS: &str = concat!(
-    "SELECT name, state, consecutive_failures, last_error, ",
+/// Every destination, by name.
+pub(crate) const DESTINATIONS: &str = concat!(
+    "SELECT name, kind, state, consecutive_failures, last_error, ",
     micros_of!("next_probe_at"),
     " AS next_probe_at, disabled_reason, ",
     micros_of!("reported_at"),
-    " AS reported_at FROM outbox_endpoint ORDER BY name"
+    " AS reported_at FROM outbox_destination ORDER BY name"
 );
 
 /// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
 /// name.
-pub(crate) const ENABLE_ENDPOINT: &str = "UPDATE outbox_endpoint \
+pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
          disabled_reason = NULL, enables = enables + 1 \
      WHERE name = ?";
 
 /// An operator's disable, which the workers adopt. Binds: reason, name.
-pub(crate) const DISABLE_ENDPOINT: &str = "UPDATE outbox_endpoint \
+pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
 
 fn run(c: &mut SqliteConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
@@ -763,12 +763,12 @@ mod tests {
             (SET_KEY_POSITION, 1),
             (UNSETTLED_KEYS, 2),
             (EXPIRE_KEYS, 2),
-            (ADD_ENDPOINT, 1),
-            (LOCK_ENDPOINT, 1),
-            (REPORT_ENDPOINT, 6),
-            (ENDPOINTS, 0),
-            (ENABLE_ENDPOINT, 1),
-            (DISABLE_ENDPOINT, 2),
+            (ADD_DESTINATION, 2),
+            (LOCK_DESTINATION, 1),
+            (REPORT_DESTINATION, 7),
+            (DESTINATIONS, 0),
+            (ENABLE_DESTINATION, 1),
+            (DISABLE_DESTINATION, 2),
         ] {
             assert_eq!(sql.matches('?').count(), binds, "{sql}");
         }

@@ -1,43 +1,29 @@
-//! Delivery to HTTP webhooks, signed the Standard Webhooks way, and the verifier for receivers.
+//! Delivery of [outbox](https://docs.rs/outbox-diesel) messages to HTTP webhooks, signed the
+//! Standard Webhooks way, and the verifier for receivers.
 //!
 //! A [`WebhookEndpoint`] POSTs messages to one receiver, signed as
 //! [Standard Webhooks](https://www.standardwebhooks.com) specifies (`webhook-id`,
 //! `webhook-timestamp` and `webhook-signature` headers, HMAC-SHA256 with a `whsec_` secret), and
-//! classifies the answer as success, retryable or permanent failure for the worker. Build it once,
-//! put it in the worker's [`Resources`](crate::Resources), and call
-//! [`deliver`](WebhookEndpoint::deliver) from a handler:
+//! classifies the answer for the worker (see [`WebhookError::into_delivery_error`]). It is a
+//! [`Destination`](outbox_core::destination::Destination): build it once, give it to the worker
+//! under a name, and route message types to that name; the worker wraps it with the health
+//! gate (pause, probe, disable) and metrics every destination gets. Applications use this
+//! crate through `outbox-diesel`'s `webhook` feature (`outbox_diesel::webhook`).
 //!
 //! ```
 //! use std::time::Duration;
 //!
-//! use outbox_core::webhook::{WebhookEndpoint, WebhookSecret};
-//! use outbox_core::{Context, Handler, Message, ProcessError, Resources};
-//! use serde::{Deserialize, Serialize};
-//!
-//! #[derive(Serialize, Deserialize)]
-//! struct OrderShipped {
-//!     order_id: i64,
-//! }
-//!
-//! impl Message for OrderShipped {
-//!     const MESSAGE_TYPE: &'static str = "order.shipped";
-//! }
-//!
-//! impl Handler for OrderShipped {
-//!     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-//!         // POSTs {"id": <message id>, "type": "order.shipped", "data": {"order_id": ..}}.
-//!         ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
-//!     }
-//! }
+//! use outbox_webhook::{WebhookEndpoint, WebhookSecret};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let endpoint = WebhookEndpoint::builder("https://hooks.example.com/orders")
+//! let mail = WebhookEndpoint::builder("https://mail.example.com/hooks")
 //!     .secret(WebhookSecret::parse("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD")?)
 //!     .timeout(Duration::from_secs(5))
 //!     .header("x-tenant", "acme")
 //!     .build()?;
-//! let resources = Resources::new().with(endpoint);
-//! # assert!(resources.get::<WebhookEndpoint>().is_some());
+//! // Worker::builder(store).destination("mail", mail), and on the message's struct:
+//! // #[outbox_handler("comment.thankYou", deliver_to = "mail")]
+//! # drop(mail);
 //! # Ok(())
 //! # }
 //! ```
@@ -47,7 +33,7 @@
 //! ```
 //! use std::time::{Duration, SystemTime};
 //!
-//! use outbox_core::webhook::{verify_at, WebhookSecret, DEFAULT_TOLERANCE};
+//! use outbox_webhook::{verify_at, WebhookSecret, DEFAULT_TOLERANCE};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let secret = WebhookSecret::parse("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD")?;
@@ -70,18 +56,19 @@
 //! networks, link-local cloud metadata services, ...; see [`is_special_purpose`]), checked on
 //! the address actually dialled; open a trusted internal receiver with
 //! [`WebhookEndpointBuilder::allow_address`].
+#![forbid(unsafe_code)]
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+#![warn(missing_docs, missing_debug_implementations)]
 
 mod endpoint;
 mod error;
 mod guard;
-mod health;
 mod secret;
 mod verify;
 
-pub use endpoint::{WebhookEndpoint, WebhookEndpointBuilder, WebhookResponse, MAX_ENDPOINT_NAME};
+pub use endpoint::{WebhookEndpoint, WebhookEndpointBuilder, WebhookResponse};
 pub use error::WebhookError;
 pub use guard::is_special_purpose;
-pub use health::{EndpointState, HealthPolicy};
 pub use secret::{WebhookSecret, MIN_SECRET_LEN};
 pub use verify::{
     verify, verify_at, VerifiedWebhook, VerifyError, WebhookHeaders, DEFAULT_TOLERANCE,

@@ -6,24 +6,16 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use outbox_core::destination::{DeliveryError, Destination, Envelope};
+use outbox_core::{is_reserved_header, Headers};
 use reqwest::blocking::Client;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use reqwest::Url;
-use serde::Serialize;
 
-use super::error::{is_retryable_status, WebhookError};
-use super::guard::{AddressGuard, BlockedHost, GuardedResolver};
-use super::health::{
-    adopt, Adopt, EndpointState, Gate, Health, HealthPolicy, Observed, Transition,
-};
-use super::secret::WebhookSecret;
-use crate::context::Context;
-use crate::error::{FailureKind, ProcessError};
-use crate::headers::{is_reserved, Headers};
-use crate::store::{EndpointReport, StoredEndpoint};
+use crate::error::{is_retryable_status, WebhookError};
+use crate::guard::{AddressGuard, BlockedHost, GuardedResolver};
+use crate::secret::WebhookSecret;
 
-/// The longest endpoint name, in characters: the store's key column holds 255.
-pub const MAX_ENDPOINT_NAME: usize = 255;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_MAX_RESPONSE_BODY: usize = 64 * 1024;
@@ -33,12 +25,19 @@ const EXCERPT_CHARS: usize = 200;
 const USER_AGENT: &str = concat!("outbox-webhook/", env!("CARGO_PKG_VERSION"));
 
 /// One webhook receiver: its URL, signing secrets, timeouts and the HTTP client that talks to
-/// it.
+/// it. A [`Destination`]: give it to the worker under a name
+/// (`Worker::builder(store).destination("mail", endpoint)`), and route message types to it or
+/// deliver to it from handlers by that name.
 ///
-/// Build it once with [`WebhookEndpoint::builder`] when the application starts and share it
-/// (for instance as a [`Resources`](crate::Resources) entry): clones are cheap and share one
-/// client, so connections to the receiver are kept alive and reused across deliveries and
-/// worker threads.
+/// Build it once with [`WebhookEndpoint::builder`] when the application starts: clones are
+/// cheap and share one client, so connections to the receiver are kept alive and reused across
+/// deliveries and worker threads.
+///
+/// A JSON message is POSTed as `{"id": <message id>, "type": <message type>, "data": <the
+/// message's data>}`; a body of another content type is POSTed as it is. The message id is the
+/// `webhook-id` (the same on every retry, so the receiver can drop duplicates) and the
+/// message's headers (a `traceparent` among them) go along as HTTP headers, under the
+/// endpoint's own.
 ///
 /// Deliveries are signed the [Standard Webhooks](https://www.standardwebhooks.com) way, are not
 /// redirected, ignore proxy settings, and by default refuse special-purpose addresses (see
@@ -54,9 +53,6 @@ pub struct WebhookEndpoint {
 
 struct Inner {
     url: Url,
-    /// The endpoint's name in logs and metrics.
-    name: String,
-    health: Health,
     /// The URL as shown in errors and logs: without its password.
     shown_url: String,
     /// The URL's host, if it is an IP address: the client dials those without the resolver.
@@ -75,8 +71,6 @@ struct Inner {
 /// Configuration of a [`WebhookEndpoint`], from [`WebhookEndpoint::builder`].
 pub struct WebhookEndpointBuilder {
     url: String,
-    name: Option<String>,
-    health_policy: HealthPolicy,
     secrets: Vec<WebhookSecret>,
     timeout: Duration,
     connect_timeout: Duration,
@@ -91,8 +85,6 @@ impl WebhookEndpoint {
     pub fn builder(url: impl Into<String>) -> WebhookEndpointBuilder {
         WebhookEndpointBuilder {
             url: url.into(),
-            name: None,
-            health_policy: HealthPolicy::default(),
             secrets: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -108,78 +100,6 @@ impl WebhookEndpoint {
         &self.inner.url
     }
 
-    /// The endpoint's name in logs, metrics and the admin pages: the one given to the
-    /// builder, or the URL's host and port.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    /// Where the endpoint stands: healthy, paused after failing again and again, or disabled
-    /// after a `410 Gone` (see [`HealthPolicy`]).
-    pub fn health(&self) -> EndpointState {
-        self.inner.health.state(Instant::now())
-    }
-
-    /// Sends deliveries again: clears a disabled (`410 Gone`) or paused state. Messages
-    /// dead-lettered meanwhile can then be re-queued.
-    ///
-    /// This changes the endpoint in this process only; operators enable an endpoint for every
-    /// worker through the store (`outbox endpoint enable NAME`, the admin pages), which the
-    /// workers that deliver to it read every few seconds.
-    pub fn enable(&self) {
-        self.enabled_by("the application");
-    }
-
-    fn enabled_by(&self, whom: &str) {
-        self.inner.health.enable();
-        log::warn!("webhook endpoint {} enabled by {whom}", self.inner.name);
-        crate::metrics::endpoint_state(&self.inner.name, "healthy");
-    }
-
-    /// Applies what the store says about this endpoint (an operator's enable or disable, a
-    /// `410 Gone` another worker was told), given the operator's count of enables this worker
-    /// saw last.
-    pub(crate) fn adopt(&self, stored: &StoredEndpoint, enables_seen: Option<i64>) {
-        let disabled_here = matches!(self.health(), EndpointState::Disabled { .. });
-        match adopt(stored, enables_seen, disabled_here) {
-            Adopt::Enable => self.enabled_by("an operator"),
-            Adopt::Disable(reason) => {
-                self.inner.health.disable(&reason);
-                log::warn!(
-                    "webhook endpoint {} is disabled, as the store records: {reason}",
-                    self.inner.name
-                );
-                crate::metrics::endpoint_state(&self.inner.name, "disabled");
-            }
-            Adopt::Nothing => {}
-        }
-    }
-
-    /// The endpoint's health as the worker reports it to the store.
-    pub(crate) fn store_report(&self) -> EndpointReport {
-        let state = self.health();
-        let name = state.name();
-        let (consecutive_failures, last_error, probe_in, disabled_reason) = match state {
-            EndpointState::Healthy {
-                consecutive_failures,
-            } => (consecutive_failures, None, None, None),
-            EndpointState::Paused {
-                consecutive_failures,
-                probe_in,
-                last_error,
-            } => (consecutive_failures, Some(last_error), Some(probe_in), None),
-            EndpointState::Disabled { reason } => (0, None, None, Some(reason)),
-        };
-        EndpointReport {
-            name: self.inner.name.clone(),
-            state: name,
-            consecutive_failures,
-            last_error,
-            probe_in,
-            disabled_reason,
-        }
-    }
-
     /// The limit on one whole request, from connecting to reading the answer.
     pub fn timeout(&self) -> Duration {
         self.inner.timeout
@@ -190,166 +110,21 @@ impl WebhookEndpoint {
         self.inner.connect_timeout
     }
 
-    /// Delivers `data` as the message in `ctx`: POSTs the JSON envelope
-    /// `{"id": <message id>, "type": <message type>, "data": <data>}`, signed, with the message
-    /// id as `webhook-id` (the same on every retry, so the receiver can drop duplicates), and
-    /// the message's [headers](crate::Context::headers) (a `traceparent` among them) as HTTP
-    /// headers.
-    ///
-    /// A 2xx answer is success. Timeouts, connection failures and the statuses 408, 425, 429
-    /// and 5xx are retryable failures, carrying the receiver's `Retry-After`; other statuses,
-    /// redirects and refused addresses are permanent. See [`WebhookError`].
-    pub fn deliver<T: Serialize + ?Sized>(
-        &self,
-        ctx: &Context<'_>,
-        data: &T,
-    ) -> Result<(), ProcessError> {
-        #[derive(Serialize)]
-        struct Envelope<'a, T: ?Sized> {
-            id: &'a str,
-            #[serde(rename = "type")]
-            message_type: &'a str,
-            data: &'a T,
-        }
-
-        let id = ctx.message_id().to_string();
-        let envelope = Envelope {
-            id: &id,
-            message_type: ctx.message_type(),
-            data,
-        };
-        match serde_json::to_vec(&envelope) {
-            Ok(body) => self.send(ctx, &id, body),
-            Err(error) => Err(self.failed(ctx, &id, WebhookError::Serialize(error))),
-        }
-    }
-
-    /// Delivers `body`, JSON the caller made, as is, for the message in `ctx`: like
-    /// [`deliver`](WebhookEndpoint::deliver) without the envelope.
-    pub fn send_json(&self, ctx: &Context<'_>, body: &[u8]) -> Result<(), ProcessError> {
-        let id = ctx.message_id().to_string();
-        self.send(ctx, &id, body.to_vec())
-    }
-
     /// POSTs `body` signed with `msg_id` as `webhook-id`, and returns whatever the receiver
     /// answered, without judging the status: use [`WebhookResponse::error_for_status`] for that.
+    /// Not through a worker's health gate: for tools and tests of a receiver.
     ///
     /// Errors are those of not getting an answer: a refused address, a timeout, a failed
     /// connection, or a `msg_id` that cannot be a header value.
     pub fn post(&self, msg_id: &str, body: &[u8]) -> Result<WebhookResponse, WebhookError> {
-        self.post_owned(msg_id, &Headers::new(), body.to_vec())
-    }
-
-    fn send(&self, ctx: &Context<'_>, id: &str, body: Vec<u8>) -> Result<(), ProcessError> {
-        let inner = &*self.inner;
-        let probe = match inner.health.gate(Instant::now()) {
-            Gate::Send => false,
-            Gate::Probe => {
-                log::info!("webhook endpoint {}: probing with message {id}", inner.name);
-                true
-            }
-            Gate::Wait { delay, why } => {
-                return Err(ProcessError::defer(
-                    format!("not sent: webhook endpoint {} is {why}", inner.name),
-                    delay,
-                ))
-            }
-            Gate::Refuse(reason) => {
-                return Err(ProcessError::permanent(format!(
-                    "not sent: webhook endpoint {} is disabled ({reason}); enable it again \
-                     (WebhookEndpoint::enable, or the admin pages) and re-queue",
-                    inner.name
-                )))
-            }
-        };
-        let result = self
-            .post_owned(id, ctx.headers(), body)
-            .and_then(WebhookResponse::error_for_status);
-        // The failure as the operator sees it on the endpoint (status, timeout, refused).
-        let failure = result
-            .as_ref()
-            .err()
-            .filter(|error| error.failure_kind() == FailureKind::Retryable)
-            .map(ToString::to_string);
-        let observed = match (&result, &failure) {
-            (Ok(_), _) => Observed::Answered,
-            (Err(WebhookError::Status { status: 410, .. }), _) => {
-                Observed::Gone("the receiver answered 410 Gone")
-            }
-            (_, Some(failure)) => Observed::Failed(failure),
-            (Err(WebhookError::Status { .. } | WebhookError::Redirect { .. }), None) => {
-                Observed::Answered
-            }
-            (Err(_), None) => Observed::Nothing,
-        };
-        let transition = inner.health.record(observed, probe, Instant::now());
-        if let Some(transition) = &transition {
-            self.report(transition);
-        }
-        match (result, transition) {
-            (Ok(_), _) => Ok(()),
-            // A failed probe is the outage's, not the message's: it waits for the next probe
-            // without spending an attempt, so no outage, however long, uses up its retries.
-            (Err(error), Some(Transition::Paused(length))) if probe => {
-                let error = self.failed(ctx, id, error);
-                Err(ProcessError::defer(
-                    format!(
-                        "not delivered: the probe of paused webhook endpoint {} failed ({}); \
-                         next probe in {length:?}",
-                        inner.name,
-                        error.reason()
-                    ),
-                    length,
-                ))
-            }
-            (Err(error), _) => Err(self.failed(ctx, id, error)),
-        }
-    }
-
-    fn report(&self, transition: &Transition) {
-        let name = &self.inner.name;
-        match transition {
-            Transition::Paused(length) => {
-                let length = *length;
-                log::warn!(
-                    "webhook endpoint {name} paused for {length:?} after consecutive failures: \
-                     its messages wait without counting attempts until a probe gets an answer"
-                );
-                crate::metrics::endpoint_state(name, "paused");
-            }
-            Transition::Resumed => {
-                log::warn!("webhook endpoint {name} answered a probe: deliveries resume");
-                crate::metrics::endpoint_state(name, "healthy");
-            }
-            Transition::Disabled => {
-                log::error!(
-                    "webhook endpoint {name} answered 410 Gone and is disabled: its messages are \
-                     dead-lettered until it is enabled again"
-                );
-                crate::metrics::endpoint_state(name, "disabled");
-            }
-        }
-    }
-
-    fn failed(&self, ctx: &Context<'_>, id: &str, error: WebhookError) -> ProcessError {
-        let error = error.into_process_error();
-        let attempt = ctx.attempt();
-        match error.kind() {
-            FailureKind::Retryable => log::info!(
-                "webhook delivery of message {id} (attempt {attempt}) failed and will be \
-                 retried: {error}"
-            ),
-            _ => log::warn!(
-                "webhook delivery of message {id} (attempt {attempt}) failed permanently: {error}"
-            ),
-        }
-        error
+        self.post_owned(msg_id, &Headers::new(), "application/json", body.to_vec())
     }
 
     fn post_owned(
         &self,
         msg_id: &str,
         message_headers: &Headers,
+        content_type: &str,
         body: Vec<u8>,
     ) -> Result<WebhookResponse, WebhookError> {
         let inner = &*self.inner;
@@ -367,6 +142,11 @@ impl WebhookEndpoint {
             reason: "the message id contains characters not allowed in a header value",
         })?;
         let message_headers = header_map(message_headers)?;
+        let content_type =
+            HeaderValue::from_str(content_type).map_err(|_| WebhookError::InvalidHeader {
+                name: "content-type".into(),
+                reason: "the content type contains characters not allowed in a header value",
+            })?;
         let timestamp = unix_now();
         let signatures: Vec<String> = inner
             .secrets
@@ -386,7 +166,7 @@ impl WebhookEndpoint {
             // cannot override the receiver's credentials, nor any header set below.
             .headers(message_headers)
             .headers(inner.headers.clone())
-            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_TYPE, content_type)
             .header("webhook-id", id)
             .header("webhook-timestamp", timestamp)
             .header("webhook-signature", signatures.join(" "))
@@ -436,6 +216,50 @@ impl WebhookEndpoint {
             retry_after,
         })
     }
+}
+
+impl Destination for WebhookEndpoint {
+    fn kind(&self) -> &'static str {
+        "webhook"
+    }
+
+    /// POSTs the envelope (see the type's documentation) and classifies the answer: 2xx is
+    /// delivered; `429`, and `503` with a `Retry-After`, push back (the whole destination
+    /// waits, no attempt counted); timeouts, connection failures, `408`, `425` and other `5xx`
+    /// are retryable failures of the destination; `410 Gone` says it is gone; other statuses
+    /// and redirects are permanent failures of the message.
+    fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
+        let id = envelope.message_id.to_string();
+        let body = if envelope.is_json() {
+            wrapped(&id, &envelope.message_type, &envelope.body)
+        } else {
+            envelope.body.clone()
+        };
+        self.post_owned(&id, &envelope.headers, &envelope.content_type, body)
+            .and_then(WebhookResponse::error_for_status)
+            .map(drop)
+            .map_err(WebhookError::into_delivery_error)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+}
+
+/// The JSON body of a delivery: `{"id": .., "type": .., "data": <data>}`, with the data as it
+/// is (it is JSON already), not decoded and encoded again.
+fn wrapped(id: &str, message_type: &str, data: &[u8]) -> Vec<u8> {
+    // A string always serializes.
+    let message_type = serde_json::to_string(message_type).unwrap_or_default();
+    let mut body = Vec::with_capacity(data.len() + id.len() + message_type.len() + 32);
+    body.extend_from_slice(b"{\"id\":\"");
+    body.extend_from_slice(id.as_bytes());
+    body.extend_from_slice(b"\",\"type\":");
+    body.extend_from_slice(message_type.as_bytes());
+    body.extend_from_slice(b",\"data\":");
+    body.extend_from_slice(data);
+    body.push(b'}');
+    body
 }
 
 /// The blocking HTTP client, made and dropped off any async runtime: it owns a runtime of its
@@ -521,21 +345,6 @@ impl WebhookEndpointBuilder {
         self
     }
 
-    /// The endpoint's name in logs, metrics and the admin pages (default: the URL's host and
-    /// port). Keep it short and fixed: it is a metric label.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// When to pause deliveries to a receiver that keeps failing (default: after 10
-    /// consecutive failures, 30 s doubling up to 15 minutes; [`HealthPolicy::never_pause`]
-    /// turns pausing off). A `410 Gone` disables the endpoint whatever the policy.
-    pub fn health_policy(mut self, policy: HealthPolicy) -> Self {
-        self.health_policy = policy;
-        self
-    }
-
     /// The limit on one whole request, from connecting to reading the answer (default 10 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -553,8 +362,8 @@ impl WebhookEndpointBuilder {
     ///
     /// The headers the endpoint sets itself (every `webhook-*` header and the body's framing:
     /// `content-type`, `content-length`, `host`, ...) are refused by
-    /// [`build`](WebhookEndpointBuilder::build). These headers win over a message's
-    /// [headers](crate::Context::headers) of the same name.
+    /// [`build`](WebhookEndpointBuilder::build). These headers win over a message's headers of the
+    /// same name.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -605,18 +414,6 @@ impl WebhookEndpointBuilder {
             .parse::<IpAddr>()
             .ok();
         let shown_url = redact(&url);
-        let name = self.name.unwrap_or_else(|| match url.port() {
-            Some(port) => format!("{host}:{port}"),
-            None => host.to_owned(),
-        });
-        let problem = match name.chars().count() {
-            0 => Some("empty"),
-            n if n > MAX_ENDPOINT_NAME => Some("too long"),
-            _ => None,
-        };
-        if let Some(problem) = problem {
-            return Err(WebhookError::InvalidName { name, problem });
-        }
         if self.secrets.is_empty() {
             return Err(WebhookError::NoSecret { url: shown_url });
         }
@@ -638,8 +435,6 @@ impl WebhookEndpointBuilder {
         Ok(WebhookEndpoint {
             inner: Arc::new(Inner {
                 url,
-                name,
-                health: Health::new(self.health_policy),
                 shown_url,
                 literal_ip,
                 secrets: self.secrets,
@@ -755,7 +550,7 @@ fn extra_headers(given: &[(String, String)]) -> Result<HeaderMap, WebhookError> 
                 name: name.clone(),
                 reason: "it is not a valid header name",
             })?;
-        if is_reserved(header.as_str()) {
+        if is_reserved_header(header.as_str()) {
             return Err(WebhookError::ReservedHeader {
                 name: header.as_str().to_owned(),
             });
@@ -775,7 +570,7 @@ fn extra_headers(given: &[(String, String)]) -> Result<HeaderMap, WebhookError> 
 fn header_map(headers: &Headers) -> Result<HeaderMap, WebhookError> {
     let mut map = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers.iter() {
-        if is_reserved(name) {
+        if is_reserved_header(name) {
             return Err(WebhookError::ReservedHeader {
                 name: name.to_owned(),
             });
@@ -858,6 +653,7 @@ mod tests {
     //! What needs no receiver, or the endpoint's private parts; deliveries to a real receiver
     //! are tested in the workspace's `tests/tests/webhook_endpoint.rs`.
     use super::*;
+    use outbox_core::FailureKind;
 
     const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
@@ -897,33 +693,8 @@ mod tests {
             matches!(&err, WebhookError::UnsupportedScheme { scheme } if scheme == "ftp"),
             "{err}"
         );
-        assert_eq!(err.failure_kind(), FailureKind::Permanent);
+        assert_eq!(err.into_delivery_error().kind(), FailureKind::Permanent);
 
-        // Names key the endpoint in the store: 1 to 255 characters, counted as characters.
-        let err = build(base().name(""));
-        assert!(
-            matches!(
-                err,
-                WebhookError::InvalidName {
-                    problem: "empty",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        let err = build(base().name("é".repeat(MAX_ENDPOINT_NAME + 1)));
-        assert!(
-            matches!(
-                err,
-                WebhookError::InvalidName {
-                    problem: "too long",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        let longest = base().name("é".repeat(MAX_ENDPOINT_NAME)).build().unwrap();
-        assert_eq!(longest.name().chars().count(), MAX_ENDPOINT_NAME);
     }
 
     #[test]

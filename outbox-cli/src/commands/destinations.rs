@@ -1,4 +1,4 @@
-//! `outbox endpoints` and `outbox endpoint enable|disable`: the webhook endpoints' health as
+//! `outbox destinations` and `outbox destination enable|disable`: the destinations' health as
 //! the workers report it, and an operator's say over it.
 
 use std::time::SystemTime;
@@ -16,13 +16,14 @@ use crate::table::{self, Align, Table};
 const DETAIL_WIDTH: usize = 60;
 
 pub(super) fn list<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Output, CliError> {
-    let endpoints = admin::endpoints(conn)?;
+    let destinations = admin::destinations(conn)?;
     if json {
-        let endpoints: Vec<Value> = endpoints
+        let destinations: Vec<Value> = destinations
             .iter()
             .map(|e| {
                 json!({
                     "name": e.name,
+                    "kind": e.kind,
                     "state": e.state,
                     "consecutive_failures": e.consecutive_failures,
                     "last_error": e.last_error,
@@ -32,28 +33,30 @@ pub(super) fn list<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Outp
                 })
             })
             .collect();
-        return Ok(Output::json(&json!({ "endpoints": endpoints })));
+        return Ok(Output::json(&json!({ "destinations": destinations })));
     }
-    if endpoints.is_empty() {
+    if destinations.is_empty() {
         return Ok(Output::text(
-            "no webhook endpoints reported (workers report those given to \
-             WorkerBuilder::webhook)\n"
+            "no destinations reported (workers report those given to \
+             WorkerBuilder::destination)\n"
                 .to_owned(),
         ));
     }
     let now = SystemTime::now();
     let mut table = Table::new(&[
-        ("ENDPOINT", Align::Left),
+        ("DESTINATION", Align::Left),
+        ("KIND", Align::Left),
         ("STATE", Align::Left),
         ("FAILURES", Align::Right),
         ("NEXT PROBE", Align::Left),
         ("REPORTED", Align::Left),
         ("DETAIL", Align::Left),
     ]);
-    for e in &endpoints {
+    for e in &destinations {
         let detail = e.disabled_reason.as_deref().or(e.last_error.as_deref());
         table.row(vec![
             table::truncate(&e.name, DETAIL_WIDTH),
+            table::truncate(&e.kind, DETAIL_WIDTH),
             table::truncate(&e.state, DETAIL_WIDTH),
             e.consecutive_failures.to_string(),
             e.next_probe_at
@@ -70,14 +73,14 @@ pub(super) fn enable<C: OutboxConnection>(
     name: &str,
     json: bool,
 ) -> Result<Output, CliError> {
-    if !admin::enable_endpoint(conn, name)? {
-        return Err(CliError::UnknownEndpoint(name.to_owned()));
+    if !admin::enable_destination(conn, name)? {
+        return Err(CliError::UnknownDestination(name.to_owned()));
     }
     if json {
         return Ok(Output::json(&json!({ "enabled": name })));
     }
     Ok(Output::text(format!(
-        "enabled webhook endpoint {}: the workers delivering to it send again within a few \
+        "enabled destination {}: the workers delivering to it send again within a few \
          seconds; messages dead-lettered meanwhile stay dead letters until re-queued \
          (`outbox dead requeue`)\n",
         table::one_line(name)
@@ -90,15 +93,15 @@ pub(super) fn disable<C: OutboxConnection>(
     reason: &str,
     json: bool,
 ) -> Result<Output, CliError> {
-    if !admin::disable_endpoint(conn, name, reason)? {
-        return Err(CliError::UnknownEndpoint(name.to_owned()));
+    if !admin::disable_destination(conn, name, reason)? {
+        return Err(CliError::UnknownDestination(name.to_owned()));
     }
     if json {
         return Ok(Output::json(&json!({ "disabled": name, "reason": reason })));
     }
     Ok(Output::text(format!(
-        "disabled webhook endpoint {}: within a few seconds the workers stop delivering to it \
-         and dead-letter its messages, until `outbox endpoint enable`\n",
+        "disabled destination {}: within a few seconds the workers stop delivering to it and \
+         dead-letter its messages, until `outbox destination enable`\n",
         table::one_line(name)
     )))
 }

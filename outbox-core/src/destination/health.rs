@@ -1,37 +1,41 @@
-//! Endpoint health: a receiver that keeps failing is paused instead of hammered, probed with
-//! backoff, and resumed when it answers; one that answers `410 Gone` is disabled.
+//! Destination health: a destination that keeps failing is paused instead of hammered, probed
+//! with backoff, and resumed when it answers; one that says it is gone for good is disabled;
+//! one that asks for fewer deliveries is held for the time it asks.
 //!
-//! - **Healthy**: every delivery is sent. Each retryable failure (a timeout, a refused
-//!   connection, a 5xx, a 429) adds to a count of consecutive failures; any answer that shows
-//!   the receiver is up (a 2xx, or a 4xx about the message) resets it.
+//! - **Healthy**: every delivery is sent. Each retryable failure about the destination (a
+//!   timeout, a refused connection, a `5xx`, a broker that is down) adds to a count of
+//!   consecutive failures; any answer that shows the destination is up (a success, or a
+//!   failure about the message alone) resets it.
 //! - **Paused**, after [`HealthPolicy::failures_to_pause`] consecutive failures: deliveries are
 //!   not sent; their messages are deferred until the pause ends, **without counting an
 //!   attempt**, so an outage of any length uses up nobody's retries. When the pause ends, the
 //!   next delivery goes out as the probe (one at a time; the others keep waiting). If the
-//!   receiver answers, the endpoint is healthy again; if not, the probe's message is deferred
-//!   too (a failed probe is the outage's, not the message's: no attempt is counted) and the
-//!   next pause is twice as long, up to [`HealthPolicy::longest_pause`].
-//! - **Disabled**, after a `410 Gone` (the receiver says it will never take deliveries again,
-//!   as the Standard Webhooks spec asks senders to honour): every delivery fails permanently,
-//!   so messages are dead-lettered with that reason, until
-//!   [`WebhookEndpoint::enable`](super::WebhookEndpoint::enable) (after which they can be
-//!   re-queued).
+//!   destination answers, it is healthy again; if not, the probe's message is deferred too (a
+//!   failed probe is the outage's, not the message's: no attempt is counted) and the next pause
+//!   is twice as long, up to [`HealthPolicy::longest_pause`].
+//! - **Held**, after a push-back (a `429` or `503` with `Retry-After`, a blocked broker
+//!   connection): no delivery goes out until the time asked for has passed; the messages wait
+//!   without counting attempts, and nothing counts as a failure.
+//! - **Disabled**, after a failure that says the destination is gone for good (a webhook's
+//!   `410 Gone`): every delivery fails permanently, so messages are dead-lettered with that
+//!   reason, until an operator enables it again (after which they can be re-queued).
 //!
-//! The state lives in the endpoint (clones share it). A worker given the endpoint
-//! ([`WorkerBuilder::webhook`](crate::WorkerBuilder::webhook)) also shares it through its
-//! store every few seconds ([`Store::sync_endpoints`](crate::store::Store::sync_endpoints)):
-//! a disable recorded there (another worker's `410 Gone`, an earlier run's, an operator's) is
-//! adopted, before the worker's first claim when it starts, and an operator's enable is
-//! followed. Pauses stay per process: each worker learns of an outage, and of its end, by
-//! itself.
+//! The state lives in the worker, one per named destination. The worker shares it through its
+//! store every few seconds
+//! ([`Store::sync_destinations`](crate::store::Store::sync_destinations)): a disable recorded
+//! there (another worker's `410 Gone`, an earlier run's, an operator's) is adopted, before the
+//! worker's first claim when it starts, and an operator's enable is followed. Pauses and holds
+//! stay per process: each worker learns of an outage, and of its end, by itself.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// The cap on any pause, so that a policy of `Duration::MAX` stays a time the clock can hold.
+/// The cap on any pause or hold, so that a policy or a request of `Duration::MAX` stays a time
+/// the clock can hold.
 const LONGEST_ANY_PAUSE: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// When an endpoint is paused and for how long: [`WebhookEndpointBuilder::health_policy`](super::WebhookEndpointBuilder::health_policy).
+/// When a destination is paused and for how long:
+/// [`DestinationOptions::health_policy`](super::DestinationOptions::health_policy).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthPolicy {
     failures_to_pause: u32,
@@ -91,14 +95,22 @@ impl HealthPolicy {
     }
 }
 
-/// Where an endpoint stands: [`WebhookEndpoint::health`](super::WebhookEndpoint::health).
+/// Where a destination stands: [`WorkerHandle::destination_state`](crate::WorkerHandle::destination_state).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum EndpointState {
+pub enum DestinationState {
     /// Deliveries are sent.
     Healthy {
         /// Retryable failures since the last answer.
         consecutive_failures: u32,
+    },
+    /// Deliveries wait (deferred, not counted as attempts) because the destination asked for
+    /// no deliveries until then.
+    Held {
+        /// How long until deliveries resume.
+        resume_in: Duration,
+        /// What the destination said.
+        reason: String,
     },
     /// Deliveries wait (deferred, not counted as attempts) until the next probe.
     Paused {
@@ -109,20 +121,24 @@ pub enum EndpointState {
         /// The last failure.
         last_error: String,
     },
-    /// Deliveries fail permanently until the endpoint is enabled again.
+    /// Deliveries fail permanently until the destination is enabled again.
     Disabled {
-        /// Why (the receiver's `410 Gone`).
+        /// Why (the receiver's `410 Gone`, an operator's decision).
         reason: String,
     },
 }
 
-impl EndpointState {
-    /// `healthy`, `paused` or `disabled`: the metric's and the pages' word for it.
+impl DestinationState {
+    /// Every state's name, as [`name`](DestinationState::name) gives it.
+    pub const NAMES: [&'static str; 4] = ["healthy", "held", "paused", "disabled"];
+
+    /// `healthy`, `held`, `paused` or `disabled`: the metric's and the pages' word for it.
     pub fn name(&self) -> &'static str {
         match self {
-            EndpointState::Healthy { .. } => "healthy",
-            EndpointState::Paused { .. } => "paused",
-            EndpointState::Disabled { .. } => "disabled",
+            DestinationState::Healthy { .. } => "healthy",
+            DestinationState::Held { .. } => "held",
+            DestinationState::Paused { .. } => "paused",
+            DestinationState::Disabled { .. } => "disabled",
         }
     }
 }
@@ -132,24 +148,27 @@ impl EndpointState {
 pub(crate) enum Gate {
     /// Send it.
     Send,
-    /// Send it as the probe of a paused endpoint.
+    /// Send it as the probe of a paused destination.
     Probe,
     /// Do not send it: defer its message this long.
     Wait { delay: Duration, why: String },
-    /// Do not send it: the endpoint is disabled.
+    /// Do not send it: the destination is disabled.
     Refuse(String),
 }
 
-/// What a delivery found out about the receiver.
+/// What a delivery found out about the destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Observed<'a> {
-    /// It answered (a 2xx, or a status about the message rather than the receiver).
+    /// It answered (a success, or a failure about the message rather than the destination).
     Answered,
-    /// A retryable failure: no answer, or a status that says "later".
+    /// A retryable failure about the destination: no answer, or an answer that says "later".
     Failed(&'a str),
-    /// `410 Gone`.
+    /// It asked for no deliveries for this long.
+    PushedBack(Duration, &'a str),
+    /// It is gone for good.
     Gone(&'a str),
-    /// Nothing about the receiver (the delivery never left: a refused address, a bad header).
+    /// Nothing about the destination (the delivery never left: a refused address, a bad
+    /// header).
     Nothing,
 }
 
@@ -157,6 +176,7 @@ pub(crate) enum Observed<'a> {
 struct Machine {
     consecutive_failures: u32,
     pause: Option<Pause>,
+    hold: Option<(Instant, String)>,
     disabled: Option<String>,
     last_error: String,
 }
@@ -169,7 +189,7 @@ struct Pause {
     probing: bool,
 }
 
-/// One endpoint's health, shared by its clones.
+/// One destination's health.
 #[derive(Debug)]
 pub(crate) struct Health {
     policy: HealthPolicy,
@@ -180,6 +200,7 @@ pub(crate) struct Health {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Transition {
     Paused(Duration),
+    Held(Duration),
     Resumed,
     Disabled,
 }
@@ -191,6 +212,7 @@ impl Health {
             machine: Mutex::new(Machine {
                 consecutive_failures: 0,
                 pause: None,
+                hold: None,
                 disabled: None,
                 last_error: String::new(),
             }),
@@ -205,6 +227,18 @@ impl Health {
         let mut m = self.machine();
         if let Some(reason) = &m.disabled {
             return Gate::Refuse(reason.clone());
+        }
+        if let Some((until, reason)) = &m.hold {
+            if now < *until {
+                return Gate::Wait {
+                    delay: *until - now,
+                    why: format!(
+                        "holding its deliveries for {:?}, as it asked ({reason})",
+                        *until - now
+                    ),
+                };
+            }
+            m.hold = None;
         }
         let failures = m.consecutive_failures;
         let last_error = m.last_error.clone();
@@ -244,8 +278,21 @@ impl Health {
                 m.consecutive_failures = 0;
                 m.pause.take().map(|_| Transition::Resumed)
             }
+            Observed::PushedBack(wait, reason) => {
+                // An answer all the same: the destination is up, and an outage is over.
+                m.consecutive_failures = 0;
+                m.pause = None;
+                let until = now + wait.min(LONGEST_ANY_PAUSE);
+                let longer = m.hold.as_ref().is_none_or(|(held, _)| *held < until);
+                if longer {
+                    m.hold = Some((until, reason.to_owned()));
+                    return Some(Transition::Held(until - now));
+                }
+                None
+            }
             Observed::Gone(reason) => {
                 m.pause = None;
+                m.hold = None;
                 m.disabled = Some(reason.to_owned());
                 Some(Transition::Disabled)
             }
@@ -286,42 +333,50 @@ impl Health {
         }
     }
 
-    pub fn state(&self, now: Instant) -> EndpointState {
+    pub fn state(&self, now: Instant) -> DestinationState {
         let m = self.machine();
         if let Some(reason) = &m.disabled {
-            return EndpointState::Disabled {
+            return DestinationState::Disabled {
                 reason: reason.clone(),
             };
         }
-        match m.pause {
-            Some(pause) => EndpointState::Paused {
+        if let Some(pause) = m.pause {
+            return DestinationState::Paused {
                 consecutive_failures: m.consecutive_failures,
                 probe_in: pause.until.saturating_duration_since(now),
                 last_error: m.last_error.clone(),
+            };
+        }
+        match &m.hold {
+            Some((until, reason)) if now < *until => DestinationState::Held {
+                resume_in: *until - now,
+                reason: reason.clone(),
             },
-            None => EndpointState::Healthy {
+            _ => DestinationState::Healthy {
                 consecutive_failures: m.consecutive_failures,
             },
         }
     }
 
-    /// Clears a disabled or paused state: deliveries are sent again.
+    /// Clears a disabled, paused or held state: deliveries are sent again.
     pub fn enable(&self) {
         let mut m = self.machine();
         m.disabled = None;
         m.pause = None;
+        m.hold = None;
         m.consecutive_failures = 0;
     }
 
-    /// Disables the endpoint for `reason` (what another worker or an operator decided).
+    /// Disables the destination for `reason` (what another worker or an operator decided).
     pub fn disable(&self, reason: &str) {
         let mut m = self.machine();
         m.pause = None;
+        m.hold = None;
         m.disabled = Some(reason.to_owned());
     }
 }
 
-/// What a worker does to its endpoint after reading the store's record of it.
+/// What a worker does to its destination after reading the store's record of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Adopt {
     /// An operator enabled it since the worker last looked.
@@ -331,13 +386,13 @@ pub(crate) enum Adopt {
     Nothing,
 }
 
-/// Decides what the store's record means for a worker's endpoint. `enables_seen` is the
+/// Decides what the store's record means for a worker's destination. `enables_seen` is the
 /// operator's count of enables when this worker last read it (`None`: never read, so an
-/// earlier enable is history, not news); `disabled_here` whether the endpoint is disabled in
+/// earlier enable is history, not news); `disabled_here` whether the destination is disabled in
 /// this worker. An operator's enable wins over a disable in the same record, since the enable
 /// clears the record's disable.
 pub(crate) fn adopt(
-    stored: &crate::store::StoredEndpoint,
+    stored: &crate::store::StoredDestination,
     enables_seen: Option<i64>,
     disabled_here: bool,
 ) -> Adopt {
@@ -374,7 +429,7 @@ mod tests {
         assert_eq!(h.record(Observed::Answered, false, now), None);
         assert_eq!(
             h.state(now),
-            EndpointState::Healthy {
+            DestinationState::Healthy {
                 consecutive_failures: 0
             }
         );
@@ -423,7 +478,7 @@ mod tests {
         );
         let mut lengths = Vec::new();
         for _ in 0..4 {
-            let EndpointState::Paused { probe_in, .. } = h.state(now) else {
+            let DestinationState::Paused { probe_in, .. } = h.state(now) else {
                 panic!("paused");
             };
             now += probe_in;
@@ -435,7 +490,7 @@ mod tests {
         }
         assert_eq!(lengths, [20, 35, 35, 35]);
         // A probe that never left lets the next delivery probe.
-        let EndpointState::Paused { probe_in, .. } = h.state(now) else {
+        let DestinationState::Paused { probe_in, .. } = h.state(now) else {
             panic!("paused");
         };
         now += probe_in;
@@ -485,8 +540,8 @@ mod tests {
         );
     }
 
-    fn stored(disabled: Option<&str>, enables: i64) -> crate::store::StoredEndpoint {
-        crate::store::StoredEndpoint::new("mail", disabled.map(str::to_owned), enables)
+    fn stored(disabled: Option<&str>, enables: i64) -> crate::store::StoredDestination {
+        crate::store::StoredDestination::new("mail", disabled.map(str::to_owned), enables)
     }
 
     #[test]

@@ -2,16 +2,14 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::endpoint::MAX_ENDPOINT_NAME;
-use crate::error::{FailureKind, ProcessError};
+use outbox_core::destination::{DeliveryError, Scope};
+use outbox_core::FailureKind;
 
 /// Why a webhook endpoint could not be built, or a delivery did not succeed.
 ///
 /// Messages name the endpoint by its URL (with any password removed) and never contain signing
-/// secrets or the values of extra headers. [`failure_kind`](WebhookError::failure_kind) says
-/// whether a later attempt may succeed, and
-/// [`into_process_error`](WebhookError::into_process_error) turns the error into what a
-/// [`Handler`](crate::Handler) returns.
+/// secrets or the values of extra headers.
+/// [`into_delivery_error`](WebhookError::into_delivery_error) classifies it for the worker.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WebhookError {
@@ -40,18 +38,6 @@ pub enum WebhookError {
     UnsupportedScheme {
         /// The scheme given.
         scheme: String,
-    },
-
-    /// The endpoint's name is empty or longer than the store keeps.
-    #[error(
-        "webhook endpoint name {name:?} is {problem}: a name is 1 to {MAX_ENDPOINT_NAME} \
-         characters (it keys the endpoint's health in the outbox_endpoint table)"
-    )]
-    InvalidName {
-        /// The name as given.
-        name: String,
-        /// `empty` or `too long`.
-        problem: &'static str,
     },
 
     /// The endpoint was built without any signing secret.
@@ -178,21 +164,6 @@ pub enum WebhookError {
 }
 
 impl WebhookError {
-    /// Whether a later attempt may succeed: timeouts, connection failures and the statuses
-    /// 408, 425, 429 and 5xx are retryable; everything else, including every configuration
-    /// error, is permanent.
-    pub fn failure_kind(&self) -> FailureKind {
-        match self {
-            WebhookError::Timeout { .. }
-            | WebhookError::Connect { .. }
-            | WebhookError::Transport { .. } => FailureKind::Retryable,
-            WebhookError::Status { status, .. } if is_retryable_status(*status) => {
-                FailureKind::Retryable
-            }
-            _ => FailureKind::Permanent,
-        }
-    }
-
     /// How long the receiver asked to wait before the next attempt (`Retry-After`), if it did.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
@@ -201,28 +172,56 @@ impl WebhookError {
         }
     }
 
-    /// The [`ProcessError`] a handler returns for this failure: same kind, the message with its
-    /// whole chain of causes as the reason, and the receiver's `Retry-After`.
+    /// The failure, classified for the worker, with the whole chain of causes as the reason:
     ///
-    /// (`ProcessError` has a blanket `From` for every error type, which would make every failure
-    /// retryable; this keeps the kind.)
-    pub fn into_process_error(self) -> ProcessError {
+    /// - `429`, and `503` with a `Retry-After`: the receiver pushes back; every delivery to it
+    ///   waits that long (1 s without a `Retry-After`), and no attempt is counted;
+    /// - timeouts, connection failures, `408`, `425` and other `5xx`: the receiver is down or
+    ///   failing; retried (after its `Retry-After`, if it sent one), and enough in a row pause
+    ///   the endpoint;
+    /// - `410 Gone`: the receiver will never take a delivery again; the endpoint is disabled;
+    /// - other statuses and redirects: permanent failures of this message;
+    /// - what never left (a refused address, a header that cannot be sent, a bad
+    ///   configuration): permanent, telling nothing of the receiver.
+    pub fn into_delivery_error(self) -> DeliveryError {
         let mut reason = self.to_string();
         let mut source = std::error::Error::source(&self);
         while let Some(cause) = source {
             let _ = write!(reason, ": {cause}");
             source = cause.source();
         }
-        let error = match self.failure_kind() {
-            FailureKind::Retryable => ProcessError::retryable(reason),
-            _ => ProcessError::permanent(reason),
+        let retry_after = self.retry_after();
+        let error = match &self {
+            WebhookError::Timeout { .. }
+            | WebhookError::Connect { .. }
+            | WebhookError::Transport { .. } => DeliveryError::unavailable(reason),
+            WebhookError::Status { status: 429, .. } => DeliveryError::push_back(
+                reason,
+                retry_after.unwrap_or(DEFAULT_PUSH_BACK),
+            ),
+            WebhookError::Status {
+                status: 503,
+                retry_after: Some(wait),
+                ..
+            } => DeliveryError::push_back(reason, *wait),
+            WebhookError::Status { status: 410, .. } => DeliveryError::gone(reason),
+            WebhookError::Status { status, .. } if is_retryable_status(*status) => {
+                DeliveryError::unavailable(reason)
+            }
+            WebhookError::Status { .. } | WebhookError::Redirect { .. } => {
+                DeliveryError::permanent(reason)
+            }
+            _ => DeliveryError::new(FailureKind::Permanent, Scope::Unsent, reason),
         };
-        match self.retry_after() {
-            Some(delay) => error.with_retry_after(delay),
-            None => error,
+        match retry_after {
+            Some(delay) if error.kind() == FailureKind::Retryable => error.not_before(delay),
+            _ => error,
         }
     }
 }
+
+/// How long a receiver that answers `429` without a `Retry-After` is left alone.
+const DEFAULT_PUSH_BACK: Duration = Duration::from_secs(1);
 
 /// Whether an answer with this status is worth repeating the request for.
 pub(crate) fn is_retryable_status(status: u16) -> bool {
@@ -274,33 +273,52 @@ mod tests {
 
     #[test]
     fn statuses_are_classified() {
-        for code in [408, 425, 429, 500, 502, 503, 599] {
+        let classified = |code, retry_after| {
+            let error = status(code, retry_after).into_delivery_error();
+            (error.kind(), error.scope())
+        };
+        for code in [408, 425, 500, 502, 503, 599] {
             assert_eq!(
-                status(code, None).failure_kind(),
-                FailureKind::Retryable,
+                classified(code, None),
+                (FailureKind::Retryable, Scope::Destination),
                 "{code}"
             );
         }
-        for code in [400, 401, 403, 404, 410, 413, 422, 451] {
+        let wait = Some(Duration::from_secs(2));
+        for (code, retry_after) in [(429, None), (429, wait), (503, wait)] {
             assert_eq!(
-                status(code, None).failure_kind(),
-                FailureKind::Permanent,
+                classified(code, retry_after),
+                (FailureKind::Deferred, Scope::Destination),
+                "{code} {retry_after:?}"
+            );
+        }
+        assert_eq!(
+            classified(410, None),
+            (FailureKind::Permanent, Scope::Destination)
+        );
+        for code in [400, 401, 403, 404, 413, 422, 451] {
+            assert_eq!(
+                classified(code, None),
+                (FailureKind::Permanent, Scope::Message),
                 "{code}"
             );
         }
+        let refused = WebhookError::InvalidSecret { reason: "short" }.into_delivery_error();
+        assert_eq!(refused.scope(), Scope::Unsent);
     }
 
     #[test]
-    fn the_process_error_keeps_kind_reason_and_retry_after() {
-        let err = status(503, Some(Duration::from_secs(7))).into_process_error();
+    fn the_classified_error_keeps_reason_and_retry_after() {
+        let err = status(502, Some(Duration::from_secs(7))).into_delivery_error();
         assert_eq!(err.kind(), FailureKind::Retryable);
-        assert_eq!(err.retry_after(), Some(Duration::from_secs(7)));
+        assert_eq!(err.delay(), Some(Duration::from_secs(7)));
         assert_eq!(
             err.reason(),
-            "webhook http://hooks.example/in answered 503 Service Unavailable (retry after 7s): busy"
+            "webhook http://hooks.example/in answered 502 Bad Gateway (retry after 7s): busy"
         );
-        let gone = status(410, None).into_process_error();
-        assert_eq!(gone.kind(), FailureKind::Permanent);
-        assert_eq!(gone.retry_after(), None);
+        let pushed = status(429, Some(Duration::from_secs(3))).into_delivery_error();
+        assert_eq!(pushed.delay(), Some(Duration::from_secs(3)));
+        let gone = status(410, None).into_delivery_error();
+        assert_eq!(gone.delay(), None);
     }
 }

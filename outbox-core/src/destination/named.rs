@@ -1,0 +1,544 @@
+//! The destinations of one worker, by name, each behind the same health gate and metrics.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::health::{adopt, Adopt, Gate, Health, Observed, Transition};
+use super::{DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope};
+use crate::context::Delivery;
+use crate::error::{FailureKind, ProcessError};
+use crate::metrics;
+use crate::store::{DestinationReport, StoredDestination, SyncedDestination};
+
+/// The longest destination name, in characters: the store's key column holds 255.
+pub const MAX_DESTINATION_NAME: usize = 255;
+
+/// How the worker wraps one destination: [`WorkerBuilder::destination_with`](crate::WorkerBuilder::destination_with).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DestinationOptions {
+    health_policy: HealthPolicy,
+}
+
+impl DestinationOptions {
+    /// The defaults: the default [`HealthPolicy`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// When the destination is paused after failures, and for how long.
+    pub fn health_policy(mut self, policy: HealthPolicy) -> Self {
+        self.health_policy = policy;
+        self
+    }
+}
+
+/// One named destination of a worker, with its health.
+pub(crate) struct Registered {
+    name: String,
+    destination: Arc<dyn Destination>,
+    health: Health,
+}
+
+impl fmt::Debug for Registered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Destination")
+            .field("name", &self.name)
+            .field("kind", &self.destination.kind())
+            .finish()
+    }
+}
+
+impl Registered {
+    pub fn new(name: String, destination: Arc<dyn Destination>, options: DestinationOptions) -> Self {
+        Registered {
+            name,
+            destination,
+            health: Health::new(options.health_policy),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn kind(&self) -> &'static str {
+        self.destination.kind()
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.destination.timeout()
+    }
+
+    pub fn state(&self) -> DestinationState {
+        self.health.state(Instant::now())
+    }
+
+    /// Delivers `envelope` through the gate: a paused, held or disabled destination is not
+    /// called; what the destination answers is counted, timed, and told to its health.
+    pub fn send(&self, envelope: &Envelope) -> Result<(), ProcessError> {
+        let name = &self.name;
+        let probe = match self.health.gate(Instant::now()) {
+            Gate::Send => false,
+            Gate::Probe => {
+                log::info!(
+                    "outbox destination {name}: probing with message {}",
+                    envelope.message_id
+                );
+                true
+            }
+            Gate::Wait { delay, why } => {
+                metrics::destination_attempt(name, "waited");
+                return Err(ProcessError::defer(
+                    format!("not sent: destination {name} is {why}"),
+                    delay,
+                ));
+            }
+            Gate::Refuse(reason) => {
+                metrics::destination_attempt(name, "refused");
+                return Err(ProcessError::permanent(format!(
+                    "not sent: destination {name} is disabled ({reason}); enable it again \
+                     (`outbox destination enable {name}`, or the admin pages) and re-queue"
+                )));
+            }
+        };
+        let started = Instant::now();
+        let result = self.destination.deliver(envelope);
+        metrics::destination_duration(name, started.elapsed());
+        metrics::destination_attempt(name, outcome_label(&result));
+        let observed = match &result {
+            Ok(()) => Observed::Answered,
+            Err(error) => observed(error),
+        };
+        let transition = self.health.record(observed, probe, Instant::now());
+        if let Some(transition) = &transition {
+            self.report(transition);
+        }
+        let error = match result {
+            Ok(()) => return Ok(()),
+            Err(error) => error,
+        };
+        let attempt = envelope.attempt;
+        let id = envelope.message_id;
+        match transition {
+            // A failed probe is the outage's, not the message's: it waits for the next probe
+            // without spending an attempt, so no outage, however long, uses up its retries.
+            Some(Transition::Paused(length)) if probe => Err(ProcessError::defer(
+                format!(
+                    "not delivered: the probe of paused destination {name} failed ({}); next \
+                     probe in {length:?}",
+                    error.reason()
+                ),
+                length,
+            )),
+            _ => {
+                match error.kind() {
+                    FailureKind::Retryable | FailureKind::Deferred => log::info!(
+                        "outbox destination {name}: message {id} (attempt {attempt}) not \
+                         delivered, will be retried: {error}"
+                    ),
+                    _ => log::warn!(
+                        "outbox destination {name}: message {id} (attempt {attempt}) refused for \
+                         good: {error}"
+                    ),
+                }
+                Err(error.into_process_error())
+            }
+        }
+    }
+
+    fn report(&self, transition: &Transition) {
+        let name = &self.name;
+        match transition {
+            Transition::Paused(length) => log::warn!(
+                "outbox destination {name} paused for {length:?} after consecutive failures: its \
+                 messages wait without counting attempts until a probe gets an answer"
+            ),
+            Transition::Held(length) => log::info!(
+                "outbox destination {name} asked for no deliveries for {length:?}: its messages \
+                 wait without counting attempts"
+            ),
+            Transition::Resumed => {
+                log::warn!("outbox destination {name} answered a probe: deliveries resume")
+            }
+            Transition::Disabled => log::error!(
+                "outbox destination {name} says it is gone for good and is disabled: its \
+                 messages are dead-lettered until an operator enables it again"
+            ),
+        }
+        metrics::destination_state(name, self.kind(), self.state().name());
+    }
+
+    /// Applies what the store says about this destination, given the operator's count of
+    /// enables this worker saw last.
+    fn adopt(&self, stored: &StoredDestination, enables_seen: Option<i64>) {
+        let disabled_here = matches!(self.state(), DestinationState::Disabled { .. });
+        match adopt(stored, enables_seen, disabled_here) {
+            Adopt::Enable => {
+                self.health.enable();
+                log::warn!("outbox destination {} enabled by an operator", self.name);
+            }
+            Adopt::Disable(reason) => {
+                self.health.disable(&reason);
+                log::warn!(
+                    "outbox destination {} is disabled, as the store records: {reason}",
+                    self.name
+                );
+            }
+            Adopt::Nothing => {}
+        }
+    }
+
+    /// The destination's health as the worker reports it to the store.
+    fn store_report(&self) -> DestinationReport {
+        let state = self.state();
+        let name = state.name();
+        let (consecutive_failures, last_error, probe_in, disabled_reason) = match state {
+            DestinationState::Healthy {
+                consecutive_failures,
+            } => (consecutive_failures, None, None, None),
+            DestinationState::Held { resume_in, reason } => (0, Some(reason), Some(resume_in), None),
+            DestinationState::Paused {
+                consecutive_failures,
+                probe_in,
+                last_error,
+            } => (consecutive_failures, Some(last_error), Some(probe_in), None),
+            DestinationState::Disabled { reason } => (0, None, None, Some(reason)),
+        };
+        DestinationReport {
+            name: self.name.clone(),
+            kind: self.kind(),
+            state: name,
+            consecutive_failures,
+            last_error,
+            probe_in,
+            disabled_reason,
+        }
+    }
+}
+
+fn observed(error: &DeliveryError) -> Observed<'_> {
+    match (error.scope(), error.kind()) {
+        (Scope::Destination, FailureKind::Permanent) => Observed::Gone(error.reason()),
+        (Scope::Destination, FailureKind::Deferred) => Observed::PushedBack(
+            error.delay().unwrap_or(Duration::from_secs(1)),
+            error.reason(),
+        ),
+        (Scope::Destination, _) => Observed::Failed(error.reason()),
+        (Scope::Message, _) => Observed::Answered,
+        _ => Observed::Nothing,
+    }
+}
+
+fn outcome_label(result: &Result<(), DeliveryError>) -> &'static str {
+    match result {
+        Ok(()) => "delivered",
+        Err(error) => match error.kind() {
+            FailureKind::Permanent => "rejected",
+            FailureKind::Deferred => "pushed_back",
+            _ => "failed",
+        },
+    }
+}
+
+/// A worker's destinations by name, fixed when it starts.
+#[derive(Debug, Default)]
+pub(crate) struct Destinations {
+    by_name: BTreeMap<String, Registered>,
+}
+
+impl Destinations {
+    /// The destinations, failing on a name given twice or not valid.
+    pub fn new(
+        destinations: Vec<(String, Arc<dyn Destination>, DestinationOptions)>,
+    ) -> Result<Self, NameError> {
+        let mut by_name = BTreeMap::new();
+        for (name, destination, options) in destinations {
+            check_name(&name)?;
+            if by_name.contains_key(&name) {
+                return Err(NameError::Duplicate(name));
+            }
+            let registered = Registered::new(name.clone(), destination, options);
+            by_name.insert(name, registered);
+        }
+        Ok(Destinations { by_name })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Registered> {
+        self.by_name.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Registered> {
+        self.by_name.values()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// The longest time one delivery may take, over all destinations.
+    pub fn longest_timeout(&self) -> Duration {
+        self.iter().map(Registered::timeout).max().unwrap_or_default()
+    }
+
+    /// Sets every destination's state gauge: they are there from the start, and a hold that
+    /// ran out shows as healthy again.
+    pub fn publish_states(&self) {
+        for registered in self.iter() {
+            metrics::destination_state(registered.name(), registered.kind(), registered.state().name());
+        }
+    }
+
+    /// Shares the destinations' health through the store; `enables_seen` is the operator's
+    /// count of enables of each destination when this worker last read it.
+    pub fn sync(
+        &self,
+        store: &dyn crate::store::Store,
+        enables_seen: &mut HashMap<String, i64>,
+    ) -> Result<(), crate::store::StoreError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let synced: Vec<SyncedDestination<'_>> = self
+            .iter()
+            .map(|d| SyncedDestination {
+                name: d.name(),
+                kind: d.kind(),
+            })
+            .collect();
+        store.sync_destinations(&synced, &mut |stored| {
+            for record in stored {
+                if let Some(registered) = self.get(&record.name) {
+                    registered.adopt(record, enables_seen.get(&record.name).copied());
+                    enables_seen.insert(record.name.clone(), record.enables);
+                }
+            }
+            self.iter().map(Registered::store_report).collect()
+        })?;
+        self.publish_states();
+        Ok(())
+    }
+}
+
+/// A destination name that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// Two destinations were given one name.
+    #[error(
+        "two destinations are named `{0}`: each destination of a worker needs a name of its own \
+         (messages and handlers pick destinations by name)"
+    )]
+    Duplicate(String),
+    /// The name is empty, too long or has control characters.
+    #[error(
+        "destination name {name:?} is {problem}: a name is 1 to {MAX_DESTINATION_NAME} characters \
+         without control characters (it keys the destination's health in the store)"
+    )]
+    Invalid {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+}
+
+fn check_name(name: &str) -> Result<(), NameError> {
+    let problem = if name.is_empty() {
+        "empty"
+    } else if name.chars().count() > MAX_DESTINATION_NAME {
+        "too long"
+    } else if name.chars().any(char::is_control) {
+        "not printable"
+    } else {
+        return Ok(());
+    };
+    Err(NameError::Invalid {
+        name: name.to_owned(),
+        problem,
+    })
+}
+
+/// One of the worker's destinations, reached by name from a handler:
+/// [`Context::destination`](crate::Context::destination). Deliveries through it pass the
+/// destination's health gate and are counted in its metrics, as routed messages are.
+pub struct DestinationRef<'a> {
+    pub(crate) registered: &'a Registered,
+    pub(crate) delivery: &'a Delivery,
+}
+
+impl fmt::Debug for DestinationRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.registered.fmt(f)
+    }
+}
+
+impl DestinationRef<'_> {
+    /// The destination's name.
+    pub fn name(&self) -> &str {
+        self.registered.name()
+    }
+
+    /// What kind of destination it is (`webhook`, `jetstream`, ...).
+    pub fn kind(&self) -> &'static str {
+        self.registered.kind()
+    }
+
+    /// Delivers `data`, as JSON, as the message being processed; see [`send`](Self::send).
+    pub fn deliver<T: Serialize + ?Sized>(&self, data: &T) -> Result<(), ProcessError> {
+        self.send(self.json(data)?)
+    }
+
+    /// Delivers `data`, as JSON, to `subject` within the destination (a NATS subject, a
+    /// RabbitMQ routing key, a Kafka topic).
+    pub fn deliver_to<T: Serialize + ?Sized>(
+        &self,
+        subject: &str,
+        data: &T,
+    ) -> Result<(), ProcessError> {
+        self.send(self.json(data)?.with_subject(subject))
+    }
+
+    /// Delivers `envelope` (made with [`Context::envelope`](crate::Context::envelope)). A
+    /// paused, held or disabled destination is not called: the message is deferred without
+    /// spending an attempt, or dead-lettered while the destination is disabled.
+    pub fn send(&self, envelope: Envelope) -> Result<(), ProcessError> {
+        self.registered.send(&envelope)
+    }
+
+    fn json<T: Serialize + ?Sized>(&self, data: &T) -> Result<Envelope, ProcessError> {
+        let body = serde_json::to_vec(data).map_err(|error| {
+            ProcessError::permanent(format!(
+                "the message's data could not be written as JSON for destination {}: {error}",
+                self.name()
+            ))
+        })?;
+        Ok(self.delivery.envelope(body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Answers with what it is told to, and counts its calls.
+    #[derive(Default)]
+    struct Scripted {
+        answers: Mutex<Vec<Result<(), DeliveryError>>>,
+        calls: Mutex<u32>,
+    }
+
+    impl Destination for Scripted {
+        fn kind(&self) -> &'static str {
+            "scripted"
+        }
+
+        fn deliver(&self, _: &Envelope) -> Result<(), DeliveryError> {
+            *self.calls.lock().unwrap() += 1;
+            self.answers.lock().unwrap().pop().unwrap_or(Ok(()))
+        }
+    }
+
+    fn registered(answers: Vec<Result<(), DeliveryError>>, failures: u32) -> (Registered, Arc<Scripted>) {
+        let scripted = Arc::new(Scripted {
+            answers: Mutex::new(answers.into_iter().rev().collect()),
+            calls: Mutex::new(0),
+        });
+        let options = DestinationOptions::new().health_policy(
+            HealthPolicy::new()
+                .failures_to_pause(failures)
+                .first_pause(Duration::from_secs(60)),
+        );
+        (
+            Registered::new("mail".into(), scripted.clone(), options),
+            scripted,
+        )
+    }
+
+    fn envelope() -> Envelope {
+        Envelope::new(crate::MessageId::new(), "t", b"{}".to_vec())
+    }
+
+    #[test]
+    fn failures_about_the_destination_pause_it_and_then_messages_wait_without_calling_it() {
+        let (mail, scripted) = registered(
+            vec![
+                Err(DeliveryError::unavailable("503")),
+                Err(DeliveryError::unavailable("503")),
+            ],
+            2,
+        );
+        for _ in 0..2 {
+            let error = mail.send(&envelope()).unwrap_err();
+            assert_eq!(error.kind(), FailureKind::Retryable);
+        }
+        assert_eq!(mail.state().name(), "paused");
+        let waited = mail.send(&envelope()).unwrap_err();
+        assert_eq!(waited.kind(), FailureKind::Deferred);
+        assert!(waited.reason().contains("destination mail is paused"), "{waited:?}");
+        assert_eq!(*scripted.calls.lock().unwrap(), 2, "not called while paused");
+    }
+
+    #[test]
+    fn failures_about_one_message_never_pause_and_a_push_back_holds_everyone() {
+        let (mail, scripted) = registered(
+            vec![
+                Err(DeliveryError::permanent("400")),
+                Err(DeliveryError::permanent("400")),
+                Err(DeliveryError::push_back("429", Duration::from_secs(30))),
+            ],
+            1,
+        );
+        for _ in 0..2 {
+            let error = mail.send(&envelope()).unwrap_err();
+            assert_eq!(error.kind(), FailureKind::Permanent);
+        }
+        assert_eq!(mail.state().name(), "healthy");
+        let pushed = mail.send(&envelope()).unwrap_err();
+        assert_eq!(pushed.kind(), FailureKind::Deferred);
+        assert_eq!(mail.state().name(), "held");
+        let waited = mail.send(&envelope()).unwrap_err();
+        assert_eq!(waited.kind(), FailureKind::Deferred);
+        assert!(waited.retry_after().unwrap() > Duration::from_secs(25));
+        assert_eq!(*scripted.calls.lock().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_destination_that_is_gone_refuses_until_enabled() {
+        let (mail, _) = registered(vec![Err(DeliveryError::gone("410 Gone"))], 5);
+        assert_eq!(
+            mail.send(&envelope()).unwrap_err().kind(),
+            FailureKind::Permanent
+        );
+        let refused = mail.send(&envelope()).unwrap_err();
+        assert!(refused.reason().contains("is disabled (410 Gone)"), "{refused:?}");
+        mail.health.enable();
+        assert!(mail.send(&envelope()).is_ok());
+    }
+
+    #[test]
+    fn names_are_unique_printable_and_bounded() {
+        let any = || Arc::new(Scripted::default()) as Arc<dyn Destination>;
+        let named = |name: &str| (name.to_owned(), any(), DestinationOptions::new());
+        assert!(Destinations::new(vec![named("mail"), named("crm")]).is_ok());
+        assert_eq!(
+            Destinations::new(vec![named("mail"), named("mail")]).unwrap_err(),
+            NameError::Duplicate("mail".into())
+        );
+        for bad in ["", "a\nb", &"x".repeat(256)] {
+            assert!(
+                matches!(Destinations::new(vec![named(bad)]), Err(NameError::Invalid { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(Destinations::new(vec![named(&"é".repeat(255))]).is_ok());
+    }
+}

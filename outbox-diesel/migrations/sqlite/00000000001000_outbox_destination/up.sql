@@ -1,0 +1,4 @@
+-- Webhook endpoints became destinations of any kind (webhooks, brokers): the health table keeps
+-- each one's kind beside its name.
+ALTER TABLE outbox_endpoint RENAME TO outbox_destination;
+ALTER TABLE outbox_destination ADD COLUMN kind TEXT NOT NULL DEFAULT 'webhook';
