@@ -204,7 +204,7 @@ pub fn spawn_worker<C: BenchConnection>(
         .handler_threads(opts.handler_threads)
         .batch_size(opts.batch_size);
     if let Some(endpoint) = endpoint {
-        builder = builder.webhook(endpoint.clone());
+        builder = builder.destination(crate::handlers::HOOK, endpoint.clone());
     }
     builder.spawn().ctx("starting the worker")
 }

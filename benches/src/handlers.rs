@@ -1,8 +1,13 @@
 //! The benchmark's messages: one delivered to the receiver, one whose handler does nothing.
 
-use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{outbox_handler, Context, Handler, ProcessError};
 use serde::{Deserialize, Serialize};
+
+/// The name of the webhook destination [`Hook`] goes to.
+pub const HOOK: &str = "hook";
+
+/// The name of the broker destination [`Relayed`] goes to.
+pub const RELAY: &str = "relay";
 
 /// The text every benchmark message carries, so payloads have a realistic size (~100 bytes).
 pub const NOTE: &str = "Thank you for your first comment on this blog; we hope to read you again.";
@@ -42,7 +47,7 @@ impl Hook {
 
 impl Handler for Hook {
     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
+        ctx.destination(HOOK)?.deliver(&self)
     }
 }
 
@@ -95,18 +100,7 @@ pub fn envelope_raw(message_id: &str, message_type: &str, payload: &str) -> Vec<
     format!(r#"{{"id":"{message_id}","type":"{message_type}","data":{payload}}}"#).into_bytes()
 }
 
-/// Where `bench.relay` messages go: a broker destination and the subject or routing key.
-#[derive(Debug, Clone)]
-pub enum RelayTarget {
-    /// A JetStream subject.
-    JetStream(outbox_relay::JetStreamDestination, String),
-    /// A RabbitMQ routing key (through the default exchange: the queue's name).
-    RabbitMq(outbox_relay::RabbitMqDestination, String),
-    /// A Kafka topic.
-    Kafka(outbox_relay::KafkaDestination, String),
-}
-
-/// Published to the worker's [`RelayTarget`], like a domain event relayed to a broker.
+/// Published to the worker's destination [`RELAY`], like a domain event relayed to a broker.
 #[outbox_handler("bench.relay")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Relayed {
@@ -128,12 +122,6 @@ impl Relayed {
 
 impl Handler for Relayed {
     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        match ctx.resource::<RelayTarget>()? {
-            RelayTarget::JetStream(destination, subject) => {
-                destination.publish(ctx, subject, &self)
-            }
-            RelayTarget::RabbitMq(destination, key) => destination.publish(ctx, key, &self),
-            RelayTarget::Kafka(destination, topic) => destination.publish(ctx, topic, &self),
-        }
+        ctx.destination(RELAY)?.deliver(&self)
     }
 }

@@ -86,7 +86,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
             .handler_threads(opts.handler_threads)
             .batch_size(opts.batch_size)
-            .webhook(endpoint.clone())
+            .destination(crate::handlers::HOOK, endpoint.clone())
             .spawn()
             .ctx("starting the worker")?;
         std::thread::sleep(Duration::from_millis(500));

@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 
 use crate::db::{BenchConnection, BenchDb};
 use crate::drain::{backlog, drain_timeout, prefill, wait_for, Kind};
-use crate::handlers::{RelayTarget, Relayed};
+use crate::handlers::{Relayed, RELAY};
 use crate::report::Report;
 use crate::{failed, Opts, Res, WithContext};
 
@@ -239,25 +239,25 @@ impl Broker {
         })
     }
 
-    fn target(&self) -> Res<RelayTarget> {
+    fn target(&self) -> Res<Box<dyn outbox_diesel::destination::Destination>> {
         Ok(match self.destination {
-            Destination::Jetstream => RelayTarget::JetStream(
+            Destination::Jetstream => Box::new(
                 JetStreamDestination::builder(NATS_URL)
+                    .subject(SUBJECT)
                     .build()
                     .ctx("building the JetStream destination")?,
-                SUBJECT.into(),
             ),
-            Destination::Rabbitmq => RelayTarget::RabbitMq(
+            Destination::Rabbitmq => Box::new(
                 RabbitMqDestination::builder(AMQP_URL)
+                    .routing_key(QUEUE)
                     .build()
                     .ctx("building the RabbitMQ destination")?,
-                QUEUE.into(),
             ),
-            Destination::Kafka => RelayTarget::Kafka(
+            Destination::Kafka => Box::new(
                 KafkaDestination::builder(KAFKA_SERVERS)
+                    .topic(TOPIC)
                     .build()
                     .ctx("building the Kafka destination")?,
-                TOPIC.into(),
             ),
         })
     }
@@ -436,7 +436,7 @@ pub fn relay_drain_on<C: BenchConnection>(
         let worker = Worker::builder(DieselStore::new(pool))
             .handler_threads(opts.handler_threads)
             .batch_size(opts.batch_size)
-            .resource(broker.target()?)
+            .destination(RELAY, broker.target()?)
             .spawn()
             .ctx("starting the worker")?;
         let done = wait_for(drain_timeout(count), || {

@@ -180,6 +180,16 @@ impl<S: Store> Store for TracedStore<S> {
         self.inner.ping()
     }
 
+    fn sync_destinations(
+        &self,
+        destinations: &[outbox_diesel::store::SyncedDestination<'_>],
+        reconcile: &mut dyn FnMut(
+            &[outbox_diesel::store::StoredDestination],
+        ) -> Vec<outbox_diesel::store::DestinationReport>,
+    ) -> Result<(), StoreError> {
+        self.inner.sync_destinations(destinations, reconcile)
+    }
+
     fn promote_stranded(&self) -> Result<usize, StoreError> {
         self.inner.promote_stranded()
     }

@@ -54,7 +54,7 @@ fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
         .handler_threads(args.handler_threads)
         .batch_size(args.batch_size)
         .max_in_flight_bytes(args.max_in_flight_bytes)
-        .webhook(endpoint(&args.receiver)?)
+        .destination(crate::handlers::HOOK, endpoint(&args.receiver)?)
         .spawn()
         .ctx("starting the worker")?;
     let (closed_tx, closed_rx) = std::sync::mpsc::channel::<()>();

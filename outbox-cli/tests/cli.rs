@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use outbox_diesel::admin::{self, dead_letters, pending_messages, DeadLetter, ListOptions};
 use outbox_diesel::prelude::*;
-use outbox_diesel::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store, StoredEndpoint};
+use outbox_diesel::store::{
+    ClaimLimit, ClaimToken, Outcome, Settlement, Store, StoredDestination, SyncedDestination,
+};
 use outbox_diesel::{DieselStore, EnqueueOptions, Message};
 use outbox_testkit::outbox::outcome;
 use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
@@ -869,20 +871,26 @@ fn a_large_dry_run_shows_the_first_dead_letters_and_counts_the_rest<C: TestConne
     assert_eq!(dead(&pool).len(), 80, "a dry run changes nothing");
 }
 
-/// `outbox endpoints` shows what the workers recorded; `endpoint disable|enable` changes it in
-/// the store, where the workers' next sync reads it (the disable with its reason, the enable as
-/// one more enable to follow); an unknown name is one clear error; reasons are shown escaped.
-fn endpoints<C: TestConnection>(db: &TestDb) {
+/// `outbox destinations` shows what the workers recorded; `destination disable|enable` changes
+/// it in the store, where the workers' next sync reads it (the disable with its reason, the
+/// enable as one more enable to follow); an unknown name is one clear error; reasons are shown
+/// escaped.
+fn destinations<C: TestConnection>(db: &TestDb) {
     let pool = db.pool::<C>(2);
-    assert!(outbox(db.url(), &["endpoints"])
+    assert!(outbox(db.url(), &["destinations"])
         .ok()
-        .starts_with("no webhook endpoints reported"));
+        .starts_with("no destinations reported"));
     let store = DieselStore::new(pool.clone());
-    // What a worker's sync does with endpoints it has not recorded yet: records them healthy.
+    // What a worker's sync does with destinations it has not recorded yet: records them
+    // healthy, with their kind.
     let mut seen = Vec::new();
-    let sync = |seen: &mut Vec<StoredEndpoint>| {
+    let sync = |seen: &mut Vec<StoredDestination>| {
+        let synced = [
+            SyncedDestination::new("mail", "webhook"),
+            SyncedDestination::new("billing", "rabbitmq"),
+        ];
         store
-            .sync_endpoints(&["mail", "billing"], &mut |stored| {
+            .sync_destinations(&synced, &mut |stored| {
                 *seen = stored.to_vec();
                 Vec::new()
             })
@@ -892,15 +900,16 @@ fn endpoints<C: TestConnection>(db: &TestDb) {
     assert_eq!(
         seen,
         [
-            StoredEndpoint::new("billing", None, 0),
-            StoredEndpoint::new("mail", None, 0)
+            StoredDestination::new("billing", None, 0),
+            StoredDestination::new("mail", None, 0)
         ]
     );
-    let table = outbox(db.url(), &["endpoints"]).ok();
+    let table = outbox(db.url(), &["destinations"]).ok();
     assert_eq!(
         headers(&table),
         [
-            "ENDPOINT",
+            "DESTINATION",
+            "KIND",
             "STATE",
             "FAILURES",
             "NEXT PROBE",
@@ -910,69 +919,75 @@ fn endpoints<C: TestConnection>(db: &TestDb) {
     );
     let rows = table_rows(&table);
     assert_eq!(rows.len(), 2, "{table}");
-    assert_eq!(rows[0][..4], ["billing", "healthy", "0", "-"]);
-    assert_eq!(rows[1][..4], ["mail", "healthy", "0", "-"]);
+    assert_eq!(rows[0][..5], ["billing", "rabbitmq", "healthy", "0", "-"]);
+    assert_eq!(rows[1][..5], ["mail", "webhook", "healthy", "0", "-"]);
 
     let reason = "partner maintenance \u{1b}[31still red";
     let disabled = outbox(
         db.url(),
-        &["endpoint", "disable", "mail", "--reason", reason],
+        &["destination", "disable", "mail", "--reason", reason],
     )
     .ok();
     assert!(
-        disabled.starts_with("disabled webhook endpoint mail"),
+        disabled.starts_with("disabled destination mail"),
         "{disabled}"
     );
-    let table = outbox(db.url(), &["endpoints"]).ok();
+    let table = outbox(db.url(), &["destinations"]).ok();
     assert!(!table.contains('\u{1b}'), "{table:?}");
-    let json = outbox(db.url(), &["--json", "endpoints"]).json();
-    assert_eq!(json["endpoints"][1]["name"], "mail");
-    assert_eq!(json["endpoints"][1]["state"], "disabled");
-    assert_eq!(json["endpoints"][1]["disabled_reason"], reason);
-    assert_eq!(json["endpoints"][0]["state"], "healthy");
-    assert!(json["endpoints"][1]["reported_at"]
+    let json = outbox(db.url(), &["--json", "destinations"]).json();
+    assert_eq!(json["destinations"][1]["name"], "mail");
+    assert_eq!(json["destinations"][1]["kind"], "webhook");
+    assert_eq!(json["destinations"][1]["state"], "disabled");
+    assert_eq!(json["destinations"][1]["disabled_reason"], reason);
+    assert_eq!(json["destinations"][0]["state"], "healthy");
+    assert!(json["destinations"][1]["reported_at"]
         .as_str()
         .unwrap()
         .ends_with('Z'));
     sync(&mut seen);
-    assert_eq!(seen[1], StoredEndpoint::new("mail", Some(reason.into()), 0));
+    assert_eq!(
+        seen[1],
+        StoredDestination::new("mail", Some(reason.into()), 0)
+    );
     // Disabling twice changes nothing but is no error (a row that matched, on MySQL too).
     outbox(
         db.url(),
-        &["endpoint", "disable", "mail", "--reason", reason],
+        &["destination", "disable", "mail", "--reason", reason],
     )
     .ok();
 
-    let enabled = outbox(db.url(), &["endpoint", "enable", "mail"]).ok();
+    let enabled = outbox(db.url(), &["destination", "enable", "mail"]).ok();
     assert!(
-        enabled.starts_with("enabled webhook endpoint mail"),
+        enabled.starts_with("enabled destination mail"),
         "{enabled}"
     );
     sync(&mut seen);
-    assert_eq!(seen[1], StoredEndpoint::new("mail", None, 1));
-    let json = outbox(db.url(), &["--json", "endpoint", "enable", "mail"]).json();
+    assert_eq!(seen[1], StoredDestination::new("mail", None, 1));
+    let json = outbox(db.url(), &["--json", "destination", "enable", "mail"]).json();
     assert_eq!(json, json!({ "enabled": "mail" }));
     sync(&mut seen);
     assert_eq!(seen[1].enables, 2, "each enable counts");
     assert_eq!(
-        admin::endpoints(&mut pool.get().unwrap()).unwrap()[1].state,
+        admin::destinations(&mut pool.get().unwrap()).unwrap()[1].state,
         "healthy"
     );
 
-    let unknown = outbox(db.url(), &["endpoint", "enable", "nobody"]);
+    let unknown = outbox(db.url(), &["destination", "enable", "nobody"]);
     assert_eq!(
         unknown.error(),
-        "error: no webhook endpoint named `nobody` has been reported by a worker (`outbox \
-         endpoints` lists those that have)"
+        "error: no destination named `nobody` has been reported by a worker (`outbox \
+         destinations` lists those that have)"
     );
-    assert_eq!(outbox(db.url(), &["endpoint", "disable", "nobody"]).code, 1);
+    assert_eq!(outbox(db.url(), &["destination", "disable", "nobody"]).code, 1);
 
-    // The longest name an endpoint may have fits the store whole, on every backend.
-    let longest = "é".repeat(255); // webhook::MAX_ENDPOINT_NAME
+    // The longest name a destination may have fits the store whole, on every backend.
+    let longest = "é".repeat(outbox_diesel::destination::MAX_DESTINATION_NAME);
     store
-        .sync_endpoints(&[&longest], &mut |_| Vec::new())
+        .sync_destinations(&[SyncedDestination::new(&longest, "webhook")], &mut |_| {
+            Vec::new()
+        })
         .unwrap();
-    let names: Vec<String> = admin::endpoints(&mut pool.get().unwrap())
+    let names: Vec<String> = admin::destinations(&mut pool.get().unwrap())
         .unwrap()
         .into_iter()
         .map(|e| e.name)
@@ -981,7 +996,7 @@ fn endpoints<C: TestConnection>(db: &TestDb) {
 }
 
 backend_tests!(
-    endpoints,
+    destinations,
     show_by_message_id,
     blocked_keys,
     a_large_dry_run_shows_the_first_dead_letters_and_counts_the_rest,

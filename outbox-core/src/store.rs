@@ -396,6 +396,13 @@ pub struct SyncedDestination<'a> {
     pub kind: &'a str,
 }
 
+impl<'a> SyncedDestination<'a> {
+    /// Destination `name` of `kind`.
+    pub fn new(name: &'a str, kind: &'a str) -> Self {
+        SyncedDestination { name, kind }
+    }
+}
+
 /// A destination as the store keeps it: [`Store::sync_destinations`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

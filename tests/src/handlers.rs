@@ -4,14 +4,20 @@ use std::time::Duration;
 
 use diesel::sql_types::{Integer, Text};
 use diesel::RunQueryDsl;
-use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{
     exactly_once, outbox_handler, Backend, Context, Enqueue, Handler, ProcessError,
 };
 use outbox_testkit::with_connection;
 use serde::{Deserialize, Serialize};
 
-/// Delivers itself to the worker's webhook endpoint.
+/// The name of the destination [`Hook`] and [`Stall`] deliver to (a webhook endpoint, in the
+/// tests).
+pub const HOOK: &str = "hook";
+
+/// The name of the destination [`Relayed`] messages go to (a broker, in the tests).
+pub const RELAY: &str = "relay";
+
+/// Delivers itself to the worker's destination [`HOOK`].
 #[outbox_handler("test.hook")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Hook {
@@ -30,37 +36,12 @@ impl Hook {
 
 impl Handler for Hook {
     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self)
+        ctx.destination(HOOK)?.deliver(&self)
     }
 }
 
-/// Where [`Relayed`] messages go: a broker destination and the subject or routing key.
-#[derive(Debug, Clone)]
-pub enum RelayTarget {
-    /// A JetStream subject.
-    JetStream {
-        /// The destination.
-        destination: outbox_relay::JetStreamDestination,
-        /// The subject.
-        subject: String,
-    },
-    /// A RabbitMQ routing key.
-    RabbitMq {
-        /// The destination.
-        destination: outbox_relay::RabbitMqDestination,
-        /// The routing key.
-        routing_key: String,
-    },
-    /// A Kafka topic.
-    Kafka {
-        /// The destination.
-        destination: outbox_relay::KafkaDestination,
-        /// The topic.
-        topic: String,
-    },
-}
-
-/// Publishes itself to the worker's [`RelayTarget`].
+/// Publishes itself to the worker's destination [`RELAY`], to the subject, routing key or
+/// topic the destination was built with.
 #[outbox_handler("test.relay")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Relayed {
@@ -86,17 +67,7 @@ impl Relayed {
 
 impl Handler for Relayed {
     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        match ctx.resource::<RelayTarget>()? {
-            RelayTarget::JetStream {
-                destination,
-                subject,
-            } => destination.publish(ctx, subject, &self),
-            RelayTarget::RabbitMq {
-                destination,
-                routing_key,
-            } => destination.publish(ctx, routing_key, &self),
-            RelayTarget::Kafka { destination, topic } => destination.publish(ctx, topic, &self),
-        }
+        ctx.destination(RELAY)?.deliver(&self)
     }
 }
 
@@ -117,7 +88,7 @@ impl Handler for Stall {
             std::thread::sleep(std::time::Duration::from_millis(self.hang_ms));
             return Err(ProcessError::retryable("stalled on purpose"));
         }
-        ctx.resource::<WebhookEndpoint>()?.deliver(ctx, &self.hook)
+        ctx.destination(HOOK)?.deliver(&self.hook)
     }
 }
 

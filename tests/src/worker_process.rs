@@ -13,6 +13,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use diesel::r2d2::Pool;
+use outbox_diesel::destination::Destination;
 use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{Backend, DieselStore, OutboxManager, RetryPolicy, Worker};
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
@@ -20,7 +21,7 @@ use outbox_testkit::outbox::secret;
 use outbox_testkit::{with_connection, TestConnection};
 
 use crate::brokers::Broker;
-use crate::handlers::RelayTarget;
+use crate::handlers::{HOOK, RELAY};
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
@@ -51,10 +52,10 @@ fn run<C: TestConnection>(url: &str) -> ! {
             .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
             .build()
             .expect("an endpoint");
-        builder = builder.webhook(endpoint);
+        builder = builder.destination(HOOK, endpoint);
     }
     if let Ok(destination) = std::env::var("OUTBOX_WORKER_DESTINATION") {
-        builder = builder.resource(relay_target(&destination, timeout));
+        builder = builder.destination(RELAY, relay_destination(&destination, timeout));
     }
     let _worker = builder
         .resource(backend)
@@ -87,29 +88,29 @@ fn run<C: TestConnection>(url: &str) -> ! {
 }
 
 /// The broker destination `jetstream:SUBJECT`, `rabbitmq:ROUTING_KEY` or `kafka:TOPIC` names.
-fn relay_target(destination: &str, timeout: Duration) -> RelayTarget {
+pub fn relay_destination(destination: &str, timeout: Duration) -> Box<dyn Destination> {
     match destination.split_once(':') {
-        Some(("jetstream", subject)) => RelayTarget::JetStream {
-            destination: JetStreamDestination::builder(Broker::JetStream.url())
+        Some(("jetstream", subject)) => Box::new(
+            JetStreamDestination::builder(Broker::JetStream.url())
+                .subject(subject)
                 .timeout(timeout)
                 .build()
                 .expect("a JetStream destination"),
-            subject: subject.to_owned(),
-        },
-        Some(("rabbitmq", routing_key)) => RelayTarget::RabbitMq {
-            destination: RabbitMqDestination::builder(Broker::RabbitMq.url())
+        ),
+        Some(("rabbitmq", routing_key)) => Box::new(
+            RabbitMqDestination::builder(Broker::RabbitMq.url())
+                .routing_key(routing_key)
                 .timeout(timeout)
                 .build()
                 .expect("a RabbitMQ destination"),
-            routing_key: routing_key.to_owned(),
-        },
-        Some(("kafka", topic)) => RelayTarget::Kafka {
-            destination: KafkaDestination::builder(Broker::Kafka.url())
+        ),
+        Some(("kafka", topic)) => Box::new(
+            KafkaDestination::builder(Broker::Kafka.url())
+                .topic(topic)
                 .timeout(timeout)
                 .build()
                 .expect("a Kafka destination"),
-            topic: topic.to_owned(),
-        },
+        ),
         _ => panic!(
             "OUTBOX_WORKER_DESTINATION is jetstream:SUBJECT, rabbitmq:ROUTING_KEY or kafka:TOPIC, \
              not {destination}"

@@ -130,7 +130,7 @@ fn dead_letter(error: &str) -> Option<Settlement> {
 fn listings_filter_and_page_by_position_covering_every_message_once<C: TestConnection>(
     db: &TestDb,
 ) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let mut conn = pool.get().unwrap();
     // 130 messages: mail and events alternating; every third keyed "k1", every fifth "k2"
     // (where not "k1"); the last ten delayed.
@@ -248,7 +248,7 @@ fn listings_filter_and_page_by_position_covering_every_message_once<C: TestConne
 }
 
 fn the_pages_need_the_token_and_refuse_cross_site_posts<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     Mail { n: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
     settle_all(&pool, |_| dead_letter("for the sign-in test"));
     let position = dead(&pool)[0].position;
@@ -353,7 +353,7 @@ fn the_pages_need_the_token_and_refuse_cross_site_posts<C: TestConnection>(db: &
 }
 
 fn bulk_actions_do_only_the_count_the_operator_confirmed<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let mut conn = pool.get().unwrap();
     for n in 0..5 {
         if n < 3 {
@@ -445,7 +445,7 @@ fn bulk_actions_do_only_the_count_the_operator_confirmed<C: TestConnection>(db: 
 }
 
 fn a_message_page_shows_what_it_carries_and_escapes_what_it_says<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let mut conn = pool.get().unwrap();
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let kept = Mail { n: 7 }
@@ -511,7 +511,7 @@ fn a_message_page_shows_what_it_carries_and_escapes_what_it_says<C: TestConnecti
 }
 
 fn the_overview_shows_backlog_types_and_blocked_keys<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let mut conn = pool.get().unwrap();
     for n in 0..4 {
         Mail { n }

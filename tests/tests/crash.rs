@@ -18,7 +18,7 @@ fn a_killed_worker_loses_nothing<C: TestConnection>(db: &TestDb) {
         std::thread::sleep(Duration::from_millis(50));
         Reply::status(200)
     });
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let hooks: Vec<Hook> = (0..MESSAGES).map(Hook::new).collect();
     let ids = enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
 
@@ -53,7 +53,7 @@ fn a_killed_worker_loses_nothing<C: TestConnection>(db: &TestDb) {
     let worker = outbox_diesel::Worker::builder(outbox_diesel::DieselStore::new(pool.clone()))
         .handler_threads(8)
         .poll_interval(Duration::from_millis(100))
-        .webhook(endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
         .spawn()
         .unwrap();
     assert!(eventually(Duration::from_secs(60), || pending(&pool).is_empty()));

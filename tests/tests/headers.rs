@@ -60,7 +60,7 @@ fn a_traceparent_given_at_enqueue_arrives_at_the_receiver_unchanged<C: TestConne
     db: &TestDb,
 ) {
     let receiver = Receiver::ok();
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let options = EnqueueOptions::new()
         .header("traceparent", TRACEPARENT)
         .header("TraceState", TRACESTATE)
@@ -71,7 +71,7 @@ fn a_traceparent_given_at_enqueue_arrives_at_the_receiver_unchanged<C: TestConne
     Hook::new(2).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
-        .webhook(endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
         .spawn()
         .unwrap();
     assert!(receiver.wait_for(2, PATIENCE));
@@ -97,7 +97,7 @@ fn a_traceparent_given_at_enqueue_arrives_at_the_receiver_unchanged<C: TestConne
 /// The current OpenTelemetry span at enqueue becomes the message's `traceparent` (the tests
 /// crate enables the `opentelemetry` feature), and the handler runs with it as remote parent.
 fn the_current_span_is_carried_to_the_handler_as_its_remote_parent<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let run = fastrand::u32(1_000..u32::MAX / 2);
     let span = SpanContext::new(
         TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap(),
@@ -142,7 +142,7 @@ fn headers_stay_with_their_message_through_batches_dead_letters_and_requeues<C>(
 where
     C: TestConnection,
 {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let store = DieselStore::new(pool.clone());
     // One batch insert, headers on the middle row only: the binds of each row stay its own.
     let mut batch = Batch::new();
@@ -197,7 +197,7 @@ where
 }
 
 fn headers_http_cannot_carry_are_refused_and_nothing_is_written<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(2);
+    let pool = db.pool::<C>(3);
     let mut conn = pool.get().unwrap();
     let refused = |options: EnqueueOptions, conn: &mut C| {
         conn.transaction(|tx| {
@@ -246,7 +246,7 @@ fn headers_http_cannot_carry_are_refused_and_nothing_is_written<C: TestConnectio
 fn a_row_whose_headers_were_edited_into_nonsense_is_dead_lettered_alone<C: TestConnection>(
     db: &TestDb,
 ) {
-    let pool = db.pool::<C>(2);
+    let pool = db.pool::<C>(3);
     let store = DieselStore::new(pool.clone());
     let mut conn = pool.get().unwrap();
     for n in 1..=3 {
@@ -315,7 +315,7 @@ where
         "the headers column and the endpoints' table"
     );
 
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     Hook::new(20)
         .enqueue_with(
             &mut pool.get().unwrap(),
@@ -324,7 +324,7 @@ where
         .unwrap();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
-        .webhook(endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
         .spawn()
         .unwrap();
     assert!(receiver.wait_unique(21, PATIENCE));

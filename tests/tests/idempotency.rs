@@ -77,7 +77,7 @@ fn settle_all<C: TestConnection>(store: &DieselStore<OutboxManager<C>>, settleme
 }
 
 fn a_recorded_key_writes_nothing_and_returns_the_first_id<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(2);
+    let pool = db.pool::<C>(3);
     let first = enqueue(&pool, 1, "order-1/charge");
     // A different payload under the same key is still the same message: the key decides.
     assert_eq!(enqueue(&pool, 2, "order-1/charge"), first);
@@ -103,7 +103,7 @@ fn a_recorded_key_writes_nothing_and_returns_the_first_id<C: TestConnection>(db:
 }
 
 fn keys_compare_byte_for_byte_and_bad_keys_are_refused<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(2);
+    let pool = db.pool::<C>(3);
     let keys = [
         "key".to_owned(),
         "key ".to_owned(),
@@ -156,7 +156,7 @@ fn keys_compare_byte_for_byte_and_bad_keys_are_refused<C: TestConnection>(db: &T
 }
 
 fn a_rolled_back_enqueue_leaves_its_key_free<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(2);
+    let pool = db.pool::<C>(3);
     let mut conn = pool.get().unwrap();
     let mut rolled_back = None;
     let result: Result<(), Error> = conn.transaction(|conn| {
@@ -170,7 +170,7 @@ fn a_rolled_back_enqueue_leaves_its_key_free<C: TestConnection>(db: &TestDb) {
 }
 
 fn batches_skip_recorded_keys_and_keep_the_order<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(2);
+    let pool = db.pool::<C>(3);
     let earlier = enqueue(&pool, 0, "earlier");
     let mut batch = Batch::new();
     batch
@@ -268,7 +268,7 @@ fn two_transactions_racing_for_one_key_write_one_message<C: TestConnection>(db: 
         // (see transactions.rs); its sequential behaviour is the first test's.
         return sqlite_race(db);
     }
-    let pool = db.pool::<C>(3);
+    let pool = db.pool::<C>(4);
     let (a, b, waited) = race(&pool, "raced", true);
     assert_eq!(b, a, "B got A's message");
     assert!(
@@ -289,7 +289,7 @@ fn two_transactions_racing_for_one_key_write_one_message<C: TestConnection>(db: 
 /// first's key once the first commits.
 fn sqlite_race(db: &TestDb) {
     type C = diesel::SqliteConnection;
-    let pool = db.pool::<C>(3);
+    let pool = db.pool::<C>(4);
     let (a_enqueued, b_may_start) = mpsc::channel();
     std::thread::scope(|scope| {
         let a = scope.spawn(|| {
@@ -317,7 +317,7 @@ fn sqlite_race(db: &TestDb) {
 
 fn a_key_lasts_while_pending_or_dead_and_for_the_window_after<C: TestConnection>(db: &TestDb) {
     // The store holds two connections, the test one, and the enqueues take one each.
-    let pool = db.pool::<C>(5);
+    let pool = db.pool::<C>(6);
     let store = DieselStore::new(pool.clone());
     let delivered = enqueue(&pool, 1, "delivered");
     settle_all(&store, Settlement::Done);
@@ -388,7 +388,7 @@ fn a_key_lasts_while_pending_or_dead_and_for_the_window_after<C: TestConnection>
 fn the_worker_forgets_keys_in_bounded_rounds<C: TestConnection>(db: &TestDb) {
     // More keys than one page of the sweep, so its cursor moves over several.
     const KEYS: u32 = 2_100;
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let mut conn = pool.get().unwrap();
     let mut batch = Batch::new();
     for order in 0..KEYS {

@@ -25,7 +25,7 @@ fn signed(secret: &WebhookSecret, id: &str, body: &[u8]) -> Vec<(String, String)
 }
 
 fn setup<C: TestConnection + Connection>(db: &TestDb) -> TestPool<C> {
-    db.pool::<C>(4)
+    db.pool::<C>(5)
 }
 
 /// What the receiver's work writes: a follow-up message of its own, in the same transaction.

@@ -66,7 +66,7 @@ fn processed(outcome: &str) -> String {
 }
 
 fn run<C: TestConnection>(db: &TestDb, handle: &PrometheusHandle) {
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let mut batch = Batch::new();
     for i in 0..7 {
         batch.push(&Job { fail: i >= 5 }).unwrap();

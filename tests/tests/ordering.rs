@@ -76,7 +76,7 @@ struct Fixture<C: TestConnection> {
 
 impl<C: TestConnection> Fixture<C> {
     fn new(db: &TestDb) -> Self {
-        let pool = db.pool::<C>(4);
+        let pool = db.pool::<C>(5);
         Fixture {
             store: DieselStore::new(pool.clone()),
             pool,
@@ -350,7 +350,7 @@ fn a_key_left_without_a_head_is_promoted_by_the_sweep<C: TestConnection>(db: &Te
 fn concurrent_enqueues_and_two_workers_keep_every_key_in_order<C: TestConnection>(db: &TestDb) {
     let f = Fixture::<C>::new(db);
     let worker = |threads| {
-        Worker::builder(DieselStore::new(db.pool::<C>(6)))
+        Worker::builder(DieselStore::new(db.pool::<C>(7)))
             .handler_threads(threads)
             .batch_size(8)
             .poll_interval(Duration::from_millis(20))
@@ -430,7 +430,7 @@ where
         ))
         .unwrap();
     }
-    let refused = Worker::builder(DieselStore::new(db.bare_pool::<C>(4)))
+    let refused = Worker::builder(DieselStore::new(db.bare_pool::<C>(5)))
         .spawn()
         .map(|_| ())
         .unwrap_err()
@@ -446,7 +446,7 @@ where
          the endpoints' table"
     );
 
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .handler_threads(2)
         .poll_interval(Duration::from_millis(20))
@@ -574,7 +574,7 @@ fn busy_keys_do_not_hold_back_older_messages_of_other_keys<C: TestConnection>(db
     batch.enqueue(&mut f.pool.get().unwrap()).unwrap();
 
     // Room for 2 × 4 + 2 = 10 messages: once 8 keys are in flight, less than a batch is free.
-    let worker = Worker::builder(DieselStore::new(db.pool::<C>(4)))
+    let worker = Worker::builder(DieselStore::new(db.pool::<C>(5)))
         .handler_threads(2)
         .batch_size(4)
         .poll_interval(Duration::from_millis(20))

@@ -1,8 +1,9 @@
-//! Relaying to real brokers (NATS JetStream and RabbitMQ on 127.0.0.1): every committed
+//! Relaying to real brokers (NATS JetStream, RabbitMQ and Kafka on 127.0.0.1): every committed
 //! message arrives with its id, type, ordering key and headers, in per-key order; what the
 //! broker will never take is dead-lettered with the reason and the rest retried; a broker
-//! restart mid-drain and a worker killed mid-drain lose nothing, and on JetStream each
-//! message enters the stream once.
+//! restart mid-drain pauses the destination (its messages wait without spending attempts, a
+//! probe resumes them) and loses nothing, a worker killed mid-drain loses nothing, and on
+//! JetStream each message enters the stream once.
 //!
 //! The tests of one broker take turns (one restarts it while another would be reading).
 
@@ -11,16 +12,18 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use outbox_diesel::destination::{
+    DeliveryError, Destination, DestinationOptions, Envelope, HealthPolicy,
+};
 use outbox_diesel::{
     Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker,
 };
-use outbox_diesel::{Context, Delivery, Resources};
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use outbox_testkit::outbox::{dead, pending};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
 use outbox_tests::brokers::{arrivals, Broker, Received, TestQueue, TestStream, TestTopic};
 use outbox_tests::checker::{check, Ledger, Report};
-use outbox_tests::handlers::{RelayTarget, Relayed};
+use outbox_tests::handlers::{Relayed, RELAY};
 
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
@@ -53,8 +56,25 @@ fn rabbitmq(timeout: Duration) -> RabbitMqDestination {
         .unwrap()
 }
 
-fn kafka(timeout: Duration) -> KafkaDestination {
+fn jetstream_to(subject: &str, timeout: Duration) -> JetStreamDestination {
+    JetStreamDestination::builder(Broker::JetStream.url())
+        .subject(subject)
+        .timeout(timeout)
+        .build()
+        .unwrap()
+}
+
+fn rabbitmq_to(routing_key: &str, timeout: Duration) -> RabbitMqDestination {
+    RabbitMqDestination::builder(Broker::RabbitMq.url())
+        .routing_key(routing_key)
+        .timeout(timeout)
+        .build()
+        .unwrap()
+}
+
+fn kafka_to(topic: &str, timeout: Duration) -> KafkaDestination {
     KafkaDestination::builder(Broker::Kafka.url())
+        .topic(topic)
         .timeout(timeout)
         .build()
         .unwrap()
@@ -99,17 +119,35 @@ fn enqueue<C: TestConnection>(pool: &TestPool<C>, count: u32, keys: u32, ledger:
     }
 }
 
+/// A worker relaying to `target`, which it pauses after 3 failures in a row for half a
+/// second, and which gives a message 100 attempts (or `attempts`).
 fn worker<C: TestConnection>(
     pool: &TestPool<C>,
-    target: RelayTarget,
+    target: impl Destination,
 ) -> outbox_diesel::WorkerHandle {
+    worker_with_attempts(pool, target, 100)
+}
+
+fn worker_with_attempts<C: TestConnection>(
+    pool: &TestPool<C>,
+    target: impl Destination,
+    attempts: u32,
+) -> outbox_diesel::WorkerHandle {
+    let health = HealthPolicy::new()
+        .failures_to_pause(3)
+        .first_pause(Duration::from_millis(500))
+        .longest_pause(Duration::from_secs(1));
     Worker::builder(DieselStore::new(pool.clone()))
-        .resource(target)
+        .destination_with(
+            RELAY,
+            target,
+            DestinationOptions::new().health_policy(health),
+        )
         .handler_threads(8)
         .poll_interval(Duration::from_millis(50))
         .retry_policy(
             RetryPolicy::new()
-                .max_attempts(100)
+                .max_attempts(attempts)
                 .initial_backoff(Duration::from_millis(50))
                 .max_backoff(Duration::from_millis(500)),
         )
@@ -124,7 +162,7 @@ fn dead_ids<C: TestConnection>(pool: &TestPool<C>) -> HashSet<MessageId> {
 /// Drains the outbox through the worker, then checks what arrived against the ledger.
 fn drain<C: TestConnection>(
     pool: &TestPool<C>,
-    target: RelayTarget,
+    target: impl Destination,
     ledger: &Ledger,
     read: impl FnOnce() -> Vec<Received>,
 ) -> (Report, Vec<Received>) {
@@ -146,10 +184,10 @@ fn drain<C: TestConnection>(
 /// that each arrived once, in key order, as it was enqueued.
 fn relay_all_once<C: TestConnection>(
     db: &TestDb,
-    target: RelayTarget,
+    target: impl Destination,
     read: impl FnOnce() -> Vec<Received>,
 ) {
-    let pool = db.pool::<C>(12);
+    let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
     enqueue(&pool, 300, 7, &mut ledger);
     let (report, received) = drain(&pool, target, &ledger, read);
@@ -183,10 +221,7 @@ fn every_message_arrives_once_in_key_order_on_jetstream<C: TestConnection>(db: &
     let stream = TestStream::create("drain", -1, Duration::from_secs(120));
     relay_all_once::<C>(
         db,
-        RelayTarget::JetStream {
-            destination: jetstream(Duration::from_secs(5)),
-            subject: stream.subject("events"),
-        },
+        jetstream_to(&stream.subject("events"), Duration::from_secs(5)),
         || stream.messages(),
     );
 }
@@ -198,10 +233,7 @@ fn every_message_arrives_in_key_order_on_rabbitmq<C: TestConnection>(db: &TestDb
     let queue = TestQueue::declare("drain");
     relay_all_once::<C>(
         db,
-        RelayTarget::RabbitMq {
-            destination: rabbitmq(Duration::from_secs(5)),
-            routing_key: queue.name.clone(),
-        },
+        rabbitmq_to(&queue.name, Duration::from_secs(5)),
         || queue.take_all(),
     );
 }
@@ -213,10 +245,7 @@ fn every_message_arrives_in_key_order_in_kafka_partitions<C: TestConnection>(db:
     let topic = TestTopic::create("drain");
     relay_all_once::<C>(
         db,
-        RelayTarget::Kafka {
-            destination: kafka(Duration::from_secs(5)),
-            topic: topic.name.clone(),
-        },
+        kafka_to(&topic.name, Duration::from_secs(5)),
         || by_partition(topic.records()),
     );
 }
@@ -227,28 +256,27 @@ backend_tests!(
     every_message_arrives_in_key_order_in_kafka_partitions
 );
 
-/// Calls a destination the way a handler does, outside any worker.
-fn call(
-    publish: impl FnOnce(&Context<'_>) -> Result<(), outbox_diesel::ProcessError>,
-) -> Result<(), outbox_diesel::ProcessError> {
-    let delivery = Delivery {
-        message_id: MessageId::new(),
-        message_type: "test.relay".into(),
-        attempt: 1,
-        headers: Default::default(),
-        ordering_key: None,
-    };
-    let resources = Resources::new();
-    publish(&Context::new(&delivery, &resources))
+/// Delivers `data` to `subject` of `destination` as the worker would, outside any worker.
+fn send(
+    destination: &impl Destination,
+    subject: &str,
+    data: &serde_json::Value,
+) -> Result<(), DeliveryError> {
+    let envelope = Envelope::new(
+        MessageId::new(),
+        "test.relay",
+        serde_json::to_vec(data).unwrap(),
+    );
+    destination.deliver(&envelope.with_subject(subject))
 }
 
-fn permanent(result: Result<(), outbox_diesel::ProcessError>, reason: &str) {
+fn permanent(result: Result<(), DeliveryError>, reason: &str) {
     let error = result.expect_err("the broker must not take it");
     assert_eq!(error.kind(), FailureKind::Permanent, "{error}");
     assert!(error.reason().contains(reason), "{error}");
 }
 
-fn retryable(result: Result<(), outbox_diesel::ProcessError>, reason: &str) {
+fn retryable(result: Result<(), DeliveryError>, reason: &str) {
     let error = result.expect_err("the broker is not there");
     assert_eq!(error.kind(), FailureKind::Retryable, "{error}");
     assert!(error.reason().contains(reason), "{error}");
@@ -263,7 +291,7 @@ fn what_jetstream_will_never_take_is_permanent_and_the_rest_still_goes() {
     let nats = jetstream(Duration::from_secs(5));
     let data = serde_json::json!({"n": 1});
     permanent(
-        call(|ctx| nats.publish(ctx, "outbox_test.nobody_listens_here", &data)),
+        send(&nats, "outbox_test.nobody_listens_here", &data),
         "no stream has the subject `outbox_test.nobody_listens_here`",
     );
     for subject in [
@@ -275,22 +303,22 @@ fn what_jetstream_will_never_take_is_permanent_and_the_rest_still_goes() {
         "crlf\r\nPUB x 1",
     ] {
         permanent(
-            call(|ctx| nats.publish(ctx, subject, &data)),
+            send(&nats, subject, &data),
             "is not a subject",
         );
     }
     let large = serde_json::json!({ "padding": "x".repeat(2_000) });
     permanent(
-        call(|ctx| nats.publish(ctx, &stream.subject("big"), &large)),
+        send(&nats, &stream.subject("big"), &large),
         "too large",
     );
     // Over the server's max_payload (1 MiB by default): refused before it is sent.
     let huge = serde_json::json!({ "padding": "x".repeat(2 << 20) });
     permanent(
-        call(|ctx| nats.publish(ctx, &stream.subject("huge"), &huge)),
+        send(&nats, &stream.subject("huge"), &huge),
         "too large",
     );
-    call(|ctx| nats.publish(ctx, &stream.subject("fine"), &data)).unwrap();
+    send(&nats, &stream.subject("fine"), &data).unwrap();
     assert_eq!(stream.count(), 1);
 }
 
@@ -303,11 +331,11 @@ fn what_rabbitmq_will_never_take_is_permanent_and_the_rest_still_goes() {
     let rabbit = rabbitmq(Duration::from_secs(5));
     let data = serde_json::json!({"n": 1});
     permanent(
-        call(|ctx| rabbit.publish(ctx, "outbox_test.no_such_queue", &data)),
+        send(&rabbit, "outbox_test.no_such_queue", &data),
         "no queue is bound to receive routing key `outbox_test.no_such_queue`",
     );
     permanent(
-        call(|ctx| rabbit.publish(ctx, &"k".repeat(256), &data)),
+        send(&rabbit, &"k".repeat(256), &data),
         "at most 255 bytes",
     );
     let missing_exchange = RabbitMqDestination::builder(Broker::RabbitMq.url())
@@ -315,12 +343,12 @@ fn what_rabbitmq_will_never_take_is_permanent_and_the_rest_still_goes() {
         .build()
         .unwrap();
     permanent(
-        call(|ctx| missing_exchange.publish(ctx, &queue.name, &data)),
+        send(&missing_exchange, &queue.name, &data),
         "no exchange 'outbox_test.no_such_exchange'",
     );
     // The channel the refusal closed is replaced.
-    call(|ctx| rabbit.publish(ctx, &queue.name, &data)).unwrap();
-    call(|ctx| rabbit.publish(ctx, &queue.name, &data)).unwrap();
+    send(&rabbit, &queue.name, &data).unwrap();
+    send(&rabbit, &queue.name, &data).unwrap();
     assert_eq!(queue.take_all().len(), 2);
 }
 
@@ -338,16 +366,16 @@ fn what_kafka_will_never_take_is_permanent_and_the_rest_still_goes() {
     let data = serde_json::json!({"n": 1});
     for name in ["", "with space", "orders/shipped", &"t".repeat(250)] {
         permanent(
-            call(|ctx| producer.publish(ctx, name, &data)),
+            send(&producer, name, &data),
             "is not a topic name",
         );
     }
     let large = serde_json::json!({ "padding": "x".repeat(5_000) });
     permanent(
-        call(|ctx| producer.publish(ctx, &topic.name, &large)),
+        send(&producer, &topic.name, &large),
         "too large",
     );
-    call(|ctx| producer.publish(ctx, &topic.name, &data)).unwrap();
+    send(&producer, &topic.name, &data).unwrap();
     assert_eq!(topic.count(), 1);
 }
 
@@ -359,14 +387,14 @@ fn an_unreachable_broker_is_retried_never_dead_lettered() {
         .build()
         .unwrap();
     retryable(
-        call(|ctx| nats.publish(ctx, "orders.shipped", &1)),
+        send(&nats, "orders.shipped", &serde_json::json!(1)),
         "did not acknowledge the message within 300ms",
     );
     let rabbit = RabbitMqDestination::builder("amqp://guest:guest@127.0.0.1:1/%2f")
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap();
-    let error = call(|ctx| rabbit.publish(ctx, "orders", &1)).unwrap_err();
+    let error = send(&rabbit, "orders", &serde_json::json!(1)).unwrap_err();
     assert_eq!(error.kind(), FailureKind::Retryable, "{error}");
     assert!(
         error.reason().contains("is unavailable: cannot connect"),
@@ -394,19 +422,22 @@ fn destinations_are_built_and_dropped_inside_an_async_runtime_without_panicking(
     });
 }
 
-/// Restarts the broker once 200 messages arrived (of 2,000; RabbitMQ 10,000), and checks that every message still
-/// arrives, in key order, with no duplicate unless `deduplicates` is false; then at most one
-/// per failed attempt (a duplicate is a publish the broker stored but whose acknowledgement
-/// the restart swallowed, so its attempt failed).
+/// Restarts the broker once 200 messages arrived (of 2,000; RabbitMQ 10,000), and checks that
+/// the destination was paused meanwhile and every message still arrives, in key order, with no
+/// duplicate unless `deduplicates` is false; then at most one per failed attempt (a duplicate
+/// is a publish the broker stored but whose acknowledgement the restart swallowed, so its
+/// attempt failed). A message has 4 attempts: the outage lasts seconds, so without the pause
+/// (messages waiting without spending attempts, a probe resuming them) some would be
+/// dead-lettered.
 fn survive_a_restart<C: TestConnection>(
     broker: Broker,
-    target: RelayTarget,
+    target: impl Destination,
     count: impl Fn() -> usize,
     read: impl FnOnce() -> Vec<Received>,
     db: &TestDb,
     deduplicates: bool,
 ) {
-    let pool = db.pool::<C>(12);
+    let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
     // `rabbitmqctl` starts an Erlang VM before it stops anything, seconds under load: a backlog
     // that lasts longer than that, so that the restart meets the drain.
@@ -416,24 +447,42 @@ fn survive_a_restart<C: TestConnection>(
         2_000
     };
     enqueue(&pool, messages, 16, &mut ledger);
-    let worker = worker(&pool, target);
+    let worker = worker_with_attempts(&pool, target, 4);
     assert!(
         eventually(Duration::from_secs(60), || count() >= 200),
         "nothing arrived before the restart"
     );
     let left_at_restart = pending(&pool).len();
-    broker.restart();
-    assert!(
-        eventually(Duration::from_secs(120), || pending(&pool).is_empty()),
-        "the outbox did not drain after the restart: {} left",
-        pending(&pool).len()
-    );
+    let watching = std::sync::atomic::AtomicBool::new(true);
+    let states = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut seen = HashSet::new();
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(state) = worker.destination_state(RELAY) {
+                    seen.insert(state.name());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            seen
+        });
+        broker.restart();
+        assert!(
+            eventually(Duration::from_secs(120), || pending(&pool).is_empty()),
+            "the outbox did not drain after the restart: {} left",
+            pending(&pool).len()
+        );
+        watching.store(false, std::sync::atomic::Ordering::Relaxed);
+        watcher.join().unwrap()
+    });
     let stats = worker.stats();
+    let final_state = worker.destination_state(RELAY).unwrap();
     worker.shutdown(Duration::from_secs(10)).unwrap();
     let report = check(&ledger, &arrivals(&read()), &dead_ids(&pool));
     eprintln!(
-        "{broker:?} restart: {left_at_restart} left at the restart, {} attempts failed, {}",
+        "{broker:?} restart: {left_at_restart} left at the restart, {} attempts failed, {} \
+         deferred, states {states:?}, {}",
         stats.retried,
+        stats.deferred,
         report.figures()
     );
     assert!(left_at_restart > 0, "the drain ended before the restart");
@@ -441,6 +490,12 @@ fn survive_a_restart<C: TestConnection>(
         stats.retried > 0,
         "the restart failed no publish: it did not hit the drain"
     );
+    assert!(
+        states.contains("paused"),
+        "the outage did not pause the destination: {states:?}"
+    );
+    assert!(stats.deferred > 0, "no message waited out the pause");
+    assert_eq!(final_state.name(), "healthy", "a probe resumed it");
     let allowed_duplicates = if deduplicates {
         0
     } else {
@@ -457,10 +512,7 @@ fn a_jetstream_restart_mid_drain_loses_nothing_and_duplicates_nothing<C: TestCon
         return;
     };
     let stream = TestStream::create("restart", -1, Duration::from_secs(120));
-    let target = RelayTarget::JetStream {
-        destination: jetstream(Duration::from_secs(2)),
-        subject: stream.subject("events"),
-    };
+    let target = jetstream_to(&stream.subject("events"), Duration::from_secs(2));
     survive_a_restart::<C>(
         Broker::JetStream,
         target,
@@ -480,13 +532,10 @@ fn a_kafka_restart_mid_drain_loses_nothing_unacknowledged<C: TestConnection>(db:
         return;
     };
     let topic = TestTopic::create("restart");
-    let pool = db.pool::<C>(12);
+    let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
     enqueue(&pool, 2_000, 16, &mut ledger);
-    let target = RelayTarget::Kafka {
-        destination: kafka(Duration::from_secs(2)),
-        topic: topic.name.clone(),
-    };
+    let target = kafka_to(&topic.name, Duration::from_secs(2));
     let worker = worker(&pool, target);
     assert!(
         eventually(Duration::from_secs(60), || pending(&pool).len() <= 1_800),
@@ -541,10 +590,7 @@ fn a_rabbitmq_restart_mid_drain_loses_nothing<C: TestConnection>(db: &TestDb) {
         return;
     };
     let queue = TestQueue::declare("restart");
-    let target = RelayTarget::RabbitMq {
-        destination: rabbitmq(Duration::from_secs(2)),
-        routing_key: queue.name.clone(),
-    };
+    let target = rabbitmq_to(&queue.name, Duration::from_secs(2));
     survive_a_restart::<C>(
         Broker::RabbitMq,
         target,
@@ -561,10 +607,10 @@ fn a_rabbitmq_restart_mid_drain_loses_nothing<C: TestConnection>(db: &TestDb) {
 fn kill_mid_drain<C: TestConnection>(
     db: &TestDb,
     destination: &str,
-    target: RelayTarget,
+    target: impl Destination,
     read: impl FnOnce() -> Vec<Received>,
 ) -> (Report, HashSet<MessageId>) {
-    let pool = db.pool::<C>(12);
+    let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
     enqueue(&pool, 1_000, 16, &mut ledger);
     let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-test-worker"))
@@ -600,10 +646,7 @@ fn a_killed_worker_puts_each_message_into_the_stream_once<C: TestConnection>(db:
     };
     let stream = TestStream::create("kill", -1, Duration::from_secs(120));
     let subject = stream.subject("events");
-    let target = RelayTarget::JetStream {
-        destination: jetstream(Duration::from_secs(5)),
-        subject: subject.clone(),
-    };
+    let target = jetstream_to(&subject, Duration::from_secs(5));
     let (report, in_flight) =
         kill_mid_drain::<C>(db, &format!("jetstream:{subject}"), target, || {
             stream.messages()
@@ -637,10 +680,7 @@ fn a_killed_worker_duplicates_only_what_was_in_flight_on_rabbitmq<C: TestConnect
         return;
     };
     let queue = TestQueue::declare("kill");
-    let target = RelayTarget::RabbitMq {
-        destination: rabbitmq(Duration::from_secs(5)),
-        routing_key: queue.name.clone(),
-    };
+    let target = rabbitmq_to(&queue.name, Duration::from_secs(5));
     let (report, in_flight) =
         kill_mid_drain::<C>(db, &format!("rabbitmq:{}", queue.name), target, || {
             queue.take_all()
@@ -653,10 +693,7 @@ fn a_killed_worker_duplicates_only_what_was_in_flight_on_kafka<C: TestConnection
         return;
     };
     let topic = TestTopic::create("kill");
-    let target = RelayTarget::Kafka {
-        destination: kafka(Duration::from_secs(5)),
-        topic: topic.name.clone(),
-    };
+    let target = kafka_to(&topic.name, Duration::from_secs(5));
     let (report, in_flight) =
         kill_mid_drain::<C>(db, &format!("kafka:{}", topic.name), target, || {
             by_partition(topic.records())

@@ -61,7 +61,7 @@ fn dead_letter_all<C: TestConnection>(store: &DieselStore<OutboxManager<C>>) -> 
 fn the_backlog_counts_every_message_and_ages_only_the_due_unheld_ones<C: TestConnection>(
     db: &TestDb,
 ) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let mut conn = pool.get().unwrap();
     let empty = backlog(&mut conn).unwrap();
     assert_eq!((empty.pending, empty.oldest_due_age), (0, Duration::ZERO));
@@ -103,7 +103,7 @@ fn the_backlog_counts_every_message_and_ages_only_the_due_unheld_ones<C: TestCon
 }
 
 fn without_a_retention_nothing_is_pruned<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let store = DieselStore::new(pool.clone());
     enqueue_many(&pool, 5);
     assert_eq!(dead_letter_all(&store), 5);
@@ -113,7 +113,7 @@ fn without_a_retention_nothing_is_pruned<C: TestConnection>(db: &TestDb) {
 }
 
 fn old_dead_letters_go_in_bounded_batches_and_young_ones_stay<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let retention = Duration::from_secs(2);
     let store = DieselStore::new(pool.clone()).dead_letter_retention(retention);
     // More than one pass takes (10 batches of 1,000): the rest goes at the next pass.
@@ -146,7 +146,7 @@ fn old_dead_letters_go_in_bounded_batches_and_young_ones_stay<C: TestConnection>
 /// Two workers prune the same dead letters at once: between them each row goes once, and
 /// neither fails (on MySQL both `DELETE … ORDER BY failed_at LIMIT` lock the same index range).
 fn two_workers_pruning_at_once_delete_each_row_once<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     enqueue_many(&pool, 6_000);
     assert_eq!(dead_letter_all(&DieselStore::new(pool.clone())), 6_000);
     std::thread::sleep(Duration::from_millis(20));
@@ -198,7 +198,7 @@ fn receive<C: TestConnection>(conn: &mut C, inbox: &Inbox, id: &str) -> Received
 }
 
 fn old_inbox_ids_go_and_young_ones_stay<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let retention = Duration::from_secs(2);
     let store = DieselStore::new(pool.clone()).inbox_retention(retention);
     let inbox = Inbox::new([secret()]);
@@ -229,7 +229,7 @@ fn old_inbox_ids_go_and_young_ones_stay<C: TestConnection>(db: &TestDb) {
 }
 
 fn the_worker_prunes_by_itself<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(6);
+    let pool = db.pool::<C>(7);
     enqueue_many(&pool, 30);
     let store = DieselStore::new(pool.clone()).dead_letter_retention(Duration::ZERO);
     let worker = Worker::builder(store).handler_threads(2).spawn().unwrap();

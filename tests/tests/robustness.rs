@@ -127,7 +127,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn a_hung_handler_is_timed_out_and_its_thread_replaced<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let hung = Hangs { hang_ms: 4_000 }
         .enqueue(&mut pool.get().unwrap())
         .unwrap();
@@ -174,7 +174,7 @@ fn a_hung_handler_is_timed_out_and_its_thread_replaced<C: TestConnection>(db: &T
 fn more_hung_handlers_than_threads_leave_the_worker_serving<C: TestConnection>(db: &TestDb) {
     // Found by the hung-handler drill: with more handlers stuck than there are threads, the
     // threads not replaced must go on serving when their handlers return.
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     enqueue_all(
         &mut pool.get().unwrap(),
         &[
@@ -208,7 +208,7 @@ fn more_hung_handlers_than_threads_leave_the_worker_serving<C: TestConnection>(d
 fn a_panic_outside_the_handler_is_a_failed_attempt_not_a_lost_thread<C: TestConnection>(
     db: &TestDb,
 ) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     PolicyPanics { n: 1 }
         .enqueue(&mut pool.get().unwrap())
         .unwrap();
@@ -248,7 +248,7 @@ fn a_panic_outside_the_handler_is_a_failed_attempt_not_a_lost_thread<C: TestConn
 fn a_handler_longer_than_its_lease_keeps_it_and_runs_once<C: TestConnection>(db: &TestDb) {
     let _guard = serial();
     SLOW_RUNS.lock().unwrap().clear();
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     Slow {
         id: 42,
         ms: 5_000,
@@ -278,7 +278,7 @@ fn a_handler_longer_than_its_lease_keeps_it_and_runs_once<C: TestConnection>(db:
 fn claims_stop_at_the_byte_cap<C: TestConnection>(db: &TestDb) {
     let _guard = serial();
     SLOW_MOST.store(0, Ordering::SeqCst);
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let messages: Vec<Slow> = (0..12)
         .map(|id| Slow {
             id,
@@ -308,7 +308,7 @@ fn claims_stop_at_the_byte_cap<C: TestConnection>(db: &TestDb) {
 }
 
 fn an_unknown_type_waits_out_its_grace_then_is_dead_lettered<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let id = Unknown { x: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .unknown_type_grace(Duration::from_secs(2))
@@ -396,7 +396,7 @@ fn a_database_that_refuses_error_texts_does_not_wedge_the_worker() {
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
         .retry_policy(quick_retries())
-        .webhook(endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
         .spawn()
         .unwrap();
     let started = Instant::now();
@@ -438,7 +438,7 @@ fn the_listener_reconnects_within_a_pool_sized_for_the_worker() {
     let receiver = Receiver::ok();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_secs(30))
-        .webhook(endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
         .spawn()
         .unwrap();
     let mut admin: diesel::PgConnection = db.connect();

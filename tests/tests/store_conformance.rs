@@ -137,7 +137,7 @@ impl<C: TestConnection> Harness for Diesel<C> {
 
 impl<C: TestConnection> Diesel<C> {
     fn new(db: &TestDb) -> Self {
-        let pool = db.pool::<C>(4);
+        let pool = db.pool::<C>(5);
         Diesel {
             store: DieselStore::new(pool.clone()),
             pool,

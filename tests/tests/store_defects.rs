@@ -30,7 +30,7 @@ struct Reason {
 /// One bad row is dead-lettered alone with the reason; the rest of the claim is delivered, and
 /// the bad row's key moves on.
 fn a_row_whose_message_id_does_not_parse_is_dead_lettered_alone<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let mut conn = pool.get().unwrap();
     let keyed = EnqueueOptions::new().ordering_key("k");
     Item { n: 0 }.enqueue(&mut conn).unwrap();
@@ -88,7 +88,7 @@ fn a_row_whose_message_id_does_not_parse_is_dead_lettered_alone<C: TestConnectio
 /// A claim whose lease passed to another cannot dead-letter the message: its outcome is fenced,
 /// and the message stays live for the claim that holds it.
 fn a_dead_lettering_by_a_lost_claim_is_fenced<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     Item { n: 0 }.enqueue(&mut pool.get().unwrap()).unwrap();
     let store = DieselStore::new(pool.clone());
     let lost = ClaimToken::new();

@@ -88,7 +88,7 @@ fn a_transaction_that_reads_first_survives_a_commit_in_between<C>(db: &TestDb)
 where
     C: TestConnection + OutboxConnection,
 {
-    let pool = db.pool::<C>(2);
+    let pool = db.pool::<C>(3);
     let mut conn = db.connect::<C>();
     read_then_write_around_another_commit(&pool, &mut conn, with_write_transaction).unwrap();
     assert_eq!(authors(&pool), ["other", "this"]);

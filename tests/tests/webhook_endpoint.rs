@@ -1,5 +1,6 @@
 //! `WebhookEndpoint` against a real HTTP receiver on 127.0.0.1: what it sends, and how it
-//! classifies every kind of answer (and of no answer).
+//! classifies every kind of answer (and of no answer), for the message and for the endpoint's
+//! health.
 
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::time::{Duration, Instant};
@@ -8,7 +9,8 @@ use outbox_diesel::webhook::{
     verify, WebhookEndpoint, WebhookEndpointBuilder, WebhookError, WebhookHeaders as _,
     WebhookSecret, DEFAULT_TOLERANCE,
 };
-use outbox_diesel::{Context, Delivery, FailureKind, Headers, MessageId, ProcessError, Resources};
+use outbox_diesel::destination::{DeliveryError, Destination, Envelope, Scope};
+use outbox_diesel::{FailureKind, Headers, MessageId};
 use outbox_testkit::http::{Receiver, Reply, Request};
 use outbox_testkit::outbox::secret;
 
@@ -40,14 +42,12 @@ fn nth(receiver: &Receiver, n: usize) -> Request {
     receiver.requests().swap_remove(n - 1)
 }
 
-fn delivery() -> Delivery {
-    Delivery {
-        message_id: MessageId::new(),
-        message_type: "order.shipped".into(),
-        attempt: 1,
-        headers: Default::default(),
-        ordering_key: None,
-    }
+fn envelope(data: serde_json::Value) -> Envelope {
+    Envelope::new(
+        MessageId::new(),
+        "order.shipped",
+        serde_json::to_vec(&data).unwrap(),
+    )
 }
 
 fn to(receiver: &Receiver) -> WebhookEndpointBuilder {
@@ -56,13 +56,8 @@ fn to(receiver: &Receiver) -> WebhookEndpointBuilder {
         .allow_address(LOCALHOST)
 }
 
-fn deliver_to(endpoint: &WebhookEndpoint) -> Result<(), ProcessError> {
-    let delivery = delivery();
-    let resources = Resources::new();
-    endpoint.deliver(
-        &Context::new(&delivery, &resources),
-        &serde_json::json!({"order_id": 7}),
-    )
+fn deliver_to(endpoint: &WebhookEndpoint) -> Result<(), DeliveryError> {
+    endpoint.deliver(&envelope(serde_json::json!({"order_id": 7})))
 }
 
 /// Whether a connection is waiting on `listener` (nothing ever accepts from it).
@@ -87,20 +82,15 @@ fn delivers_a_signed_envelope_the_receiver_can_verify() {
         .header("X-Tenant", "acme")
         .build()
         .unwrap();
-    let delivery = delivery();
-    let resources = Resources::new();
-    let ctx = Context::new(&delivery, &resources);
-
-    endpoint
-        .deliver(&ctx, &serde_json::json!({"order_id": 7}))
-        .unwrap();
+    let envelope = envelope(serde_json::json!({"order_id": 7}));
+    endpoint.deliver(&envelope).unwrap();
     let seen = nth(&receiver, 1);
     assert_eq!(
         (seen.method.as_str(), seen.path.as_str()),
         ("POST", "/hook")
     );
     let verified = verify(&[secret()], &seen.headers, &seen.body, DEFAULT_TOLERANCE).unwrap();
-    assert_eq!(verified.id, delivery.message_id.to_string());
+    assert_eq!(verified.id, envelope.message_id.to_string());
     // Each secret signs, so a receiver that only knows the second one accepts too.
     assert!(verify(&[rotated], &seen.headers, &seen.body, DEFAULT_TOLERANCE).is_ok());
     assert_eq!(
@@ -116,15 +106,18 @@ fn delivers_a_signed_envelope_the_receiver_can_verify() {
     assert_eq!(
         seen.json(),
         serde_json::json!({
-            "id": delivery.message_id.to_string(),
+            "id": envelope.message_id.to_string(),
             "type": "order.shipped",
             "data": {"order_id": 7},
         })
     );
 
-    endpoint.send_json(&ctx, br#"{"made":"by hand"}"#).unwrap();
+    // A body that is not JSON goes as it is, with its own content type.
+    let text = envelope.clone().with_body(b"made by hand".to_vec(), "text/plain");
+    endpoint.deliver(&text).unwrap();
     let seen = nth(&receiver, 2);
-    assert_eq!(seen.body, br#"{"made":"by hand"}"#);
+    assert_eq!(seen.body, b"made by hand");
+    assert_eq!(seen.header("content-type"), Some("text/plain"));
     let again = verify(&[secret()], &seen.headers, &seen.body, DEFAULT_TOLERANCE).unwrap();
     assert_eq!(
         again.id, verified.id,
@@ -149,14 +142,9 @@ fn a_messages_headers_are_sent_unchanged_under_the_endpoints_own() {
         .insert("x-tenant", "acme \"quoted\"\tand tabbed")
         .unwrap();
     headers.insert("x-api-key", "forged-by-a-message").unwrap();
-    let delivery = Delivery {
-        headers,
-        ..delivery()
-    };
-    let resources = Resources::new();
-    endpoint
-        .deliver(&Context::new(&delivery, &resources), &serde_json::json!({}))
-        .unwrap();
+    let mut envelope = envelope(serde_json::json!({}));
+    envelope.headers = headers;
+    endpoint.deliver(&envelope).unwrap();
 
     let request = nth(&receiver, 1);
     assert_eq!(request.header("traceparent"), Some(traceparent));
@@ -191,7 +179,7 @@ fn a_messages_headers_are_sent_unchanged_under_the_endpoints_own() {
 }
 
 #[test]
-fn server_errors_are_retryable_with_status_and_excerpt() {
+fn server_errors_are_retryable_failures_of_the_endpoint_with_status_and_excerpt() {
     let receiver = serve(vec![raw(
         "500 Internal Server Error",
         &[],
@@ -200,6 +188,7 @@ fn server_errors_are_retryable_with_status_and_excerpt() {
     let endpoint = to(&receiver).build().unwrap();
     let err = deliver_to(&endpoint).unwrap_err();
     assert_eq!(err.kind(), FailureKind::Retryable);
+    assert_eq!(err.scope(), Scope::Destination, "counts towards a pause");
     assert_eq!(
         err.reason(),
         format!(
@@ -207,26 +196,37 @@ fn server_errors_are_retryable_with_status_and_excerpt() {
             receiver.addr()
         )
     );
-    assert_eq!(err.retry_after(), None);
+    assert_eq!(err.delay(), None);
 }
 
 #[test]
-fn retry_after_is_honoured_and_clamped() {
+fn push_back_holds_the_endpoint_for_its_retry_after_clamped() {
     let receiver = serve(vec![
         raw("429 Too Many Requests", &[("Retry-After", "2")], ""),
         raw("503 Service Unavailable", &[("Retry-After", "999999")], ""),
+        raw("502 Bad Gateway", &[("Retry-After", "7")], ""),
     ]);
     let endpoint = to(&receiver)
         .max_retry_after(Duration::from_secs(60))
         .build()
         .unwrap();
     let err = deliver_to(&endpoint).unwrap_err();
-    assert_eq!(err.kind(), FailureKind::Retryable);
-    assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
+    assert_eq!(
+        (err.kind(), err.scope()),
+        (FailureKind::Deferred, Scope::Destination),
+        "429 is push-back, not a failure"
+    );
+    assert_eq!(err.delay(), Some(Duration::from_secs(2)));
     assert!(err.reason().contains("429 Too Many Requests"), "{err}");
     let err = deliver_to(&endpoint).unwrap_err();
-    assert_eq!(err.kind(), FailureKind::Retryable);
-    assert_eq!(err.retry_after(), Some(Duration::from_secs(60)));
+    assert_eq!(err.kind(), FailureKind::Deferred);
+    assert_eq!(err.delay(), Some(Duration::from_secs(60)));
+    let err = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(
+        (err.kind(), err.delay()),
+        (FailureKind::Retryable, Some(Duration::from_secs(7))),
+        "a 502 with Retry-After is a failure that waits"
+    );
 }
 
 #[test]
@@ -239,19 +239,15 @@ fn client_errors_are_permanent() {
     let bad = deliver_to(&endpoint).unwrap_err();
     assert_eq!(bad.kind(), FailureKind::Permanent);
     assert!(bad.reason().contains("400 Bad Request"), "{bad}");
-    assert_eq!(bad.retry_after(), None);
-    assert_eq!(
-        endpoint.health().name(),
-        "healthy",
-        "a 400 is about the message"
-    );
+    assert_eq!(bad.delay(), None);
+    assert_eq!(bad.scope(), Scope::Message, "a 400 is about the message");
     let gone = deliver_to(&endpoint).unwrap_err();
-    assert_eq!(gone.kind(), FailureKind::Permanent);
+    assert_eq!(
+        (gone.kind(), gone.scope()),
+        (FailureKind::Permanent, Scope::Destination),
+        "a 410 is about the endpoint: it disables it"
+    );
     assert!(gone.reason().ends_with("410 Gone: no such hook"), "{gone}");
-    // 410 disabled the endpoint: the next delivery is refused without a request.
-    let refused = deliver_to(&endpoint).unwrap_err();
-    assert_eq!(refused.kind(), FailureKind::Permanent);
-    assert!(refused.reason().contains("is disabled"), "{refused}");
 }
 
 #[test]
@@ -306,6 +302,7 @@ fn connection_failures_are_retryable() {
         .unwrap();
     let refused = deliver_to(&endpoint).unwrap_err();
     assert_eq!(refused.kind(), FailureKind::Retryable);
+    assert_eq!(refused.scope(), Scope::Destination);
     assert!(
         refused.reason().starts_with("could not connect to webhook"),
         "{refused}"
@@ -341,7 +338,7 @@ fn a_huge_answer_is_read_only_up_to_the_cap() {
     };
     assert_eq!(excerpt.chars().count(), 201);
     assert!(excerpt.ends_with('…'));
-    assert!(err.into_process_error().reason().len() < 400);
+    assert!(err.into_delivery_error().reason().len() < 400);
 }
 
 #[test]
@@ -372,6 +369,7 @@ fn special_purpose_addresses_are_refused_before_connecting() {
             .unwrap();
         let err = deliver_to(&endpoint).unwrap_err();
         assert_eq!(err.kind(), FailureKind::Permanent, "{url}: {err}");
+        assert_eq!(err.scope(), Scope::Unsent, "{url}: {err}");
         assert!(err.reason().contains("allow_address"), "{url}: {err}");
         let err = endpoint.post("msg_1", b"{}").unwrap_err();
         assert!(

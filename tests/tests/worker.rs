@@ -74,7 +74,7 @@ fn builder<C: TestConnection>(pool: &TestPool<C>, receiver: &Receiver) -> TestBu
         .batch_size(16)
         .poll_interval(Duration::from_millis(100))
         .retry_policy(quick_retries())
-        .webhook(endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
 }
 
 fn n_of(request: &Request) -> u32 {
@@ -101,7 +101,7 @@ fn stop(worker: WorkerHandle) -> WorkerStats {
 
 fn delivers_each_committed_message_once_signed<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let hooks: Vec<Hook> = (0..50).map(Hook::new).collect();
     let ids = pool
         .get()
@@ -155,7 +155,7 @@ fn delivers_each_committed_message_once_signed<C: TestConnection>(db: &TestDb) {
 
 fn a_500_is_retried_until_the_receiver_recovers<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, n| Reply::status(if n < 2 { 500 } else { 200 }));
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver)
         .retry_policy(quick_retries().initial_backoff(Duration::from_millis(400)))
@@ -191,7 +191,7 @@ fn a_500_is_retried_until_the_receiver_recovers<C: TestConnection>(db: &TestDb) 
 
 fn a_receiver_that_always_fails_leads_to_a_dead_letter<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, _| Reply::Status(503, Vec::new(), b"maintenance".to_vec()));
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
@@ -221,7 +221,7 @@ fn client_errors_are_dead_lettered_after_one_attempt<C: TestConnection>(db: &Tes
         1 => Reply::status(404),
         _ => Reply::status(400),
     });
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     enqueue_all(&mut pool.get().unwrap(), &[Hook::new(1), Hook::new(2)]).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 2));
@@ -246,7 +246,7 @@ fn retry_after_is_honoured<C: TestConnection>(db: &TestDb) {
             Reply::status(200)
         }
     });
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
     assert!(receiver.wait_for(2, PATIENCE));
@@ -268,10 +268,10 @@ fn a_hanging_receiver_times_out_and_is_retried<C: TestConnection>(db: &TestDb) {
             Reply::status(200)
         }
     });
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver)
-        .webhook(endpoint(&receiver.url("/hook"), Duration::from_millis(300)))
+        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_millis(300)))
         .spawn()
         .unwrap();
     assert!(receiver.wait_for(2, PATIENCE));
@@ -289,7 +289,7 @@ fn redirects_are_not_followed<C: TestConnection>(db: &TestDb) {
     let elsewhere = Receiver::ok();
     let target = elsewhere.url("/other");
     let receiver = Receiver::start(move |_, _| Reply::with_header(308, "location", &target));
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
@@ -303,7 +303,7 @@ fn redirects_are_not_followed<C: TestConnection>(db: &TestDb) {
 
 fn poison_messages_are_dead_lettered_while_the_rest_flows<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let mut batch = Batch::new();
     batch.push(&Hook::new(0)).unwrap();
     let nobody = batch.push(&Nobody { x: 1 }).unwrap();
@@ -352,7 +352,7 @@ fn poison_messages_are_dead_lettered_while_the_rest_flows<C: TestConnection>(db:
 
 fn dead_letters_can_be_requeued_and_purged<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, _| Reply::status(400));
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let ids = enqueue_all(
         &mut pool.get().unwrap(),
         &[Hook::new(0), Hook::new(1), Hook::new(2)],
@@ -404,7 +404,7 @@ fn dead_letters_can_be_requeued_and_purged<C: TestConnection>(db: &TestDb) {
 
 fn three_workers_deliver_ten_thousand_messages_exactly_once<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let hooks: Vec<Hook> = (0..10_000).map(Hook::new).collect();
     pool.get()
         .unwrap()
@@ -412,7 +412,7 @@ fn three_workers_deliver_ten_thousand_messages_exactly_once<C: TestConnection>(d
         .unwrap();
     let workers: Vec<WorkerHandle> = (0..3)
         .map(|_| {
-            let own_pool = db.pool::<C>(4);
+            let own_pool = db.pool::<C>(5);
             builder(&own_pool, &receiver)
                 .batch_size(64)
                 .handler_threads(8)
@@ -441,7 +441,7 @@ fn three_workers_deliver_ten_thousand_messages_exactly_once<C: TestConnection>(d
 }
 
 fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let store = DieselStore::new(pool.clone());
     let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
 
@@ -526,7 +526,7 @@ fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb
 fn done_outcomes_of_several_claims_settle_together_and_are_fenced_apart<C: TestConnection>(
     db: &TestDb,
 ) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let store = DieselStore::new(pool.clone());
     let hooks: Vec<Hook> = (0..5).map(Hook::new).collect();
     enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
@@ -587,7 +587,7 @@ fn messages_of_one_key_arrive_in_order_without_holding_back_others<C: TestConnec
                 .is_ok();
         Reply::status(if failing { 503 } else { 200 })
     });
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let mut batch = Batch::new();
     for n in 0..200 {
         for key in ["a", "b", "c"] {
@@ -660,7 +660,7 @@ fn is_failure(requests: &[Request], i: usize) -> bool {
 
 fn a_commit_wakes_the_worker_long_before_the_poll<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let worker = builder(&pool, &receiver)
         .poll_interval(Duration::from_secs(10))
         .spawn()
@@ -697,7 +697,7 @@ fn shutdown_during_a_backlog_loses_nothing_and_holds_no_lease<C: TestConnection>
         std::thread::sleep(Duration::from_millis(20));
         Reply::status(200)
     });
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let hooks: Vec<Hook> = (0..300).map(Hook::new).collect();
     let ids = enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
@@ -733,7 +733,7 @@ fn shutdown_during_a_backlog_loses_nothing_and_holds_no_lease<C: TestConnection>
 type TestBuilder<C> = WorkerBuilder<DieselStore<OutboxManager<C>>>;
 
 fn settings_out_of_range_are_refused_with_their_name<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let refused = |configure: &dyn Fn(TestBuilder<C>) -> TestBuilder<C>, setting: &str| {
         let builder = configure(Worker::builder(DieselStore::new(pool.clone())));
         // Showing a builder with extreme settings must not panic either.
@@ -776,19 +776,19 @@ fn a_pool_too_small_for_the_worker_is_refused_at_spawn<C: TestConnection>(db: &T
         .spawn()
         .unwrap_err();
     let needed = if db.backend() == outbox_testkit::Backend::Postgres {
-        3
+        4
     } else {
-        2
+        3
     };
     assert!(
         err.to_string()
             .contains(&format!("the worker holds {needed} for as long as it runs")),
         "{err}"
     );
-    let polling = Worker::builder(DieselStore::new(db.pool::<C>(2)))
+    let polling = Worker::builder(DieselStore::new(db.pool::<C>(3)))
         .poll_only()
         .spawn()
-        .expect("two connections are enough without LISTEN");
+        .expect("three connections are enough without LISTEN");
     stop(polling);
 }
 
@@ -824,7 +824,7 @@ fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection
 }
 
 fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let store = DieselStore::new(pool.clone());
     enqueue_all(
         &mut pool.get().unwrap(),
@@ -883,7 +883,7 @@ impl Handler for NulReason {
 }
 
 fn a_position_is_never_reused_and_dead_letters_do_not_collide<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     let store = DieselStore::new(pool.clone());
     let mut positions = Vec::new();
     for _ in 0..2 {
@@ -915,7 +915,7 @@ fn a_position_is_never_reused_and_dead_letters_do_not_collide<C: TestConnection>
 
 fn an_error_text_with_a_nul_is_stored<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     NulReason.enqueue(&mut pool.get().unwrap()).unwrap();
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = builder(&pool, &receiver).spawn().unwrap();
@@ -929,7 +929,7 @@ fn an_error_text_with_a_nul_is_stored<C: TestConnection>(db: &TestDb) {
 
 fn a_message_whose_worker_keeps_dying_is_dead_lettered<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let store = DieselStore::new(pool.clone());
     let id = Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
     // Three claims that end without an outcome: each time, the worker died.
@@ -962,7 +962,7 @@ fn a_message_whose_worker_keeps_dying_is_dead_lettered<C: TestConnection>(db: &T
 
 fn the_next_message_of_a_key_does_not_wait_for_the_poll<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::ok();
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(9);
     let mut batch = Batch::new();
     for n in 0..30 {
         let hook = Hook {

@@ -44,9 +44,9 @@ use crate::db::DbPool;
 
 /// Connections the web handlers may use at once, besides the worker's.
 const WEB_CONNECTIONS: u32 = 8;
-/// Connections the worker holds: its claimer's, its acker's and, on PostgreSQL, its `LISTEN`
-/// connection.
-const WORKER_CONNECTIONS: u32 = 3;
+/// Connections the worker holds: its claimer's, its acker's, its housekeeper's and, on
+/// PostgreSQL, its `LISTEN` connection.
+const WORKER_CONNECTIONS: u32 = 4;
 
 /// How the blog is set up; see the crate documentation for the environment variables.
 #[derive(Debug, Clone)]

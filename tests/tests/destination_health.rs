@@ -1,38 +1,43 @@
-//! Endpoint health against a real receiver, on every backend: an outage pauses the endpoint
-//! and its messages wait without spending their attempts, failed probes included (without the
-//! pause, every one of them would be dead-lettered), a probe finds the receiver back and all
-//! are delivered; a
-//! `410 Gone` disables the endpoint, dead-letters what follows with that reason, and after
-//! an operator's enable the re-queued messages are delivered. The state is shared through the
-//! store: a 410 survives a restart and reaches the other workers, and so do an operator's
-//! disable and enable.
+//! Destination health against a real webhook receiver, on every backend: an outage pauses the
+//! destination and its messages wait without spending their attempts, failed probes included
+//! (without the pause, every one of them would be dead-lettered), a probe finds the receiver
+//! back and all are delivered; a `410 Gone` disables the destination, dead-letters what follows
+//! with that reason, and after an operator's enable the re-queued messages are delivered. The
+//! state is shared through the store: a 410 survives a restart and reaches the other workers,
+//! and so do an operator's disable and enable. (`relay.rs` does the same with brokers that are
+//! stopped and restarted.)
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use outbox_admin::{Admin, Request};
 use outbox_diesel::admin::{
-    disable_endpoint, enable_endpoint, endpoints, requeue_dead_letters, DeadLetterSelection,
+    destinations, disable_destination, enable_destination, requeue_dead_letters,
+    DeadLetterSelection,
 };
+use outbox_diesel::destination::{DestinationOptions, DestinationState, HealthPolicy};
 use outbox_diesel::prelude::*;
-use outbox_diesel::webhook::{EndpointState, HealthPolicy, WebhookEndpoint};
+use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{DieselStore, RetryPolicy, Worker, WorkerHandle};
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::outbox::{dead, pending, secret};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
-use outbox_tests::handlers::Hook;
+use outbox_tests::handlers::{Hook, HOOK};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
-fn endpoint(receiver: &Receiver, policy: HealthPolicy) -> WebhookEndpoint {
+fn endpoint(receiver: &Receiver) -> WebhookEndpoint {
     WebhookEndpoint::builder(receiver.url("/hook"))
-        .name("mail")
         .secret(secret())
         .timeout(Duration::from_secs(5))
         .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
-        .health_policy(policy)
         .build()
         .unwrap()
+}
+
+/// Where the worker's destination `hook` stands.
+fn state(worker: &WorkerHandle) -> DestinationState {
+    worker.destination_state(HOOK).expect("the worker has it")
 }
 
 /// Three quick attempts: without pausing, an outage longer than a second dead-letters all.
@@ -43,38 +48,39 @@ fn impatient() -> RetryPolicy {
         .max_backoff(Duration::from_millis(50))
 }
 
-fn an_outage_pauses_the_endpoint_and_messages_wait_without_spending_attempts<C>(db: &TestDb)
+fn an_outage_pauses_the_destination_and_messages_wait_without_spending_attempts<C>(db: &TestDb)
 where
     C: TestConnection,
 {
     let receiver = Receiver::start(|_, _| Reply::status(503));
-    let pool = db.pool::<C>(4);
+    let pool = db.pool::<C>(5);
     for n in 0..2 {
         Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
     }
     // Short pauses: the outage below sees a probe about every second (a deferred message waits
     // a second at least), some five, two or three per message on top of the failures before
     // the pause. Were a failed probe an attempt, both messages would be dead-lettered.
-    let mail = endpoint(
-        &receiver,
-        HealthPolicy::new()
-            .failures_to_pause(3)
-            .first_pause(Duration::from_millis(250))
-            .longest_pause(Duration::from_millis(250)),
-    );
+    let policy = HealthPolicy::new()
+        .failures_to_pause(3)
+        .first_pause(Duration::from_millis(250))
+        .longest_pause(Duration::from_millis(250));
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
         .retry_policy(impatient())
-        .webhook(mail.clone())
+        .destination_with(
+            HOOK,
+            endpoint(&receiver),
+            DestinationOptions::new().health_policy(policy),
+        )
         .spawn()
         .unwrap();
     assert!(
         eventually(PATIENCE, || matches!(
-            mail.health(),
-            EndpointState::Paused { .. }
+            state(&worker),
+            DestinationState::Paused { .. }
         )),
         "paused: {:?}",
-        mail.health()
+        state(&worker)
     );
     // Five seconds of outage: long enough for every message's three attempts many times over.
     std::thread::sleep(Duration::from_secs(5));
@@ -95,7 +101,7 @@ where
         waiting
             .iter()
             .any(|m| m.last_error.as_deref().is_some_and(|e| {
-                e.contains("webhook endpoint mail is paused") || e.contains("the probe of paused")
+                e.contains("destination hook is paused") || e.contains("the probe of paused")
             })),
         "{waiting:?}"
     );
@@ -105,10 +111,11 @@ where
         waiting.iter().map(|m| m.attempts).collect::<Vec<_>>()
     );
 
-    // The workers' report in the store, as `outbox endpoints` and the admin pages show it.
+    // The workers' report in the store, as `outbox destinations` and the admin pages show it.
     assert!(eventually(PATIENCE, || recorded_state(&pool).as_deref()
         == Some("paused")));
-    let recorded = endpoints(&mut pool.get().unwrap()).unwrap().remove(0);
+    let recorded = destinations(&mut pool.get().unwrap()).unwrap().remove(0);
+    assert_eq!(recorded.kind, "webhook");
     assert!(recorded.consecutive_failures >= 3, "{recorded:?}");
     assert!(
         recorded
@@ -124,24 +131,23 @@ where
     assert!(
         eventually(PATIENCE, || pending(&pool).is_empty()),
         "all delivered after the probe: {:?}",
-        mail.health()
+        state(&worker)
     );
     assert_eq!(receiver.unique(), 2);
-    worker.shutdown(PATIENCE).unwrap();
     assert!(matches!(
-        mail.health(),
-        EndpointState::Healthy {
+        state(&worker),
+        DestinationState::Healthy {
             consecutive_failures: 0
         }
     ));
+    worker.shutdown(PATIENCE).unwrap();
     assert!(pending(&pool).is_empty() && dead(&pool).is_empty());
 }
 
-fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb) {
+fn gone_disables_the_destination_until_it_is_enabled<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, _| Reply::status(410));
-    let pool = db.pool::<C>(4);
-    let mail = endpoint(&receiver, HealthPolicy::new());
-    let worker = one_thread_worker(&pool, &mail);
+    let pool = db.pool::<C>(6);
+    let worker = one_thread_worker(&pool, endpoint(&receiver));
     for n in 0..5 {
         Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
     }
@@ -156,32 +162,33 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
     assert_eq!(
         letters
             .iter()
-            .filter(|d| d.last_error.contains("webhook endpoint mail is disabled"))
+            .filter(|d| d.last_error.contains("destination hook is disabled"))
             .count(),
         4,
         "{letters:?}"
     );
-    assert_eq!(mail.health().name(), "disabled");
+    assert_eq!(state(&worker).name(), "disabled");
 
     // The worker recorded it in the store: the operator sees it on the admin pages (which
-    // know nothing of the endpoint object) and enables it there.
+    // know nothing of the worker) and enables it there.
     let admin = Admin::builder(pool.clone(), "an-admin-token-for-the-tests")
         .build()
         .unwrap();
     let bearer = "Bearer an-admin-token-for-the-tests";
     let listed = || {
         let listed =
-            admin.handle(&Request::new("GET", "/api/endpoints").header("authorization", bearer));
+            admin.handle(&Request::new("GET", "/api/destinations").header("authorization", bearer));
         serde_json::from_slice::<serde_json::Value>(&listed.body).unwrap()
     };
     assert!(
-        eventually(PATIENCE, || listed()["endpoints"][0]["state"] == "disabled"),
+        eventually(PATIENCE, || listed()["destinations"][0]["state"] == "disabled"),
         "{}",
         listed()
     );
     let listed = listed();
-    assert_eq!(listed["endpoints"][0]["name"], "mail");
-    assert!(listed["endpoints"][0]["disabled_reason"]
+    assert_eq!(listed["destinations"][0]["name"], HOOK);
+    assert_eq!(listed["destinations"][0]["kind"], "webhook");
+    assert!(listed["destinations"][0]["disabled_reason"]
         .as_str()
         .unwrap()
         .contains("410"));
@@ -201,18 +208,18 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
         .handle(&Request::new("GET", "/").header("cookie", &cookie))
         .text();
     assert!(
-        overview.contains("action=\"/outbox/endpoints/mail/enable\""),
+        overview.contains("action=\"/outbox/destinations/hook/enable\""),
         "{overview}"
     );
     receiver.set_behaviour(|_, _| Reply::status(200));
     let enabled = admin.handle(
-        &Request::new("POST", "/endpoints/mail/enable")
+        &Request::new("POST", "/destinations/hook/enable")
             .header("cookie", &cookie)
             .header("sec-fetch-site", "same-origin"),
     );
     assert_eq!(enabled.status, 303);
     assert!(
-        eventually(PATIENCE, || mail.health().name() == "healthy"),
+        eventually(PATIENCE, || state(&worker).name() == "healthy"),
         "the worker follows the operator's enable"
     );
     requeue_dead_letters(&mut pool.get().unwrap(), &DeadLetterSelection::All).unwrap();
@@ -226,36 +233,35 @@ fn gone_disables_the_endpoint_until_it_is_enabled<C: TestConnection>(db: &TestDb
     assert!(pending(&pool).is_empty() && dead(&pool).is_empty());
 }
 
-/// A worker with one handler thread delivering to `mail`, impatient with retries.
+/// A worker with one handler thread delivering to `hook`, impatient with retries.
 fn one_thread_worker<C: TestConnection>(
     pool: &TestPool<C>,
-    mail: &WebhookEndpoint,
+    hook: WebhookEndpoint,
 ) -> WorkerHandle {
     Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
         .handler_threads(1)
         .retry_policy(impatient())
-        .webhook(mail.clone())
+        .destination(HOOK, hook)
         .spawn()
         .unwrap()
 }
 
 fn recorded_state<C: TestConnection>(pool: &TestPool<C>) -> Option<String> {
-    endpoints(&mut pool.get().unwrap())
+    destinations(&mut pool.get().unwrap())
         .unwrap()
         .into_iter()
-        .find(|e| e.name == "mail")
+        .find(|e| e.name == HOOK)
         .map(|e| e.state)
 }
 
 /// A `410 Gone` survives a restart: the next run's worker reads the disable from the store
 /// before its first claim, so the receiver that said "gone" gets nothing more, even with
 /// messages waiting from the start; an operator's enable in the store reaches it.
-fn a_gone_endpoint_stays_disabled_after_a_restart<C: TestConnection>(db: &TestDb) {
+fn a_gone_destination_stays_disabled_after_a_restart<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, _| Reply::status(410));
-    let pool = db.pool::<C>(4);
-    let first_run = endpoint(&receiver, HealthPolicy::new());
-    let worker = one_thread_worker(&pool, &first_run);
+    let pool = db.pool::<C>(6);
+    let worker = one_thread_worker(&pool, endpoint(&receiver));
     Hook::new(0).enqueue(&mut pool.get().unwrap()).unwrap();
     assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
     assert!(eventually(PATIENCE, || recorded_state(&pool).as_deref()
@@ -267,9 +273,7 @@ fn a_gone_endpoint_stays_disabled_after_a_restart<C: TestConnection>(db: &TestDb
     for n in 1..4 {
         Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
     }
-    let second_run = endpoint(&receiver, HealthPolicy::new());
-    assert_eq!(second_run.health().name(), "healthy", "a new process");
-    let worker = one_thread_worker(&pool, &second_run);
+    let worker = one_thread_worker(&pool, endpoint(&receiver));
     assert!(eventually(PATIENCE, || dead(&pool).len() == 4));
     assert_eq!(
         receiver.count(),
@@ -277,11 +281,11 @@ fn a_gone_endpoint_stays_disabled_after_a_restart<C: TestConnection>(db: &TestDb
         "only the first run's 410 was ever sent"
     );
     assert!(
-        matches!(second_run.health(), EndpointState::Disabled { reason } if reason.contains("410"))
+        matches!(state(&worker), DestinationState::Disabled { reason } if reason.contains("410"))
     );
 
-    assert!(enable_endpoint(&mut pool.get().unwrap(), "mail").unwrap());
-    assert!(eventually(PATIENCE, || second_run.health().name() == "healthy"));
+    assert!(enable_destination(&mut pool.get().unwrap(), HOOK).unwrap());
+    assert!(eventually(PATIENCE, || state(&worker).name() == "healthy"));
     requeue_dead_letters(&mut pool.get().unwrap(), &DeadLetterSelection::All).unwrap();
     assert!(eventually(PATIENCE, || pending(&pool).is_empty()
         && dead(&pool).is_empty()));
@@ -291,26 +295,25 @@ fn a_gone_endpoint_stays_disabled_after_a_restart<C: TestConnection>(db: &TestDb
     worker.shutdown(PATIENCE).unwrap();
 }
 
-/// Two workers (two processes' endpoint objects of one name): an operator's disable reaches
-/// both and dead-letters with the operator's reason; the enable reaches both; a `410 Gone` told
-/// to one reaches the other through the store.
+/// Two workers (two processes' destinations of one name): an operator's disable reaches both
+/// and dead-letters with the operator's reason; the enable reaches both; a `410 Gone` told to
+/// one reaches the other through the store.
 fn what_one_worker_or_an_operator_decides_reaches_every_worker<C: TestConnection>(db: &TestDb) {
     let receiver = Receiver::start(|_, _| Reply::status(200));
-    let pool = db.pool::<C>(8);
+    let pool = db.pool::<C>(11);
     let (a, b) = (
-        endpoint(&receiver, HealthPolicy::new()),
-        endpoint(&receiver, HealthPolicy::new()),
+        one_thread_worker(&pool, endpoint(&receiver)),
+        one_thread_worker(&pool, endpoint(&receiver)),
     );
-    let workers = [one_thread_worker(&pool, &a), one_thread_worker(&pool, &b)];
     assert!(eventually(PATIENCE, || recorded_state(&pool).is_some()));
-    assert!(!disable_endpoint(&mut pool.get().unwrap(), "someone-else", "why").unwrap());
-    assert!(disable_endpoint(
+    assert!(!disable_destination(&mut pool.get().unwrap(), "someone-else", "why").unwrap());
+    assert!(disable_destination(
         &mut pool.get().unwrap(),
-        "mail",
+        HOOK,
         "the partner asked us to stop"
     )
     .unwrap());
-    let disabled = |mail: &WebhookEndpoint| matches!(mail.health(), EndpointState::Disabled { reason } if reason == "the partner asked us to stop");
+    let disabled = |worker: &WorkerHandle| matches!(state(worker), DestinationState::Disabled { reason } if reason == "the partner asked us to stop");
     assert!(eventually(PATIENCE, || disabled(&a) && disabled(&b)));
     for n in 0..4 {
         Hook::new(n).enqueue(&mut pool.get().unwrap()).unwrap();
@@ -321,28 +324,28 @@ fn what_one_worker_or_an_operator_decides_reaches_every_worker<C: TestConnection
         .iter()
         .all(|d| d.last_error.contains("the partner asked us to stop")));
 
-    assert!(enable_endpoint(&mut pool.get().unwrap(), "mail").unwrap());
-    assert!(eventually(PATIENCE, || a.health().name() == "healthy"
-        && b.health().name() == "healthy"));
+    assert!(enable_destination(&mut pool.get().unwrap(), HOOK).unwrap());
+    assert!(eventually(PATIENCE, || state(&a).name() == "healthy"
+        && state(&b).name() == "healthy"));
     assert_eq!(recorded_state(&pool).as_deref(), Some("healthy"));
 
     receiver.set_behaviour(|_, _| Reply::status(410));
     Hook::new(10).enqueue(&mut pool.get().unwrap()).unwrap();
-    assert!(eventually(PATIENCE, || a.health().name() == "disabled"
-        && b.health().name() == "disabled"));
+    assert!(eventually(PATIENCE, || state(&a).name() == "disabled"
+        && state(&b).name() == "disabled"));
     assert_eq!(
         receiver.count(),
         1,
         "one worker was told; the other learnt it from the store"
     );
-    for worker in workers {
+    for worker in [a, b] {
         worker.shutdown(PATIENCE).unwrap();
     }
 }
 
 backend_tests!(
-    an_outage_pauses_the_endpoint_and_messages_wait_without_spending_attempts,
-    gone_disables_the_endpoint_until_it_is_enabled,
-    a_gone_endpoint_stays_disabled_after_a_restart,
+    an_outage_pauses_the_destination_and_messages_wait_without_spending_attempts,
+    gone_disables_the_destination_until_it_is_enabled,
+    a_gone_destination_stays_disabled_after_a_restart,
     what_one_worker_or_an_operator_decides_reaches_every_worker,
 );
