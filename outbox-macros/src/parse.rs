@@ -9,8 +9,9 @@ use syn::{Item, LitStr, Token};
 pub struct Input {
     /// The attribute's arguments, as written.
     pub args: TokenStream,
-    /// The arguments, if they are a string literal followed by `name = "value"` options.
-    pub parsed: Option<Args>,
+    /// The arguments as a string literal followed by `name = "value"` settings, or why they
+    /// are not.
+    pub parsed: syn::Result<Args>,
     /// The item the attribute is on.
     pub item: Item,
 }
@@ -55,7 +56,7 @@ impl Input {
     /// Fails only when the item is not an item at all (the compiler reports that itself).
     pub fn parse(args: TokenStream, item: TokenStream) -> syn::Result<Input> {
         Ok(Input {
-            parsed: syn::parse2(args.clone()).ok(),
+            parsed: syn::parse2(args.clone()),
             args,
             item: syn::parse2(item)?,
         })
@@ -63,6 +64,6 @@ impl Input {
 
     /// The message type string, if the arguments start with one.
     pub fn message_type(&self) -> Option<&LitStr> {
-        self.parsed.as_ref().map(|args| &args.message_type)
+        self.parsed.as_ref().ok().map(|args| &args.message_type)
     }
 }

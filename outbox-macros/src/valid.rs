@@ -80,6 +80,20 @@ fn message_type(input: &Input) -> syn::Result<LitStr> {
         ));
     }
     let Some(lit) = input.message_type() else {
+        let starts_with_a_string = syn::parse2::<LitStr>(
+            input.args.clone().into_iter().take(1).collect(),
+        )
+        .is_ok();
+        if let (true, Err(error)) = (starts_with_a_string, &input.parsed) {
+            // The type string is there; what follows it is not a `name = "value"` setting.
+            return Err(syn::Error::new(
+                error.span(),
+                format!(
+                    "{error}: after the message type, give `deliver_to = \"destination\"`, \
+                     e.g. #[outbox_handler(\"comment.thankYou\", deliver_to = \"mail\")]"
+                ),
+            ));
+        }
         return Err(syn::Error::new_spanned(
             &input.args,
             "expected the message type as a string literal, optionally followed by \

@@ -1,6 +1,5 @@
-//! The acker: saves the outcomes of finished messages in batches, and looks after what the
-//! worker holds: it renews their leases (the heartbeat) and counts handlers that overran their
-//! timeout (the watchdog).
+//! The acker: saves the outcomes of finished messages in batches. (The warden looks after what
+//! the worker holds while it waits or runs.)
 //!
 //! An outcome the store does not take is never allowed to hold up the others. When a batch
 //! fails, a ping tells the two causes apart: the database is unreachable (every outcome waits,
@@ -21,12 +20,12 @@ use crate::store::{ClaimToken, ClaimedMessage, Outcome, Settlement, SuccessorLea
 use super::backoff::{Backoff, Failures};
 use super::claimer::dispatch;
 use super::handle::Counters;
-use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, HandlerPool, Job};
+use super::handlers::Job;
 use super::shared::Shared;
 use super::text::reduced;
 use super::timing::{
     ACKER_TICK, REFUSALS_BEFORE_GIVING_UP, REFUSALS_BEFORE_REDUCING, REFUSED_RETRY, SETTLE_LINGER,
-    SETTLE_LINGER_STEP, SETTLE_RETRY, WATCHDOG_GRACE,
+    SETTLE_LINGER_STEP, SETTLE_RETRY,
 };
 
 /// What to do with an outcome after the store refused it `refusals` times in a row while
@@ -78,7 +77,7 @@ pub(crate) struct Acker {
 
 impl Acker {
     pub fn new(shared: Arc<Shared>, outcomes: Receiver<Outcome>, jobs: Sender<Job>) -> Self {
-        let settler = Settler::new(&shared.config, Instant::now()).with_jobs(jobs);
+        let settler = Settler::new(Instant::now()).with_jobs(jobs);
         Acker {
             shared,
             outcomes,
@@ -86,7 +85,7 @@ impl Acker {
         }
     }
 
-    /// The thread: settles, renews, watches, until the worker has stopped and nothing is held.
+    /// The thread: settles until the worker has stopped and nothing is held.
     pub fn run(mut self) {
         let shared = Arc::clone(&self.shared);
         let _alive = super::handle::AliveGuard::new(&shared.vitals.acker_alive);
@@ -126,22 +125,6 @@ impl Acker {
         self.gather();
         let shared = Arc::clone(&self.shared);
         self.settler.settle(&shared, Instant::now());
-        for stuck in self.settler.watchdog(&shared, Instant::now()) {
-            // A stuck thread is replaced, and ends when its handler returns. Replacements stop
-            // once as many threads are stuck as there are handler threads (a handler that hangs
-            // on everything must not grow the process without bound); a thread not replaced
-            // goes on serving when its handler returns.
-            if shared.held.stuck() > shared.config.handler_threads || shared.stopping() {
-                continue;
-            }
-            match HandlerPool::spawn(&shared) {
-                Ok(()) => shared.pool.retire(stuck),
-                Err(error) => {
-                    log::error!("outbox: could not start a replacement handler thread: {error}")
-                }
-            }
-        }
-        self.settler.heartbeat(&shared, Instant::now());
     }
 
     /// Waits until an outcome arrives or a chore is due, then takes what is ready, lingering a
@@ -203,7 +186,6 @@ pub(crate) struct Settler {
     unavailable: Failures,
     /// The database refused a text and took its ASCII reduction: reduce texts from now on.
     ascii_only: bool,
-    next_heartbeat: Instant,
     /// While the database is unreachable: not before then.
     next_settle: Instant,
     /// Where the messages a settlement leases go (the next messages of settled keys).
@@ -211,13 +193,12 @@ pub(crate) struct Settler {
 }
 
 impl Settler {
-    pub fn new(config: &super::config::Config, now: Instant) -> Self {
+    pub fn new(now: Instant) -> Self {
         Settler {
             fresh: Vec::new(),
             refused: Vec::new(),
             unavailable: Failures::new(Backoff::from_pair(SETTLE_RETRY)),
             ascii_only: false,
-            next_heartbeat: now + config.heartbeat,
             next_settle: now,
             jobs: None,
         }
@@ -246,7 +227,7 @@ impl Settler {
 
     /// When the next chore is due, if no outcome comes first.
     pub fn next_chore(&self, now: Instant) -> Instant {
-        let mut wake = (now + ACKER_TICK).min(self.next_heartbeat);
+        let mut wake = now + ACKER_TICK;
         if let Some(first) = self.refused.iter().map(|r| r.next_try).min() {
             wake = wake.min(first);
         }
@@ -560,84 +541,6 @@ impl Settler {
         }
     }
 
-    /// Counts messages running past their handler's timeout as timed-out attempts (their
-    /// outcomes join the fresh ones); returns the handler threads stuck in them.
-    pub fn watchdog(&mut self, shared: &Shared, now: Instant) -> Vec<usize> {
-        let limit = shared.config.handler_timeout.saturating_add(WATCHDOG_GRACE);
-        let mut stuck = Vec::new();
-        for (position, entry) in shared.held.overdue(now, limit) {
-            let Some((token, thread)) = shared.held.abandon(position, entry.job) else {
-                continue;
-            };
-            let settlement = settle_attempt(
-                entry.attempt,
-                Attempt::TimedOut(shared.config.handler_timeout),
-                &policy_for(shared, &entry.message_type),
-            );
-            log::warn!(
-                "outbox: message {} ({}) is still running on handler thread {thread} past its \
-                 timeout of {:?}; counted as timed out",
-                entry.message_id,
-                entry.message_type,
-                shared.config.handler_timeout
-            );
-            log_settlement(
-                &entry.message_id,
-                &entry.message_type,
-                entry.trace_id.as_deref(),
-                &settlement,
-            );
-            Counters::add(&shared.counters.timed_out, 1);
-            metrics::handler_timeout(shared.metric_type(&entry.message_type));
-            self.fresh.push(Outcome {
-                token,
-                position,
-                message_id: entry.message_id,
-                ordering_key: entry.ordering_key.clone(),
-                settlement,
-            });
-            stuck.push(thread);
-        }
-        stuck
-    }
-
-    /// Renews the leases of everything held, a few times per lease.
-    pub fn heartbeat(&mut self, shared: &Shared, now: Instant) {
-        if now < self.next_heartbeat {
-            return;
-        }
-        self.next_heartbeat = now + shared.config.heartbeat;
-        let leases = shared.held.leases();
-        if leases.is_empty() {
-            return;
-        }
-        match shared.store.extend_leases(&leases, shared.config.lease) {
-            Ok(lost) => {
-                let kept: Vec<_> = leases
-                    .iter()
-                    .copied()
-                    .filter(|(_, position)| !lost.contains(position))
-                    .collect();
-                shared.held.renewed(&kept, now + shared.config.lease);
-                if !lost.is_empty() {
-                    log::warn!(
-                        "outbox: the leases on {} held messages had passed to other claims; \
-                         their outcomes will be dropped (positions {lost:?})",
-                        lost.len()
-                    );
-                }
-            }
-            Err(error) => {
-                metrics::store_error("extend_leases");
-                log::warn!(
-                    "outbox: renewing the leases of {} held messages failed (trying again in \
-                 {:?}): {error}",
-                    leases.len(),
-                    shared.config.heartbeat
-                );
-            }
-        }
-    }
 }
 
 fn store_answers(shared: &Shared) -> bool {

@@ -91,8 +91,10 @@ impl Counters {
 pub struct Health {
     /// Whether the claimer thread runs.
     pub claimer_alive: bool,
-    /// Whether the acker thread (settlements, heartbeat, watchdog) runs.
+    /// Whether the acker thread (settlements) runs.
     pub acker_alive: bool,
+    /// Whether the warden thread (the lease heartbeat, the handler watchdog) runs.
+    pub warden_alive: bool,
     /// Whether the housekeeper thread (the store's chores, sharing destinations' health) runs.
     pub housekeeper_alive: bool,
     /// Whether the listener thread runs (`None`: the worker has none).
@@ -122,6 +124,7 @@ impl Health {
     pub fn is_healthy(&self) -> bool {
         self.claimer_alive
             && self.acker_alive
+            && self.warden_alive
             && self.housekeeper_alive
             && self.listener_alive != Some(false)
             && self.handler_threads > self.stuck_handlers
@@ -134,6 +137,7 @@ impl Health {
 pub(crate) struct Vitals {
     pub claimer_alive: AtomicBool,
     pub acker_alive: AtomicBool,
+    pub warden_alive: AtomicBool,
     pub housekeeper_alive: AtomicBool,
     pub listener_alive: AtomicBool,
     pub has_listener: AtomicBool,
@@ -244,6 +248,7 @@ impl WorkerHandle {
         Health {
             claimer_alive: vitals.claimer_alive.load(Ordering::SeqCst),
             acker_alive: vitals.acker_alive.load(Ordering::SeqCst),
+            warden_alive: vitals.warden_alive.load(Ordering::SeqCst),
             housekeeper_alive: vitals.housekeeper_alive.load(Ordering::SeqCst),
             listener_alive: vitals
                 .has_listener

@@ -55,7 +55,9 @@ impl Housekeeper {
         let shared = Arc::clone(&self.shared);
         let _alive = AliveGuard::new(&shared.vitals.housekeeper_alive);
         while !shared.stopping() {
-            shared.survive("housekeeper", Duration::from_millis(100), || self.step());
+            shared.survive("housekeeper", Duration::from_millis(100), || {
+                self.step(Instant::now())
+            });
             let next = self.next_chores.min(self.next_backlog);
             let _ = self
                 .stop
@@ -63,8 +65,8 @@ impl Housekeeper {
         }
     }
 
-    fn step(&mut self) {
-        let now = Instant::now();
+    /// Does the chores due at `now`.
+    pub fn step(&mut self, now: Instant) {
         if now >= self.next_backlog {
             self.next_backlog = now + self.shared.config.backlog_interval;
             self.sample_backlog();

@@ -41,6 +41,7 @@ mod tests;
 mod text;
 mod timing;
 mod wake;
+mod warden;
 
 use std::sync::Arc;
 
@@ -58,6 +59,7 @@ use acker::Acker;
 use claimer::Claimer;
 use handlers::HandlerPool;
 use housekeeper::Housekeeper;
+use warden::Warden;
 use shared::{Parts, Shared};
 
 /// The worker that delivers the outbox's messages. Start one per process with
@@ -156,7 +158,7 @@ impl<S: Store> WorkerBuilder<S> {
         };
         // A destination disabled before a restart gets no delivery: its record is read before
         // the first claim.
-        let mut housekeeper = Housekeeper::new(Arc::clone(&shared), stop_rx);
+        let mut housekeeper = Housekeeper::new(Arc::clone(&shared), stop_rx.clone());
         housekeeper.sync_destinations();
         // From here on, a failure to start a thread stops those already started (the handle's
         // drop). The threads count as alive from their start, before they first run.
@@ -164,11 +166,13 @@ impl<S: Store> WorkerBuilder<S> {
         for flag in [
             &vitals.claimer_alive,
             &vitals.acker_alive,
+            &vitals.warden_alive,
             &vitals.housekeeper_alive,
         ] {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         let acker_jobs = jobs_tx.clone();
+        let warden = Warden::new(Arc::clone(&shared), outcomes_tx.clone(), stop_rx);
         let claimer = Claimer::new(
             Arc::clone(&shared),
             jobs_tx,
@@ -186,6 +190,9 @@ impl<S: Store> WorkerBuilder<S> {
         shared
             .threads
             .spawn("outbox-acker".into(), move || acker.run())?;
+        shared
+            .threads
+            .spawn("outbox-warden".into(), move || warden.run())?;
         shared
             .threads
             .spawn("outbox-housekeeper".into(), move || housekeeper.run())?;

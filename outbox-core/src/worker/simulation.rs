@@ -1,11 +1,12 @@
 //! A randomized simulation of workers against a [`MemoryStore`] with faults, driven step by
 //! step on one thread with a manual clock: the roles' own code (claim planning, the book of
 //! held messages, the settlement decisions, the acker's settler with its refused-outcome
-//! policy, heartbeat and watchdog) under thousands of seeded schedules in seconds.
+//! policy, the warden's heartbeat and watchdog, the housekeeper's chores) under thousands of
+//! seeded schedules in seconds.
 //!
 //! Each schedule enqueues messages (some keyed, some of unknown types, some large), then takes
 //! random steps: claims, handler starts and finishes (success, failure, permanent failure,
-//! panic, hang), settlements, heartbeats, watchdog rounds, clock jumps, store faults (down,
+//! panic, hang), settlements, heartbeats, watchdog rounds, housekeeping, clock jumps, store faults (down,
 //! failing calls, an outcome refused forever, texts refused as a `LATIN1` database does),
 //! worker crashes, and stale outcomes of crashed workers. Then the faults stop and healthy
 //! workers run. It asserts: in-flight never above its caps; a fenced outcome changes nothing;
@@ -30,6 +31,8 @@ use crate::store::{ClaimToken, Outcome, Settlement, Store};
 use crate::testing::MemoryStore;
 
 use super::acker::Settler;
+use super::housekeeper::Housekeeper;
+use super::warden::Rounds;
 use super::claimer::plan_claim;
 use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt, HandlerPool, Job};
@@ -60,6 +63,8 @@ struct Running {
 struct SimWorker {
     shared: Arc<Shared>,
     settler: Settler,
+    rounds: Rounds,
+    housekeeper: Housekeeper,
     queued: VecDeque<Job>,
     running: Vec<Running>,
     next_thread: usize,
@@ -68,7 +73,7 @@ struct SimWorker {
 impl SimWorker {
     fn new(config: &Config, store: &MemoryStore, now: Instant) -> Self {
         let (capacity, _) = bounded(1);
-        let (stop, _) = bounded(1);
+        let (stop, stopped) = bounded(1);
         let (_, jobs) = bounded(1);
         let (outcomes, _) = bounded(1);
         let parts = Parts {
@@ -85,7 +90,9 @@ impl SimWorker {
             HandlerPool::new(jobs, outcomes),
         ));
         SimWorker {
-            settler: Settler::new(config, now),
+            settler: Settler::new(now),
+            rounds: Rounds::new(&shared, now),
+            housekeeper: Housekeeper::new(Arc::clone(&shared), stopped),
             shared,
             queued: VecDeque::new(),
             running: Vec::new(),
@@ -188,6 +195,13 @@ impl SimWorker {
                 settlement,
             });
         }
+    }
+
+    /// The warden's watchdog round; its outcomes go to this worker's settler.
+    fn watchdog(&mut self, now: Instant) {
+        let settler = &mut self.settler;
+        self.rounds
+            .watchdog(&self.shared, now, |outcome| settler.push(outcome));
     }
 
     fn check_caps(&self, seed: u64) {
@@ -305,10 +319,9 @@ fn run(seed: u64, totals: &mut Totals) {
                 }
             }
             55..=69 => worker.settler.settle(&worker.shared, t),
-            70..=74 => {
-                worker.settler.watchdog(&worker.shared, t);
-            }
-            75..=79 => worker.settler.heartbeat(&worker.shared, t),
+            70..=73 => worker.watchdog(t),
+            74 => worker.housekeeper.step(t),
+            75..=79 => worker.rounds.heartbeat(&worker.shared, t),
             80..=87 => store.advance(Duration::from_millis(rng.u64(0..3_000))),
             88 => store.set_down(!rng.bool() && rng.bool()),
             89 => store.fail_claims(rng.u32(0..3)),
@@ -379,9 +392,10 @@ fn run(seed: u64, totals: &mut Totals) {
         for index in (0..worker.running.len()).rev() {
             worker.finish(index, &store);
         }
-        worker.settler.watchdog(&worker.shared, t);
+        worker.watchdog(t);
         worker.settler.settle(&worker.shared, now(&store));
-        worker.settler.heartbeat(&worker.shared, now(&store));
+        worker.rounds.heartbeat(&worker.shared, now(&store));
+        worker.housekeeper.step(now(&store));
         worker.check_caps(seed);
     }
     add(totals, &worker);
