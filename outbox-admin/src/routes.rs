@@ -280,7 +280,10 @@ where
             })
         })
         .collect();
-    Ok(Response::json(200, &json!({ "destinations": destinations })))
+    Ok(Response::json(
+        200,
+        &json!({ "destinations": destinations }),
+    ))
 }
 
 fn enable_destination<M>(admin: &Admin<M>, request: &Request, name: &str) -> Outcome

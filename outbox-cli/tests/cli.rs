@@ -957,10 +957,7 @@ fn destinations<C: TestConnection>(db: &TestDb) {
     .ok();
 
     let enabled = outbox(db.url(), &["destination", "enable", "mail"]).ok();
-    assert!(
-        enabled.starts_with("enabled destination mail"),
-        "{enabled}"
-    );
+    assert!(enabled.starts_with("enabled destination mail"), "{enabled}");
     sync(&mut seen);
     assert_eq!(seen[1], StoredDestination::new("mail", None, 1));
     let json = outbox(db.url(), &["--json", "destination", "enable", "mail"]).json();
@@ -978,7 +975,10 @@ fn destinations<C: TestConnection>(db: &TestDb) {
         "error: no destination named `nobody` has been reported by a worker (`outbox \
          destinations` lists those that have)"
     );
-    assert_eq!(outbox(db.url(), &["destination", "disable", "nobody"]).code, 1);
+    assert_eq!(
+        outbox(db.url(), &["destination", "disable", "nobody"]).code,
+        1
+    );
 
     // The longest name a destination may have fits the store whole, on every backend.
     let longest = "é".repeat(outbox_diesel::destination::MAX_DESTINATION_NAME);

@@ -493,7 +493,8 @@ pub fn disable_destination<C: OutboxConnection>(
     name: &str,
     reason: &str,
 ) -> Result<bool> {
-    let changed = with_backend!(conn.backend_connection(), c => c.disable_destination(name, reason))?;
+    let changed =
+        with_backend!(conn.backend_connection(), c => c.disable_destination(name, reason))?;
     if changed > 0 {
         log::warn!("outbox: destination {name} disabled by an operator: {reason}");
     }

@@ -106,6 +106,8 @@ impl DatabaseUrl {
                 .or_else(|| url.strip_prefix("sqlite:"))
             {
                 (Backend::Sqlite, path)
+            } else if is_keyword_string(url) {
+                return Err(Error::KeywordConnectionString);
             } else if url.starts_with("file:") || (!url.is_empty() && !url.contains("://")) {
                 (Backend::Sqlite, url)
             } else {
@@ -214,6 +216,32 @@ fn secret_ranges(url: &str) -> Vec<std::ops::Range<usize>> {
 }
 
 /// The URL with its secrets replaced by `***`.
+/// Whether `text` is a libpq keyword/value connection string (`host=db user=app
+/// password=… dbname=shop`) rather than a path: a path never holds such a pair, while one
+/// such string taken for an SQLite path would create a file named after its password.
+fn is_keyword_string(text: &str) -> bool {
+    const KEYWORDS: &[&str] = &[
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "sslmode",
+        "sslrootcert",
+        "application_name",
+        "connect_timeout",
+        "options",
+        "service",
+        "target_session_attrs",
+    ];
+    text.split_whitespace().any(|pair| {
+        pair.split_once('=')
+            .is_some_and(|(key, _)| KEYWORDS.contains(&key.to_ascii_lowercase().as_str()))
+    })
+}
+
 fn redact(url: &str) -> String {
     let mut shown = url.to_owned();
     let mut ranges = secret_ranges(url);
@@ -458,6 +486,19 @@ mod tests {
         assert_eq!(parsed(":memory:"), sqlite(":memory:"));
         for path in ["app.db", "/var/x.sqlite", "blog", "C:\\data\\x.db"] {
             assert_eq!(parsed(path), sqlite(path), "{path}");
+        }
+        for keywords in [
+            "host=db password=hunter2 dbname=shop",
+            "dbname=shop",
+            " user=app  password=x",
+            "PASSWORD=x host=db",
+        ] {
+            let error = DatabaseUrl::parse(keywords).unwrap_err();
+            assert!(
+                matches!(error, Error::KeywordConnectionString),
+                "{keywords:?}: {error}"
+            );
+            assert!(!error.to_string().contains("hunter2"), "{error}");
         }
         for bad in [
             "redis://h/0",

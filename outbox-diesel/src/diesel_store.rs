@@ -367,7 +367,12 @@ where
                     "SELECT settled_at FROM outbox_idempotency WHERE 1 = 0",
                 )
             })
-            .and_then(|_| execute_batch(&mut *conn, "SELECT kind FROM outbox_destination WHERE 1 = 0"))
+            .and_then(|_| {
+                execute_batch(
+                    &mut *conn,
+                    "SELECT kind FROM outbox_destination WHERE 1 = 0",
+                )
+            })
             .map_err(|e| {
                 StoreError::new(
                     "the outbox tables are missing, out of date or unreadable (run \

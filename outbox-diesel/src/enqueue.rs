@@ -28,8 +28,8 @@ const LATEST_NOT_BEFORE_SECS: u64 = 253_402_300_799;
 enum NotBefore {
     Now,
     At(SystemTime),
-    /// A delay too long to add to the clock.
-    Overflow,
+    /// This long after the enqueue, on the database's clock.
+    After(Duration),
 }
 
 /// How a message is enqueued: when it may be processed, and which messages it is ordered with.
@@ -83,11 +83,12 @@ impl EnqueueOptions {
         self
     }
 
-    /// Not processed before `delay` has passed from now.
+    /// Not processed before `delay` has passed from the enqueue, on the database's clock (the
+    /// one claims compare with): options built once and used for many enqueues delay each by
+    /// `delay` from its own enqueue. A delay that would end past year 9999 is refused by the
+    /// enqueue with [`Error::NotBeforeOutOfRange`].
     pub fn delay(mut self, delay: Duration) -> Self {
-        self.not_before = SystemTime::now()
-            .checked_add(delay)
-            .map_or(NotBefore::Overflow, NotBefore::At);
+        self.not_before = NotBefore::After(delay);
         self
     }
 
@@ -122,8 +123,13 @@ pub(crate) struct NewMessage {
     ordering_key: Option<String>,
     idempotency_key: Option<String>,
     not_before_micros: Option<i64>,
+    /// How long after the enqueue, on the database's clock, when `not_before_micros` is `None`.
+    delay_micros: Option<i64>,
     /// The headers as a JSON object, `None` without any.
     headers: Option<String>,
+    /// An earlier message of this insert has the same ordering key: this one is parked behind
+    /// it from the start (see the `sql` module's documentation).
+    behind_in_batch: bool,
 }
 
 impl NewMessage {
@@ -140,6 +146,9 @@ impl NewMessage {
                     what: "ordering key",
                     len: key.len(),
                 });
+            }
+            if key.is_empty() || key.chars().any(char::is_control) {
+                return Err(Error::InvalidOrderingKey);
             }
         }
         if let Some(key) = &options.idempotency_key {
@@ -169,12 +178,22 @@ impl NewMessage {
                 max: options.max_payload_bytes,
             });
         }
-        let not_before_micros = match options.not_before {
-            NotBefore::Now => None,
-            NotBefore::At(time) => {
-                Some(micros_since_epoch(time).ok_or(Error::NotBeforeOutOfRange)?)
+        let (not_before_micros, delay_micros) = match options.not_before {
+            NotBefore::Now => (None, None),
+            NotBefore::At(time) => (
+                Some(micros_since_epoch(time).ok_or(Error::NotBeforeOutOfRange)?),
+                None,
+            ),
+            NotBefore::After(delay) => {
+                // Checked on this process's clock; the database adds it to its own.
+                SystemTime::now()
+                    .checked_add(delay)
+                    .and_then(micros_since_epoch)
+                    .ok_or(Error::NotBeforeOutOfRange)?;
+                let micros =
+                    i64::try_from(delay.as_micros()).map_err(|_| Error::NotBeforeOutOfRange)?;
+                (None, Some(micros))
             }
-            NotBefore::Overflow => return Err(Error::NotBeforeOutOfRange),
         };
         let mut headers = Headers::new();
         for (name, value) in &options.headers {
@@ -191,7 +210,9 @@ impl NewMessage {
             ordering_key: options.ordering_key.clone(),
             idempotency_key: options.idempotency_key.clone(),
             not_before_micros,
+            delay_micros,
             headers: headers.to_json(),
+            behind_in_batch: false,
         };
         Ok((id, row))
     }
@@ -206,6 +227,21 @@ impl NewMessage {
 
     pub(crate) fn idempotency_key(&self) -> Option<&str> {
         self.idempotency_key.as_deref()
+    }
+}
+
+/// Marks the rows behind an earlier row of their ordering key in the same insert, which are
+/// parked from the start. Not where idempotency keys are involved: an earlier row skipped as a
+/// duplicate would leave the later one parked behind nothing.
+fn mark_behind(rows: &mut [NewMessage]) {
+    if rows.iter().any(|row| row.idempotency_key.is_some()) {
+        return;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for row in rows {
+        if let Some(key) = &row.ordering_key {
+            row.behind_in_batch = !seen.insert(key.clone());
+        }
     }
 }
 
@@ -323,7 +359,8 @@ impl Batch {
     /// Use it inside `conn.transaction(..)`: a batch too large for one statement is split into
     /// several, and only a transaction makes them all-or-nothing. Messages with an idempotency
     /// key cost a few statements each, not a share of one.
-    pub fn enqueue<C: OutboxConnection>(self, conn: &mut C) -> Result<Vec<MessageId>> {
+    pub fn enqueue<C: OutboxConnection>(mut self, conn: &mut C) -> Result<Vec<MessageId>> {
+        mark_behind(&mut self.rows);
         let ids = insert(conn, &self.rows)?;
         outbox_core::__private::notify_enqueued();
         Ok(ids)
@@ -348,10 +385,11 @@ where
 
 impl NewMessage {
     /// How many binds one row of an insert takes.
-    pub(crate) const BINDS: usize = 7;
+    pub(crate) const BINDS: usize = 9;
 
     /// The binds of an insert: message id, type, payload, its size in bytes, ordering key,
-    /// not-before in µs since the epoch, headers as JSON.
+    /// not-before in µs since the epoch (NULL: now plus the delay), delay in µs (NULL: none),
+    /// headers as JSON, whether an earlier row of the insert has its ordering key.
     pub(crate) fn binds(&self) -> [Bind<'_>; Self::BINDS] {
         [
             Bind::Text(self.message_id.as_str()),
@@ -360,7 +398,27 @@ impl NewMessage {
             Bind::BigInt(i64::try_from(self.payload.len()).unwrap_or(i64::MAX)),
             Bind::NullableText(self.ordering_key.as_deref()),
             Bind::NullableBigInt(self.not_before_micros),
+            Bind::NullableBigInt(self.delay_micros),
             Bind::NullableText(self.headers.as_deref()),
+            Bind::Bool(self.behind_in_batch),
+        ]
+    }
+
+    /// [`binds`](Self::binds) and the ordering key again: for the inserts that look up whether
+    /// the key has a pending message already.
+    pub(crate) fn binds_with_key(&self) -> [Bind<'_>; Self::BINDS + 1] {
+        let [a, b, c, d, e, f, g, h, i] = self.binds();
+        [
+            a,
+            b,
+            c,
+            d,
+            e,
+            f,
+            g,
+            h,
+            i,
+            Bind::NullableText(self.ordering_key.as_deref()),
         ]
     }
 
@@ -401,6 +459,44 @@ fn insert<C: OutboxConnection>(conn: &mut C, rows: &[NewMessage]) -> Result<Vec<
 mod tests {
     use super::*;
 
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Probe;
+
+    impl Message for Probe {
+        const MESSAGE_TYPE: &'static str = "test.probe";
+    }
+
+    #[test]
+    fn ordering_keys_are_checked_and_rows_behind_a_key_in_the_same_insert_are_marked() {
+        for bad in ["", "a\r\nb", "tab\there", "nul\0"] {
+            assert!(
+                matches!(
+                    NewMessage::new(&Probe, &EnqueueOptions::new().ordering_key(bad)),
+                    Err(Error::InvalidOrderingKey)
+                ),
+                "{bad:?}"
+            );
+        }
+        let keyed = |key: Option<&str>| {
+            let options = match key {
+                Some(key) => EnqueueOptions::new().ordering_key(key),
+                None => EnqueueOptions::new(),
+            };
+            NewMessage::new(&Probe, &options).unwrap().1
+        };
+        let mut rows = vec![
+            keyed(Some("a")),
+            keyed(None),
+            keyed(Some("a")),
+            keyed(Some("b")),
+            keyed(None),
+            keyed(Some("a")),
+        ];
+        mark_behind(&mut rows);
+        let behind: Vec<bool> = rows.iter().map(|row| row.behind_in_batch).collect();
+        assert_eq!(behind, [false, false, true, false, false, true]);
+    }
+
     #[test]
     fn times_past_year_9999_and_overflowing_delays_are_refused() {
         let far = UNIX_EPOCH + Duration::from_secs(LATEST_NOT_BEFORE_SECS + 1);
@@ -411,9 +507,16 @@ mod tests {
             micros_since_epoch(UNIX_EPOCH - Duration::from_secs(1)),
             Some(0)
         );
+        assert!(matches!(
+            NewMessage::new(&Probe, &EnqueueOptions::new().delay(Duration::MAX)),
+            Err(Error::NotBeforeOutOfRange)
+        ));
+        let (_, row) =
+            NewMessage::new(&Probe, &EnqueueOptions::new().delay(Duration::from_secs(2))).unwrap();
         assert_eq!(
-            EnqueueOptions::new().delay(Duration::MAX).not_before,
-            NotBefore::Overflow
+            (row.not_before_micros, row.delay_micros),
+            (None, Some(2_000_000)),
+            "a delay is resolved by the database, at the enqueue"
         );
     }
 

@@ -105,12 +105,29 @@ pub enum Error {
         source: diesel::result::Error,
     },
 
+    /// An ordering key that is empty or holds control characters (a line break, a tab, a
+    /// NUL): it travels as a header on brokers, where such characters cannot go.
+    #[error(
+        "an ordering key must not be empty or hold control characters (line breaks, tabs, NUL); \
+         use printable text such as `order-42`"
+    )]
+    InvalidOrderingKey,
+
     /// The database URL's scheme names no backend the outbox supports.
     #[error(
         "unsupported database URL `{0}`: use postgres://, postgresql://, mysql://, sqlite://PATH, \
          file:PATH or a plain SQLite path"
     )]
     UnsupportedUrl(String),
+
+    /// The text is a keyword/value connection string (`host=… dbname=…`), not a URL. Not
+    /// shown: it may hold a password.
+    #[error(
+        "the database URL is a keyword/value connection string (host=… dbname=…), which the \
+         outbox does not read (and would otherwise take for an SQLite file name); give a URL \
+         such as postgres://user:password@host:5432/dbname"
+    )]
+    KeywordConnectionString,
 
     /// A backend name that is not `postgres`, `mysql` or `sqlite`.
     #[error("unknown backend `{0}`: use postgres, mysql or sqlite")]

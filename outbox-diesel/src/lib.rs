@@ -119,8 +119,8 @@ pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions, DEFAULT_MAX_PAYLO
 pub use error::{Error, Result};
 pub use exactly_once::exactly_once;
 pub use migrations::run_migrations;
-pub use outbox_core::metrics;
 pub use outbox_core::destination;
+pub use outbox_core::metrics;
 pub use outbox_core::{
     Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, HeaderError,
     Headers, Message, MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError,

@@ -80,10 +80,8 @@ fn message_type(input: &Input) -> syn::Result<LitStr> {
         ));
     }
     let Some(lit) = input.message_type() else {
-        let starts_with_a_string = syn::parse2::<LitStr>(
-            input.args.clone().into_iter().take(1).collect(),
-        )
-        .is_ok();
+        let starts_with_a_string =
+            syn::parse2::<LitStr>(input.args.clone().into_iter().take(1).collect()).is_ok();
         if let (true, Err(error)) = (starts_with_a_string, &input.parsed) {
             // The type string is there; what follows it is not a `name = "value"` setting.
             return Err(syn::Error::new(

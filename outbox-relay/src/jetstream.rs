@@ -297,7 +297,11 @@ impl JetStreamDestinationBuilder {
                 reason: "the timeout must be longer than zero".into(),
             });
         }
-        if let Some(subject) = self.subject.as_deref().filter(|s| !is_valid_publish_subject(s)) {
+        if let Some(subject) = self
+            .subject
+            .as_deref()
+            .filter(|s| !is_valid_publish_subject(s))
+        {
             return Err(RelayError::Config {
                 destination: KIND,
                 reason: format!(

@@ -114,7 +114,6 @@ impl KafkaDestination {
             settings: Vec::new(),
         }
     }
-
 }
 
 impl Destination for KafkaDestination {

@@ -109,7 +109,6 @@ impl RabbitMqDestination {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
-
 }
 
 impl Destination for RabbitMqDestination {

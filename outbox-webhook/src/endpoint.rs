@@ -694,7 +694,6 @@ mod tests {
             "{err}"
         );
         assert_eq!(err.into_delivery_error().kind(), FailureKind::Permanent);
-
     }
 
     #[test]

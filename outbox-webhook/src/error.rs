@@ -195,10 +195,9 @@ impl WebhookError {
             WebhookError::Timeout { .. }
             | WebhookError::Connect { .. }
             | WebhookError::Transport { .. } => DeliveryError::unavailable(reason),
-            WebhookError::Status { status: 429, .. } => DeliveryError::push_back(
-                reason,
-                retry_after.unwrap_or(DEFAULT_PUSH_BACK),
-            ),
+            WebhookError::Status { status: 429, .. } => {
+                DeliveryError::push_back(reason, retry_after.unwrap_or(DEFAULT_PUSH_BACK))
+            }
             WebhookError::Status {
                 status: 503,
                 retry_after: Some(wait),

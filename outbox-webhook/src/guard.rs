@@ -56,7 +56,7 @@ const NAT64_V6: (Ipv6Addr, u8) = (Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0),
 /// judged by the IPv4 address they embed.
 ///
 /// ```
-/// use outbox_core::webhook::is_special_purpose;
+/// use outbox_webhook::is_special_purpose;
 ///
 /// assert!(is_special_purpose("169.254.169.254".parse().unwrap()));
 /// assert!(is_special_purpose("::ffff:10.0.0.1".parse().unwrap()));

@@ -9,7 +9,7 @@ use outbox_diesel::{enqueue_all, MessageId};
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::outbox::{endpoint, pending};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb};
-use outbox_tests::handlers::Hook;
+use outbox_tests::handlers::{Hook, HOOK};
 
 const MESSAGES: u32 = 300;
 
@@ -53,7 +53,10 @@ fn a_killed_worker_loses_nothing<C: TestConnection>(db: &TestDb) {
     let worker = outbox_diesel::Worker::builder(outbox_diesel::DieselStore::new(pool.clone()))
         .handler_threads(8)
         .poll_interval(Duration::from_millis(100))
-        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(
+            HOOK,
+            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
         .spawn()
         .unwrap();
     assert!(eventually(Duration::from_secs(60), || pending(&pool).is_empty()));

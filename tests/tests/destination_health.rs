@@ -181,7 +181,8 @@ fn gone_disables_the_destination_until_it_is_enabled<C: TestConnection>(db: &Tes
         serde_json::from_slice::<serde_json::Value>(&listed.body).unwrap()
     };
     assert!(
-        eventually(PATIENCE, || listed()["destinations"][0]["state"] == "disabled"),
+        eventually(PATIENCE, || listed()["destinations"][0]["state"]
+            == "disabled"),
         "{}",
         listed()
     );
@@ -234,10 +235,7 @@ fn gone_disables_the_destination_until_it_is_enabled<C: TestConnection>(db: &Tes
 }
 
 /// A worker with one handler thread delivering to `hook`, impatient with retries.
-fn one_thread_worker<C: TestConnection>(
-    pool: &TestPool<C>,
-    hook: WebhookEndpoint,
-) -> WorkerHandle {
+fn one_thread_worker<C: TestConnection>(pool: &TestPool<C>, hook: WebhookEndpoint) -> WorkerHandle {
     Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
         .handler_threads(1)

@@ -110,7 +110,10 @@ fn each_destination_gets_only_its_own_messages_signed_with_its_own_secret<C: Tes
         let requests = receiver.requests();
         assert_eq!(requests.len(), 10, "{message_type}");
         let (verified, forged) = verified_by(&requests, &own);
-        assert_eq!(forged, 0, "{message_type}: every request verifies with its own secret");
+        assert_eq!(
+            forged, 0,
+            "{message_type}: every request verifies with its own secret"
+        );
         let (_, other_fails) = verified_by(&requests, &other);
         assert_eq!(other_fails, 10, "{message_type}: and with no other");
         for body in verified {
@@ -137,7 +140,14 @@ fn a_route_without_its_destination_is_refused_at_spawn<C: TestConnection>(db: &T
         .spawn()
         .unwrap_err();
     assert!(
-        matches!(&err, WorkerError::UnknownDestination { message_type: "test.crm", destination: "crm", .. }),
+        matches!(
+            &err,
+            WorkerError::UnknownDestination {
+                message_type: "test.crm",
+                destination: "crm",
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("`destinations::Crm`"), "{err}");
@@ -221,8 +231,7 @@ fn every_destination_is_in_the_metrics_from_the_start_and_its_attempts_are_count
         .destination_with(
             "crm",
             to(&crm, crm_secret()),
-            DestinationOptions::new()
-                .health_policy(HealthPolicy::new().failures_to_pause(2)),
+            DestinationOptions::new().health_policy(HealthPolicy::new().failures_to_pause(2)),
         )
         .destination(HOOK, endpoint(&hook.url("/hook"), Duration::from_secs(5)))
         .spawn()
@@ -271,7 +280,10 @@ fn every_destination_is_in_the_metrics_from_the_start_and_its_attempts_are_count
             "{DESTINATION_DURATION}_count{{destination=\"crm\"}}"
         )),
         "{:?}",
-        counted.keys().filter(|k| k.contains("duration")).collect::<Vec<_>>()
+        counted
+            .keys()
+            .filter(|k| k.contains("duration"))
+            .collect::<Vec<_>>()
     );
     worker.shutdown(PATIENCE).unwrap();
 }

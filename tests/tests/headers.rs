@@ -24,7 +24,7 @@ use outbox_testkit::db::migrate_to_before;
 use outbox_testkit::http::Receiver;
 use outbox_testkit::outbox::{dead, endpoint, insert_before_headers, outcome, pending};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb};
-use outbox_tests::handlers::Hook;
+use outbox_tests::handlers::{Hook, HOOK};
 use serde::{Deserialize, Serialize};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -71,7 +71,10 @@ fn a_traceparent_given_at_enqueue_arrives_at_the_receiver_unchanged<C: TestConne
     Hook::new(2).enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
-        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(
+            HOOK,
+            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
         .spawn()
         .unwrap();
     assert!(receiver.wait_for(2, PATIENCE));
@@ -311,8 +314,9 @@ where
     }
     assert_eq!(
         run_migrations(&mut conn).unwrap().len(),
-        2,
-        "the headers column and the endpoints' table"
+        4,
+        "the headers column, the endpoints' table, its renaming to destinations, and parking \
+         what waits behind its key"
     );
 
     let pool = db.pool::<C>(5);
@@ -324,7 +328,10 @@ where
         .unwrap();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
-        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(
+            HOOK,
+            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
         .spawn()
         .unwrap();
     assert!(receiver.wait_unique(21, PATIENCE));

@@ -231,11 +231,9 @@ fn every_message_arrives_in_key_order_on_rabbitmq<C: TestConnection>(db: &TestDb
         return;
     };
     let queue = TestQueue::declare("drain");
-    relay_all_once::<C>(
-        db,
-        rabbitmq_to(&queue.name, Duration::from_secs(5)),
-        || queue.take_all(),
-    );
+    relay_all_once::<C>(db, rabbitmq_to(&queue.name, Duration::from_secs(5)), || {
+        queue.take_all()
+    });
 }
 
 fn every_message_arrives_in_key_order_in_kafka_partitions<C: TestConnection>(db: &TestDb) {
@@ -243,11 +241,9 @@ fn every_message_arrives_in_key_order_in_kafka_partitions<C: TestConnection>(db:
         return;
     };
     let topic = TestTopic::create("drain");
-    relay_all_once::<C>(
-        db,
-        kafka_to(&topic.name, Duration::from_secs(5)),
-        || by_partition(topic.records()),
-    );
+    relay_all_once::<C>(db, kafka_to(&topic.name, Duration::from_secs(5)), || {
+        by_partition(topic.records())
+    });
 }
 
 backend_tests!(
@@ -302,22 +298,13 @@ fn what_jetstream_will_never_take_is_permanent_and_the_rest_still_goes() {
         "with space",
         "crlf\r\nPUB x 1",
     ] {
-        permanent(
-            send(&nats, subject, &data),
-            "is not a subject",
-        );
+        permanent(send(&nats, subject, &data), "is not a subject");
     }
     let large = serde_json::json!({ "padding": "x".repeat(2_000) });
-    permanent(
-        send(&nats, &stream.subject("big"), &large),
-        "too large",
-    );
+    permanent(send(&nats, &stream.subject("big"), &large), "too large");
     // Over the server's max_payload (1 MiB by default): refused before it is sent.
     let huge = serde_json::json!({ "padding": "x".repeat(2 << 20) });
-    permanent(
-        send(&nats, &stream.subject("huge"), &huge),
-        "too large",
-    );
+    permanent(send(&nats, &stream.subject("huge"), &huge), "too large");
     send(&nats, &stream.subject("fine"), &data).unwrap();
     assert_eq!(stream.count(), 1);
 }
@@ -334,10 +321,7 @@ fn what_rabbitmq_will_never_take_is_permanent_and_the_rest_still_goes() {
         send(&rabbit, "outbox_test.no_such_queue", &data),
         "no queue is bound to receive routing key `outbox_test.no_such_queue`",
     );
-    permanent(
-        send(&rabbit, &"k".repeat(256), &data),
-        "at most 255 bytes",
-    );
+    permanent(send(&rabbit, &"k".repeat(256), &data), "at most 255 bytes");
     let missing_exchange = RabbitMqDestination::builder(Broker::RabbitMq.url())
         .exchange("outbox_test.no_such_exchange")
         .build()
@@ -365,16 +349,10 @@ fn what_kafka_will_never_take_is_permanent_and_the_rest_still_goes() {
         .unwrap();
     let data = serde_json::json!({"n": 1});
     for name in ["", "with space", "orders/shipped", &"t".repeat(250)] {
-        permanent(
-            send(&producer, name, &data),
-            "is not a topic name",
-        );
+        permanent(send(&producer, name, &data), "is not a topic name");
     }
     let large = serde_json::json!({ "padding": "x".repeat(5_000) });
-    permanent(
-        send(&producer, &topic.name, &large),
-        "too large",
-    );
+    permanent(send(&producer, &topic.name, &large), "too large");
     send(&producer, &topic.name, &data).unwrap();
     assert_eq!(topic.count(), 1);
 }

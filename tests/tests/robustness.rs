@@ -16,7 +16,7 @@ use outbox_diesel::{
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::outbox::{dead, endpoint, pending};
 use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb};
-use outbox_tests::handlers::Hook;
+use outbox_tests::handlers::{Hook, HOOK};
 use serde::{Deserialize, Serialize};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -396,7 +396,10 @@ fn a_database_that_refuses_error_texts_does_not_wedge_the_worker() {
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
         .retry_policy(quick_retries())
-        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(
+            HOOK,
+            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
         .spawn()
         .unwrap();
     let started = Instant::now();
@@ -434,11 +437,14 @@ fn the_listener_reconnects_within_a_pool_sized_for_the_worker() {
     let Some(db) = TestDb::new(Backend::Postgres) else {
         return;
     };
-    let pool = db.pool::<diesel::PgConnection>(3);
+    let pool = db.pool::<diesel::PgConnection>(4);
     let receiver = Receiver::ok();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_secs(30))
-        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(
+            HOOK,
+            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
         .spawn()
         .unwrap();
     let mut admin: diesel::PgConnection = db.connect();

@@ -5,11 +5,11 @@
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::time::{Duration, Instant};
 
+use outbox_diesel::destination::{DeliveryError, Destination, Envelope, Scope};
 use outbox_diesel::webhook::{
     verify, WebhookEndpoint, WebhookEndpointBuilder, WebhookError, WebhookHeaders as _,
     WebhookSecret, DEFAULT_TOLERANCE,
 };
-use outbox_diesel::destination::{DeliveryError, Destination, Envelope, Scope};
 use outbox_diesel::{FailureKind, Headers, MessageId};
 use outbox_testkit::http::{Receiver, Reply, Request};
 use outbox_testkit::outbox::secret;
@@ -113,7 +113,9 @@ fn delivers_a_signed_envelope_the_receiver_can_verify() {
     );
 
     // A body that is not JSON goes as it is, with its own content type.
-    let text = envelope.clone().with_body(b"made by hand".to_vec(), "text/plain");
+    let text = envelope
+        .clone()
+        .with_body(b"made by hand".to_vec(), "text/plain");
     endpoint.deliver(&text).unwrap();
     let seen = nth(&receiver, 2);
     assert_eq!(seen.body, b"made by hand");

@@ -17,7 +17,7 @@ use outbox_diesel::{
 use outbox_testkit::http::{Receiver, Reply, Request};
 use outbox_testkit::outbox::{dead, endpoint, pending, secret};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
-use outbox_tests::handlers::Hook;
+use outbox_tests::handlers::{Hook, HOOK};
 use serde::{Deserialize, Serialize};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -69,12 +69,21 @@ fn quick_retries() -> RetryPolicy {
 }
 
 fn builder<C: TestConnection>(pool: &TestPool<C>, receiver: &Receiver) -> TestBuilder<C> {
+    builder_timing_out(pool, receiver, Duration::from_secs(5))
+}
+
+/// [`builder`] whose webhook gives up after `timeout`.
+fn builder_timing_out<C: TestConnection>(
+    pool: &TestPool<C>,
+    receiver: &Receiver,
+    timeout: Duration,
+) -> TestBuilder<C> {
     Worker::builder(DieselStore::new(pool.clone()))
         .handler_threads(4)
         .batch_size(16)
         .poll_interval(Duration::from_millis(100))
         .retry_policy(quick_retries())
-        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_secs(5)))
+        .destination(HOOK, endpoint(&receiver.url("/hook"), timeout))
 }
 
 fn n_of(request: &Request) -> u32 {
@@ -270,8 +279,7 @@ fn a_hanging_receiver_times_out_and_is_retried<C: TestConnection>(db: &TestDb) {
     });
     let pool = db.pool::<C>(9);
     Hook::new(1).enqueue(&mut pool.get().unwrap()).unwrap();
-    let worker = builder(&pool, &receiver)
-        .destination(outbox_tests::handlers::HOOK, endpoint(&receiver.url("/hook"), Duration::from_millis(300)))
+    let worker = builder_timing_out(&pool, &receiver, Duration::from_millis(300))
         .spawn()
         .unwrap();
     assert!(receiver.wait_for(2, PATIENCE));
@@ -794,7 +802,7 @@ fn a_pool_too_small_for_the_worker_is_refused_at_spawn<C: TestConnection>(db: &T
 
 fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection>(db: &TestDb) {
     let unmigrated = Pool::builder()
-        .max_size(3)
+        .max_size(4)
         .build(ConnectionManager::<C>::new(db.url()))
         .unwrap();
     let err = Worker::builder(DieselStore::new(unmigrated))
@@ -812,7 +820,7 @@ fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection
         outbox_testkit::Backend::Sqlite => "/nonexistent-directory/outbox.db",
     };
     let pool = Pool::builder()
-        .max_size(3)
+        .max_size(4)
         .connection_timeout(Duration::from_secs(2))
         .build_unchecked(ConnectionManager::<C>::new(unreachable));
     let err = Worker::builder(DieselStore::new(pool)).spawn().unwrap_err();

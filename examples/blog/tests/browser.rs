@@ -256,7 +256,10 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
     });
     assert!(overview.contains("comment.thankYou") && overview.contains("comment.notification"));
     assert!(overview.contains("class=\"spark\""), "the charts");
-    assert!(overview.contains("class=\"endpoint\"") && overview.contains("<td>mail</td>"));
+    assert!(
+        overview.contains("class=\"destination\"")
+            && overview.contains("<td>mail</td><td>webhook</td>")
+    );
     shoot(&browser, "outbox-overview");
 
     let dead = browser.wait_for(&server.url("/outbox/dead"), "the dead letters", |page| {

@@ -59,8 +59,8 @@ use crate::headers::Headers;
 use crate::message::MessageId;
 
 pub use health::{DestinationState, HealthPolicy};
-pub use named::{DestinationOptions, DestinationRef, NameError, MAX_DESTINATION_NAME};
 pub(crate) use named::Destinations;
+pub use named::{DestinationOptions, DestinationRef, NameError, MAX_DESTINATION_NAME};
 
 /// The header carrying a message's id on transports that carry headers, the same on every
 /// attempt: consumers drop duplicates by it.
@@ -361,10 +361,7 @@ mod tests {
             (gone.kind(), gone.scope()),
             (FailureKind::Permanent, Scope::Destination)
         );
-        assert_eq!(
-            gone.into_process_error().kind(),
-            FailureKind::Permanent
-        );
+        assert_eq!(gone.into_process_error().kind(), FailureKind::Permanent);
         let slower = DeliveryError::push_back("429", Duration::from_secs(3));
         let slower = slower.into_process_error();
         assert_eq!(slower.kind(), FailureKind::Deferred);

@@ -53,7 +53,11 @@ impl fmt::Debug for Registered {
 }
 
 impl Registered {
-    pub fn new(name: String, destination: Arc<dyn Destination>, options: DestinationOptions) -> Self {
+    pub fn new(
+        name: String,
+        destination: Arc<dyn Destination>,
+        options: DestinationOptions,
+    ) -> Self {
         Registered {
             name,
             destination,
@@ -200,7 +204,9 @@ impl Registered {
             DestinationState::Healthy {
                 consecutive_failures,
             } => (consecutive_failures, None, None, None),
-            DestinationState::Held { resume_in, reason } => (0, Some(reason), Some(resume_in), None),
+            DestinationState::Held { resume_in, reason } => {
+                (0, Some(reason), Some(resume_in), None)
+            }
             DestinationState::Paused {
                 consecutive_failures,
                 probe_in,
@@ -285,14 +291,21 @@ impl Destinations {
 
     /// The longest time one delivery may take, over all destinations.
     pub fn longest_timeout(&self) -> Duration {
-        self.iter().map(Registered::timeout).max().unwrap_or_default()
+        self.iter()
+            .map(Registered::timeout)
+            .max()
+            .unwrap_or_default()
     }
 
     /// Sets every destination's state gauge: they are there from the start, and a hold that
     /// ran out shows as healthy again.
     pub fn publish_states(&self) {
         for registered in self.iter() {
-            metrics::destination_state(registered.name(), registered.kind(), registered.state().name());
+            metrics::destination_state(
+                registered.name(),
+                registered.kind(),
+                registered.state().name(),
+            );
         }
     }
 
@@ -447,7 +460,10 @@ mod tests {
         }
     }
 
-    fn registered(answers: Vec<Result<(), DeliveryError>>, failures: u32) -> (Registered, Arc<Scripted>) {
+    fn registered(
+        answers: Vec<Result<(), DeliveryError>>,
+        failures: u32,
+    ) -> (Registered, Arc<Scripted>) {
         let scripted = Arc::new(Scripted {
             answers: Mutex::new(answers.into_iter().rev().collect()),
             calls: Mutex::new(0),
@@ -483,8 +499,15 @@ mod tests {
         assert_eq!(mail.state().name(), "paused");
         let waited = mail.send(&envelope()).unwrap_err();
         assert_eq!(waited.kind(), FailureKind::Deferred);
-        assert!(waited.reason().contains("destination mail is paused"), "{waited:?}");
-        assert_eq!(*scripted.calls.lock().unwrap(), 2, "not called while paused");
+        assert!(
+            waited.reason().contains("destination mail is paused"),
+            "{waited:?}"
+        );
+        assert_eq!(
+            *scripted.calls.lock().unwrap(),
+            2,
+            "not called while paused"
+        );
     }
 
     #[test]
@@ -519,7 +542,10 @@ mod tests {
             FailureKind::Permanent
         );
         let refused = mail.send(&envelope()).unwrap_err();
-        assert!(refused.reason().contains("is disabled (410 Gone)"), "{refused:?}");
+        assert!(
+            refused.reason().contains("is disabled (410 Gone)"),
+            "{refused:?}"
+        );
         mail.health.enable();
         assert!(mail.send(&envelope()).is_ok());
     }
@@ -535,7 +561,10 @@ mod tests {
         );
         for bad in ["", "a\nb", &"x".repeat(256)] {
             assert!(
-                matches!(Destinations::new(vec![named(bad)]), Err(NameError::Invalid { .. })),
+                matches!(
+                    Destinations::new(vec![named(bad)]),
+                    Err(NameError::Invalid { .. })
+                ),
                 "{bad:?}"
             );
         }

@@ -540,7 +540,6 @@ impl Settler {
             let _ = shared.capacity.try_send(());
         }
     }
-
 }
 
 fn store_answers(shared: &Shared) -> bool {

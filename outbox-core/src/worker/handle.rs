@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::config::WorkerError;
-use crate::destination::DestinationState;
 use super::shared::Shared;
 use super::timing::UNHEALTHY_STORE_ERRORS;
 use super::wake;
+use crate::destination::DestinationState;
 
 /// What a worker has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -47,7 +47,9 @@ impl Housekeeper {
             .sync(shared.store.as_ref(), &mut self.enables_seen)
         {
             metrics::store_error("housekeeping");
-            log::warn!("outbox: sharing the destinations' health through the store failed: {error}");
+            log::warn!(
+                "outbox: sharing the destinations' health through the store failed: {error}"
+            );
         }
     }
 

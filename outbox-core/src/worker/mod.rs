@@ -59,8 +59,8 @@ use acker::Acker;
 use claimer::Claimer;
 use handlers::HandlerPool;
 use housekeeper::Housekeeper;
-use warden::Warden;
 use shared::{Parts, Shared};
+use warden::Warden;
 
 /// The worker that delivers the outbox's messages. Start one per process with
 /// [`Worker::builder`]; run more processes to scale out.

@@ -31,14 +31,14 @@ use crate::store::{ClaimToken, Outcome, Settlement, Store};
 use crate::testing::MemoryStore;
 
 use super::acker::Settler;
-use super::housekeeper::Housekeeper;
-use super::warden::Rounds;
 use super::claimer::plan_claim;
 use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt, HandlerPool, Job};
 use super::held::Admission;
+use super::housekeeper::Housekeeper;
 use super::shared::{Parts, Shared};
 use super::timing::{HEARTBEATS_PER_LEASE, START_MARGIN};
+use super::warden::Rounds;
 
 const KNOWN: &str = "sim.known";
 const UNKNOWN: &str = "sim.unknown";

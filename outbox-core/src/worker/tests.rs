@@ -135,7 +135,11 @@ fn spawn_refuses_two_destinations_with_one_name_and_two_resources_of_one_type() 
         .spawn()
         .unwrap_err();
     assert!(matches!(err, WorkerError::Destination(_)), "{err}");
-    assert!(err.to_string().contains("two destinations are named `mail`"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("two destinations are named `mail`"),
+        "{err}"
+    );
 
     let err = Worker::builder(store)
         .resource(String::from("first"))
@@ -143,7 +147,8 @@ fn spawn_refuses_two_destinations_with_one_name_and_two_resources_of_one_type() 
         .spawn()
         .unwrap_err();
     assert!(
-        err.to_string().contains("two resources of type `alloc::string::String`"),
+        err.to_string()
+            .contains("two resources of type `alloc::string::String`"),
         "{err}"
     );
 }

@@ -38,25 +38,37 @@ pub(crate) const ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
 pub(crate) const DURABLE_COMMIT: &str = "SET LOCAL synchronous_commit TO DEFAULT";
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
-/// ordering key, not-before in µs since the epoch (NULL: now), headers (JSON, NULL: none).
+/// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
+/// (NULL: none), headers (JSON, NULL: none), whether an earlier row of the insert has its key,
+/// and the ordering key again. A keyed message is parked from the start when its key has a pending message already (an
+/// index probe, a plain read that locks nothing): a burst behind a head that is not due never
+/// comes before a claim.
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
-     (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, headers) \
+     (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, headers, \
+      parked) \
      VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
-     COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', now()), $7)";
+     COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', \
+         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), $8, \
+     $9 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $10))";
 
 /// The VALUES tuple of one row of a batch insert, from its first placeholder's number.
 fn insert_values(first: usize) -> String {
     let p = |i: usize| first + i;
     format!(
         "(${}::uuid, ${}, ${}::jsonb, ${}, ${}, \
-         COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', now()), ${})",
+         COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', \
+             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), ${}, \
+         ${} OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ${}))",
         p(0),
         p(1),
         p(2),
         p(3),
         p(4),
         p(5),
-        p(6)
+        p(6),
+        p(7),
+        p(8),
+        p(9)
     )
 }
 
@@ -423,7 +435,8 @@ pub(crate) const REPORT_DESTINATION: &str = "UPDATE outbox_destination \
      WHERE name = $7";
 
 /// Every destination, by name.
-pub(crate) const DESTINATIONS: &str = "SELECT name, kind, state, consecutive_failures, last_error, \
+pub(crate) const DESTINATIONS: &str =
+    "SELECT name, kind, state, consecutive_failures, last_error, \
          (EXTRACT(EPOCH FROM next_probe_at) * 1000000)::BIGINT AS next_probe_at, \
          disabled_reason, \
          (EXTRACT(EPOCH FROM reported_at) * 1000000)::BIGINT AS reported_at \
@@ -487,11 +500,11 @@ impl SettledRow {
 
 impl Statements for PgConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
-        const BINDS: usize = NewMessage::BINDS;
+        const BINDS: usize = NewMessage::BINDS + 1;
         for chunk in NewMessage::chunks(rows, MAX_BINDS / BINDS) {
             if let [row] = chunk {
                 // The common case has one text: prepared once per connection.
-                run(self, INSERT_MESSAGE, &row.binds())?;
+                run(self, INSERT_MESSAGE, &row.binds_with_key())?;
                 continue;
             }
             let values: Vec<String> = (0..chunk.len())
@@ -499,10 +512,10 @@ impl Statements for PgConnection {
                 .collect();
             let sql = format!(
                 "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
-                 ordering_key, next_attempt_at, headers) VALUES {}",
+                 ordering_key, next_attempt_at, headers, parked) VALUES {}",
                 values.join(", ")
             );
-            let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds).collect();
+            let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds_with_key).collect();
             dynamic::<Pg>(&sql, &binds).execute(self)?;
         }
         Ok(())
@@ -829,11 +842,13 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_insert_numbers_seven_binds_per_row() {
+    fn a_batch_insert_numbers_ten_binds_per_row() {
         assert_eq!(
-            insert_values(8),
-            "($8::uuid, $9, $10::jsonb, $11, $12, \
-             COALESCE(TIMESTAMPTZ 'epoch' + $13 * INTERVAL '1 microsecond', now()), $14)"
+            insert_values(11),
+            "($11::uuid, $12, $13::jsonb, $14, $15, \
+             COALESCE(TIMESTAMPTZ 'epoch' + $16 * INTERVAL '1 microsecond', \
+                 now() + COALESCE($17, 0) * INTERVAL '1 microsecond'), $18, \
+             $19 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $20))"
         );
     }
 }

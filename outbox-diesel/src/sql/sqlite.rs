@@ -10,8 +10,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, IdRow, MessageIdRow, PendingRow, Selection, Statements,
-    StatsRow, StoredDestinationRow, ID_CHUNK,
+    DestinationReport, DestinationRow, Filter, IdRow, MessageIdRow, PendingRow, Selection,
+    Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -50,19 +50,23 @@ macro_rules! micros_of {
 macro_rules! insert_values {
     () => {
         concat!(
-            "(?, ?, ?, ?, ?, COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), ",
-            now!(),
-            "), ?)"
+            "(?, ?, ?, ?, ?, COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), \
+             strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', COALESCE(?, 0) / 1000000.0))), \
+             ?, ? OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ?))"
         )
     };
 }
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
-/// ordering key, not-before in µs since the epoch (NULL: now), headers (JSON, NULL: none).
+/// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
+/// (NULL: none), headers (JSON, NULL: none), whether an earlier row of the insert has its key,
+/// and the ordering key again. A keyed message is parked from the start when its key has a
+/// pending message already (an index probe): a burst behind a head that is not due never comes
+/// before a claim.
 pub(crate) const INSERT_MESSAGE: &str = concat!(
     "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, \
-      headers) \
+      headers, parked) \
      VALUES ",
     insert_values!()
 );
@@ -493,17 +497,17 @@ struct Candidate {
 
 impl Statements for SqliteConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
-        const BINDS: usize = NewMessage::BINDS;
+        const BINDS: usize = NewMessage::BINDS + 1;
         for chunk in NewMessage::chunks(rows, MAX_BINDS / BINDS) {
             if let [row] = chunk {
-                run(self, INSERT_MESSAGE, &row.binds())?;
+                run(self, INSERT_MESSAGE, &row.binds_with_key())?;
                 continue;
             }
             let sql = format!(
                 "{INSERT_MESSAGE}{}",
                 concat!(", ", insert_values!()).repeat(chunk.len() - 1)
             );
-            let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds).collect();
+            let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds_with_key).collect();
             dynamic::<Sqlite>(&sql, &binds).execute(self)?;
         }
         Ok(())
@@ -740,7 +744,7 @@ mod tests {
     #[test]
     fn fixed_statements_take_as_many_binds_as_they_say() {
         for (sql, binds) in [
-            (INSERT_MESSAGE, NewMessage::BINDS),
+            (INSERT_MESSAGE, NewMessage::BINDS + 1),
             (PENDING_BY_MESSAGE_ID, 1),
             (DEAD_BY_MESSAGE_ID, 1),
             (DEAD_POSITIONS, 1),
