@@ -88,6 +88,25 @@ impl RetryPolicy {
         Duration::try_from_secs_f64(capped).unwrap_or(self.max_backoff)
     }
 
+    /// How long the retries take in all, without jitter: the sum of the backoffs after each
+    /// failed attempt but the last (about 15 hours by default). A receiver must keep message
+    /// ids at least this long to drop duplicates; by default, a message may wait this long for
+    /// a destination that is paused or holding (see
+    /// [`WorkerBuilder::max_deferral`](crate::WorkerBuilder::max_deferral)).
+    pub fn horizon(&self) -> Duration {
+        let mut total = Duration::ZERO;
+        for attempt in 1..self.max_attempts {
+            let delay = self.backoff(attempt);
+            // From here on every delay is the same: the rest in one multiplication.
+            if delay >= self.max_backoff || attempt > 64 {
+                let rest = self.max_attempts - attempt;
+                return total.saturating_add(delay.saturating_mul(rest));
+            }
+            total = total.saturating_add(delay);
+        }
+        total
+    }
+
     /// The delay actually used after failed attempt `attempt`: the backoff with jitter, or the
     /// receiver's requested delay (bounded) if that is longer.
     pub fn delay(&self, attempt: u32, requested: Option<Duration>) -> Duration {
@@ -148,6 +167,21 @@ mod tests {
             .initial_backoff(Duration::ZERO)
             .multiplier(f64::NAN);
         assert_eq!(tiny.delay(u32::MAX, None), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_default_horizon_is_about_fifteen_hours() {
+        let hours = RetryPolicy::new().horizon().as_secs_f64() / 3600.0;
+        assert!((14.9..15.1).contains(&hours), "{hours}");
+        assert_eq!(RetryPolicy::new().max_attempts(1).horizon(), Duration::ZERO);
+        let endless = RetryPolicy::new()
+            .max_attempts(u32::MAX)
+            .initial_backoff(Duration::MAX)
+            .max_backoff(Duration::MAX);
+        assert!(
+            endless.horizon() >= Duration::from_secs(3600),
+            "saturates, no panic"
+        );
     }
 
     #[test]

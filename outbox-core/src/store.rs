@@ -459,8 +459,23 @@ pub trait Listener: Send {
 #[error("{context}: {source}")]
 pub struct StoreError {
     context: &'static str,
+    kind: StoreErrorKind,
     #[source]
     source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// What a [`StoreError`] says about the store: what the worker does about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The call failed: the store may be unreachable, or refuse what it was given. The worker
+    /// asks the store whether it answers to tell the two apart.
+    Failed,
+    /// The store answered that it could not do it now: a lock held elsewhere outlasted the
+    /// wait for it (MySQL's lock wait timeout, SQLite's busy timeout, a deadlock, a statement
+    /// timeout). Nothing about the call itself is refused: the worker waits and tries again,
+    /// and never gives up an outcome for it.
+    Busy,
 }
 
 impl StoreError {
@@ -471,13 +486,25 @@ impl StoreError {
     ) -> Self {
         StoreError {
             context,
+            kind: StoreErrorKind::Failed,
             source: source.into(),
         }
+    }
+
+    /// The same error, of `kind`.
+    pub fn with_kind(mut self, kind: StoreErrorKind) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// What the store was doing.
     pub fn context(&self) -> &'static str {
         self.context
+    }
+
+    /// What the error says about the store.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
     }
 }
 

@@ -87,6 +87,8 @@ struct Faults {
     failing_claims: u32,
     failing_settles: u32,
     refused: HashSet<i64>,
+    /// Messages whose settlements are answered "busy" (a lock held elsewhere).
+    locked: HashSet<i64>,
     refuse_non_latin1: bool,
     max_connections: Option<usize>,
     delay: Duration,
@@ -233,6 +235,18 @@ impl MemoryStore {
         self.state().faults.refused.remove(&position);
     }
 
+    /// Every settlement that holds this message's outcome is answered "busy"
+    /// ([`StoreErrorKind::Busy`](crate::store::StoreErrorKind::Busy)), as when a lock held
+    /// elsewhere outlasts the database's lock timeout, until [`unlock`](MemoryStore::unlock).
+    pub fn lock(&self, position: i64) {
+        self.state().faults.locked.insert(position);
+    }
+
+    /// Releases [`lock`](MemoryStore::lock).
+    pub fn unlock(&self, position: i64) {
+        self.state().faults.locked.remove(&position);
+    }
+
     /// Refuses texts with characters outside Latin-1, as a `LATIN1` PostgreSQL database does.
     pub fn refuse_non_latin1(&self, on: bool) {
         self.state().faults.refuse_non_latin1 = on;
@@ -357,6 +371,16 @@ impl Store for MemoryStore {
                 "settling processed messages",
                 "injected settle failure",
             ));
+        }
+        if let Some(locked) = outcomes
+            .iter()
+            .find(|outcome| state.faults.locked.contains(&outcome.position))
+        {
+            return Err(failure(
+                "settling processed messages",
+                &format!("lock wait timeout on position {}", locked.position),
+            )
+            .with_kind(crate::store::StoreErrorKind::Busy));
         }
         if let Some(refused) = outcomes.iter().find(|outcome| state.refuses(outcome)) {
             return Err(failure(

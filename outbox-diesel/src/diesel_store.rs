@@ -9,7 +9,7 @@ use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
 use diesel::{Connection, QueryResult};
 use outbox_core::store::{
     Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Outcome, Pruned,
-    SettleTarget, Settlement, Store, StoreError, StoredDestination, SuccessorLease,
+    SettleTarget, Settlement, Store, StoreError, StoreErrorKind, StoredDestination, SuccessorLease,
     SyncedDestination,
 };
 use outbox_core::{Headers, MessageId, ProcessError};
@@ -142,8 +142,14 @@ where
             None => slot.insert(self.connection()?),
         };
         work(conn).map_err(|error| {
+            let busy = is_busy(&error);
             *slot = None;
-            StoreError::new(what, error)
+            let error = StoreError::new(what, error);
+            if busy {
+                error.with_kind(StoreErrorKind::Busy)
+            } else {
+                error
+            }
         })
     }
 
@@ -168,6 +174,32 @@ where
         ensure_busy_timeout(&mut *conn)
             .map_err(|e| StoreError::new("setting the SQLite busy timeout", e))?;
         Ok(conn)
+    }
+}
+
+/// Whether the database answered "not now": a lock held elsewhere outlasted the wait for it, a
+/// deadlock, a statement or lock timeout (by each backend's message: Diesel keeps no error
+/// codes but PostgreSQL's few kinds).
+fn is_busy(error: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+
+    const BUSY: &[&str] = &[
+        "lock wait timeout exceeded",                   // MySQL 1205
+        "deadlock found when trying to get lock",       // MySQL 1213
+        "database is locked",                           // SQLite BUSY
+        "database table is locked",                     // SQLite LOCKED
+        "deadlock detected",                            // PostgreSQL 40P01
+        "canceling statement due to lock timeout",      // PostgreSQL 55P03
+        "canceling statement due to statement timeout", // PostgreSQL 57014
+        "could not obtain lock",                        // PostgreSQL 55P03
+    ];
+    match error {
+        Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
+        Error::DatabaseError(_, info) => {
+            let message = info.message().to_ascii_lowercase();
+            BUSY.iter().any(|busy| message.contains(busy))
+        }
+        _ => false,
     }
 }
 
@@ -257,30 +289,33 @@ where
         let claims = [(message.token.to_string(), vec![message.position])];
         let keys: Vec<&str> = message.ordering_key.into_iter().collect();
         let mut outcome = Ok(());
-        let committed = Connection::transaction::<_, diesel::result::Error, _>(&mut *conn, |c| {
-            outcome = work(c);
-            if outcome.is_err() {
-                return Err(diesel::result::Error::RollbackTransaction);
-            }
-            // Removed last, fenced by the claim: while the work runs, the transaction holds no
-            // lock on the message's row, so the worker's heartbeat and a watchdog's settlement
-            // of a hung attempt never wait on it; a claim that lost its lease meanwhile removes
-            // nothing, and its work rolls back.
-            let removed = with_backend!(c.backend_connection(), b => {
-                let removed = b.delete_done(&claims, &keys)?;
-                b.keep_commit_durable()?;
-                removed
-            });
-            if removed == 0 {
-                outcome = Err(ProcessError::retryable(
-                    "the lease on this message passed to another claim while the handler \
+        // Begun to write (`BEGIN IMMEDIATE` on SQLite): the work may read first, and a
+        // deferred transaction whose read the worker's commit made stale cannot write after.
+        let committed =
+            crate::write_transaction::<_, _, diesel::result::Error, _>(&mut *conn, |c| {
+                outcome = work(c);
+                if outcome.is_err() {
+                    return Err(diesel::result::Error::RollbackTransaction);
+                }
+                // Removed last, fenced by the claim: while the work runs, the transaction holds no
+                // lock on the message's row, so the worker's heartbeat and a watchdog's settlement
+                // of a hung attempt never wait on it; a claim that lost its lease meanwhile removes
+                // nothing, and its work rolls back.
+                let removed = with_backend!(c.backend_connection(), b => {
+                    let removed = b.delete_done(&claims, &keys)?;
+                    b.keep_commit_durable()?;
+                    removed
+                });
+                if removed == 0 {
+                    outcome = Err(ProcessError::retryable(
+                        "the lease on this message passed to another claim while the handler \
                      worked; its transaction rolled back, and the claim that holds the message \
                      now does the work",
-                ));
-                return Err(diesel::result::Error::RollbackTransaction);
-            }
-            Ok(())
-        });
+                    ));
+                    return Err(diesel::result::Error::RollbackTransaction);
+                }
+                Ok(())
+            });
         match committed {
             Ok(()) => Ok(()),
             Err(diesel::result::Error::RollbackTransaction) if outcome.is_err() => outcome,

@@ -72,11 +72,28 @@ pub const MAX_IDEMPOTENCY_WINDOW: Duration = crate::sql::LONGEST_AGE;
 /// Inserts `rows` in order, the keyed ones after recording their keys (skipping those whose key
 /// is recorded), in one transaction (a savepoint inside the caller's); returns each row's
 /// message id, or for a skipped row the id of the message first enqueued with its key.
+///
+/// The keys are recorded first, in byte order, then the rows inserted in enqueue order: two
+/// transactions enqueuing the same keys in opposite orders wait for each other instead of
+/// deadlocking (each reservation locks its key's entry until the transaction ends).
 pub(crate) fn insert<C>(c: &mut C, rows: &[NewMessage]) -> QueryResult<Vec<MessageId>>
 where
     C: Statements + Connection,
 {
     c.transaction(|c| {
+        let mut keys: Vec<(&str, &NewMessage)> = rows
+            .iter()
+            .filter_map(|row| Some((row.idempotency_key()?, row)))
+            .collect();
+        // The first row of a key is the one recorded; later ones in the batch are duplicates.
+        keys.sort_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
+        keys.dedup_by_key(|(key, _)| *key);
+        let mut reserved = std::collections::HashSet::new();
+        for (key, row) in keys {
+            if c.reserve_idempotency_key(key, row.message_id())? {
+                reserved.insert(row.message_id());
+            }
+        }
         let mut ids = Vec::with_capacity(rows.len());
         let mut unkeyed_run = 0;
         for (at, row) in rows.iter().enumerate() {
@@ -88,23 +105,27 @@ where
             // Positions follow the enqueue order, so the rows before go in first.
             c.insert_messages(&rows[at - unkeyed_run..at])?;
             unkeyed_run = 0;
-            ids.push(insert_keyed(c, row, key)?);
+            if reserved.contains(row.message_id()) {
+                c.insert_messages(std::slice::from_ref(row))?;
+                c.set_idempotency_position(key)?;
+                ids.push(row.id());
+            } else {
+                ids.push(recorded_or_insert(c, row, key)?);
+            }
         }
         c.insert_messages(&rows[rows.len() - unkeyed_run..])?;
         Ok(ids)
     })
 }
 
-/// Records `key` and inserts `row`, or returns the message already recorded with `key`.
-fn insert_keyed<C: Statements>(c: &mut C, row: &NewMessage, key: &str) -> QueryResult<MessageId> {
-    // The recorded row can vanish between the two statements only if it expired just then
-    // (a window of about zero); the next reservation then succeeds.
+/// The message recorded with `key`; or, if its record vanished meanwhile (it expired just
+/// then), `row` inserted and recorded in its place.
+fn recorded_or_insert<C: Statements>(
+    c: &mut C,
+    row: &NewMessage,
+    key: &str,
+) -> QueryResult<MessageId> {
     for _ in 0..3 {
-        if c.reserve_idempotency_key(key, row.message_id())? {
-            c.insert_messages(std::slice::from_ref(row))?;
-            c.set_idempotency_position(key)?;
-            return Ok(row.id());
-        }
         if let Some(existing) = c.idempotent_message(key)? {
             log::debug!("outbox: idempotency key {key:?} is recorded; enqueue skipped");
             return existing.parse().map_err(|error| {
@@ -113,6 +134,11 @@ fn insert_keyed<C: Statements>(c: &mut C, row: &NewMessage, key: &str) -> QueryR
                         .into(),
                 )
             });
+        }
+        if c.reserve_idempotency_key(key, row.message_id())? {
+            c.insert_messages(std::slice::from_ref(row))?;
+            c.set_idempotency_position(key)?;
+            return Ok(row.id());
         }
     }
     Err(diesel::result::Error::NotFound)

@@ -6,6 +6,7 @@
 //! - [`http`]: a real HTTP/1.1 receiver on 127.0.0.1 that answers as scripted and counts
 //!   webhook ids.
 //! - [`outbox`]: the test signing secret and endpoint, pending messages and dead letters.
+//! - [`proxy`]: a TCP proxy a test can make stop forwarding (a connection whose peer vanished).
 //! - [`eventually`], and the macros [`backend_tests!`] (one `#[test]` per backend) and
 //!   [`with_connection!`] (a connection type chosen at run time).
 //!
@@ -16,6 +17,7 @@
 pub mod db;
 pub mod http;
 pub mod outbox;
+pub mod proxy;
 
 use std::time::{Duration, Instant};
 

@@ -126,6 +126,35 @@ impl Broker {
     }
 }
 
+/// RabbitMQ's `max_message_size` set at runtime for as long as it lives, and back to the
+/// default (128 MiB) when dropped.
+#[derive(Debug)]
+pub struct RabbitMqMessageLimit(());
+
+impl RabbitMqMessageLimit {
+    /// Sets the limit to `bytes`.
+    pub fn set(bytes: usize) -> RabbitMqMessageLimit {
+        set_max_message_size(bytes);
+        RabbitMqMessageLimit(())
+    }
+}
+
+impl Drop for RabbitMqMessageLimit {
+    fn drop(&mut self) {
+        set_max_message_size(134_217_728);
+    }
+}
+
+fn set_max_message_size(bytes: usize) {
+    run(
+        "rabbitmqctl",
+        &[
+            "eval",
+            &format!("application:set_env(rabbit, max_message_size, {bytes})."),
+        ],
+    );
+}
+
 fn run(program: &str, args: &[&str]) {
     let status = Command::new(program)
         .args(args)

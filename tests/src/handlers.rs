@@ -52,6 +52,9 @@ pub struct Relayed {
     /// Padding, to make it as large as a test needs.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub padding: String,
+    /// Where in the destination it goes, if not where the destination sends by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
 }
 
 impl Relayed {
@@ -61,13 +64,18 @@ impl Relayed {
             n,
             key: key.map(str::to_owned),
             padding: String::new(),
+            subject: None,
         }
     }
 }
 
 impl Handler for Relayed {
     fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        ctx.destination(RELAY)?.deliver(&self)
+        let relay = ctx.destination(RELAY)?;
+        match self.subject.clone() {
+            Some(subject) => relay.deliver_to(&subject, &self),
+            None => relay.deliver(&self),
+        }
     }
 }
 

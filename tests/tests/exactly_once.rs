@@ -175,6 +175,59 @@ fn a_claim_that_lost_its_lease_commits_nothing<C: TestConnection>(db: &TestDb) {
     assert_eq!(effects(db).len(), 1);
 }
 
+/// On SQLite a handler's transaction that reads first, then writes, is not made to fail by a
+/// commit of the worker's in between: it begins to write (`BEGIN IMMEDIATE`), so the other
+/// writer waits for it. (Begun deferred, its write failed at once with "database is locked":
+/// its snapshot was stale, and the attempt was spent.)
+#[test]
+fn an_exactly_once_transaction_that_reads_first_is_not_failed_by_a_commit_in_between_on_sqlite() {
+    let Some(db) = TestDb::new(Backend::Sqlite) else {
+        return;
+    };
+    let pool = prepare::<diesel::SqliteConnection>(&db, 6);
+    let store = DieselStore::new(pool.clone());
+    enqueue_all(&mut pool.get().unwrap(), &[Effect::new(1)]).unwrap();
+    let token = ClaimToken::new();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(1), Duration::from_secs(60))
+        .unwrap();
+    let target = SettleTarget {
+        token,
+        position: claimed[0].position,
+        ordering_key: None,
+    };
+    let (read, read_done) = std::sync::mpsc::sync_channel::<()>(1);
+    let other = std::thread::spawn({
+        let pool = pool.clone();
+        move || {
+            // Another writer commits while the handler's transaction is between its read and
+            // its write (with the fix, it waits for that transaction instead).
+            read_done.recv().unwrap();
+            enqueue_all(&mut pool.get().unwrap(), &[Effect::new(2)]).unwrap();
+        }
+    });
+    let settled = store.settle_within(&target, &mut |conn| {
+        let conn = conn
+            .downcast_mut::<diesel::SqliteConnection>()
+            .expect("the pool's connection");
+        diesel::sql_query("SELECT message_id, n FROM test_effect")
+            .load::<EffectRow>(conn)
+            .map_err(ProcessError::retryable)?;
+        read.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        diesel::sql_query(insert_effect(Backend::Sqlite))
+            .bind::<Text, _>("m")
+            .bind::<Integer, _>(1)
+            .execute(conn)
+            .map_err(ProcessError::retryable)?;
+        Ok(())
+    });
+    other.join().unwrap();
+    assert!(settled.is_ok(), "{settled:?}");
+    assert_eq!(effects(&db).len(), 1);
+    assert_eq!(pending(&pool).len(), 1, "only the other writer's message");
+}
+
 /// A handler hanging inside its transaction past `handler_timeout` holds up neither the
 /// heartbeat nor the watchdog's settlement of its attempt (the transaction locks the message's
 /// row only at its end); its late commit finds its claim gone and rolls back, and a later

@@ -285,6 +285,51 @@ fn two_transactions_racing_for_one_key_write_one_message<C: TestConnection>(db: 
     assert!(!pending_ids(&pool).contains(&a));
 }
 
+/// Two transactions enqueue batches with the same two keys in opposite orders, each holding its
+/// transaction open after the enqueue: the keys are taken in one order, so the second waits for
+/// the first and finds its keys, instead of the two deadlocking (which on MySQL rolled back a
+/// caller's whole transaction). On SQLite the transactions take turns anyway.
+fn batches_with_the_same_keys_in_opposite_orders_do_not_deadlock<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let barrier = std::sync::Barrier::new(2);
+    let results: Vec<Result<Vec<MessageId>, Error>> = std::thread::scope(|scope| {
+        let run = |keys: [&'static str; 2]| {
+            let pool = &pool;
+            let barrier = &barrier;
+            scope.spawn(move || {
+                let mut conn = pool.get().unwrap();
+                barrier.wait();
+                write_transaction(&mut *conn, |conn| {
+                    let mut batch = outbox_diesel::Batch::new();
+                    for (order, key) in keys.into_iter().enumerate() {
+                        batch.push_with(
+                            &Charge {
+                                order: order as u32,
+                            },
+                            &keyed(key),
+                        )?;
+                    }
+                    let ids = batch.enqueue(conn)?;
+                    std::thread::sleep(Duration::from_millis(300));
+                    Ok::<_, Error>(ids)
+                })
+            })
+        };
+        let first = run(["x", "y"]);
+        let second = run(["y", "x"]);
+        vec![first.join().unwrap(), second.join().unwrap()]
+    });
+    let [first, second] = [&results[0], &results[1]].map(|result| match result {
+        Ok(ids) => ids.clone(),
+        Err(error) => panic!("a transaction failed: {error}"),
+    });
+    assert_eq!(pending(&pool).len(), 2, "each key once");
+    assert!(
+        first[0] == second[1] && first[1] == second[0],
+        "each key's first message: {first:?} {second:?}"
+    );
+}
+
 /// On SQLite two connections take turns: the second, in its own write transaction, finds the
 /// first's key once the first commits.
 fn sqlite_race(db: &TestDb) {
@@ -422,6 +467,7 @@ fn the_worker_forgets_keys_in_bounded_rounds<C: TestConnection>(db: &TestDb) {
 }
 
 backend_tests!(
+    batches_with_the_same_keys_in_opposite_orders_do_not_deadlock,
     a_recorded_key_writes_nothing_and_returns_the_first_id,
     keys_compare_byte_for_byte_and_bad_keys_are_refused,
     a_rolled_back_enqueue_leaves_its_key_free,

@@ -15,6 +15,7 @@ use outbox_diesel::{
 };
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::outbox::{dead, endpoint, pending};
+use outbox_testkit::proxy::Proxy;
 use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb};
 use outbox_tests::handlers::{Hook, HOOK};
 use serde::{Deserialize, Serialize};
@@ -362,7 +363,74 @@ fn a_not_before_past_year_9999_is_refused_everywhere<C: TestConnection>(db: &Tes
     );
 }
 
+/// The worker's connections go through a proxy that stops forwarding without closing anything
+/// (a peer that vanished without a word): the claim that waits for its answer shows in
+/// `health()` as a store call running ever longer, where every other figure looked calm; once
+/// the link is back the call returns and the worker goes on. (`is_healthy()` turns false when
+/// such a call passes 30 s; the rule itself is tested in the core.)
+fn a_store_call_that_never_returns_shows_in_health<C: TestConnection>(db: &TestDb) {
+    if db.backend() == Backend::Sqlite {
+        return; // no network
+    }
+    let url = db.url().to_owned();
+    let server = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port in the URL")
+        .to_owned();
+    let proxy = Proxy::start(server.parse().expect("an address"));
+    let proxied = url.replace(&server, &proxy.addr().to_string());
+    let pool = diesel::r2d2::Pool::builder()
+        .max_size(5)
+        .build(outbox_diesel::OutboxManager::<C>::new(&proxied).unwrap())
+        .unwrap();
+    let direct = db.pool::<C>(2);
+    let receiver = Receiver::ok();
+    let worker = Worker::builder(DieselStore::new(pool))
+        .poll_only()
+        .poll_interval(Duration::from_millis(50))
+        .destination(
+            HOOK,
+            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .unwrap();
+    Hook::new(0).enqueue(&mut direct.get().unwrap()).unwrap();
+    assert!(receiver.wait_for(1, PATIENCE));
+
+    proxy.stall();
+    Hook::new(1).enqueue(&mut direct.get().unwrap()).unwrap();
+    assert!(
+        eventually(PATIENCE, || worker
+            .health()
+            .longest_store_call
+            .is_some_and(|(_, running)| running > Duration::from_secs(2))),
+        "{:?}",
+        worker.health()
+    );
+    let health = worker.health();
+    let (operation, _) = health.longest_store_call.unwrap();
+    assert!(
+        ["claim", "settle", "extend_leases", "ping"].contains(&operation)
+            || operation.starts_with("sync")
+            || ["promote_stranded", "prune", "backlog"].contains(&operation),
+        "{health:?}"
+    );
+    assert!(receiver.count() == 1, "nothing was delivered meanwhile");
+
+    proxy.resume();
+    assert!(receiver.wait_for(2, PATIENCE), "the worker went on");
+    assert!(eventually(PATIENCE, || worker
+        .health()
+        .longest_store_call
+        .is_none_or(|(_, running)| running < Duration::from_secs(2))));
+    assert!(worker.health().is_healthy(), "{:?}", worker.health());
+    stop(worker);
+}
+
 backend_tests!(
+    a_store_call_that_never_returns_shows_in_health,
     a_hung_handler_is_timed_out_and_its_thread_replaced,
     more_hung_handlers_than_threads_leave_the_worker_serving,
     a_panic_outside_the_handler_is_a_failed_attempt_not_a_lost_thread,
@@ -469,4 +537,49 @@ fn the_listener_reconnects_within_a_pool_sized_for_the_worker() {
     assert!(worker.health().listener_alive == Some(true));
     stop(worker);
     assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+/// How many times [`PolicyPanicsOnce::retry_policy`] was asked.
+static POLICY_ASKED: AtomicUsize = AtomicUsize::new(0);
+
+/// Its retry policy panics the first time it is asked, then says: one attempt.
+#[outbox_handler("robustness.policy_panics_once")]
+#[derive(Debug, Serialize, Deserialize)]
+struct PolicyPanicsOnce;
+
+impl Handler for PolicyPanicsOnce {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+
+    fn retry_policy() -> Option<RetryPolicy> {
+        if POLICY_ASKED.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("the policy is not ready");
+        }
+        Some(RetryPolicy::new().max_attempts(1))
+    }
+}
+
+/// A panic outside the handler (here its `retry_policy()`, once) is judged by the handler's
+/// own policy where it can be asked: one attempt, so it is dead-lettered with the panic, not
+/// retried ten times by the default policy.
+#[test]
+fn a_panic_outside_the_handler_is_judged_by_the_handlers_own_policy() {
+    let Some(db) = TestDb::new(Backend::Sqlite) else {
+        return;
+    };
+    let pool = db.pool::<diesel::SqliteConnection>(5);
+    PolicyPanicsOnce.enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .spawn()
+        .unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
+    let letter = dead(&pool).remove(0);
+    assert!(
+        letter.last_error.contains("gave up after 1 attempts")
+            && letter.last_error.contains("the policy is not ready"),
+        "{letter:?}"
+    );
+    stop(worker);
 }

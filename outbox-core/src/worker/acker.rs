@@ -270,10 +270,12 @@ impl Settler {
         }
         let successors = self.successor_lease(shared, &batch);
         let settled = match &successors {
-            Some(lease) => shared.store.settle_and_lease(&batch, lease),
+            Some(lease) => shared.vitals.store_call("acker", "settle", || {
+                shared.store.settle_and_lease(&batch, lease)
+            }),
             None => shared
-                .store
-                .settle(&batch)
+                .vitals
+                .store_call("acker", "settle", || shared.store.settle(&batch))
                 .map(|fenced| (fenced, Vec::new())),
         };
         let error = match settled {
@@ -290,15 +292,15 @@ impl Settler {
                 error
             }
         };
-        if !store_answers(shared) {
+        if is_busy(&error) || !store_answers(shared) {
             let pause = self.unavailable.failed();
             shared.vitals.settle_errors.store(
                 self.unavailable.in_a_row(),
                 std::sync::atomic::Ordering::Relaxed,
             );
             log::error!(
-                "outbox: settling {} messages failed and the store does not answer (retrying \
-                 in {pause:?}): {error}",
+                "outbox: settling {} messages failed and the store does not answer or is busy \
+                 (retrying in {pause:?}): {error}",
                 batch.len()
             );
             batch.append(&mut self.fresh);
@@ -324,7 +326,11 @@ impl Settler {
 
     /// Tries one outcome on its own; sets it aside if refused.
     fn try_alone(&mut self, shared: &Shared, mut entry: Refused, now: Instant) {
-        let error = match shared.store.settle(std::slice::from_ref(&entry.outcome)) {
+        let alone = std::slice::from_ref(&entry.outcome);
+        let error = match shared
+            .vitals
+            .store_call("acker", "settle", || shared.store.settle(alone))
+        {
             Ok(fenced) => {
                 if entry.reduced && !self.ascii_only && entry.refusals == 0 {
                     log::warn!(
@@ -348,7 +354,7 @@ impl Settler {
                 error
             }
         };
-        if !store_answers(shared) {
+        if is_busy(&error) || !store_answers(shared) {
             // Not this outcome's fault: it waits with the others, uncounted.
             entry.next_try = now + self.unavailable.failed();
             self.refused.push(entry);
@@ -542,8 +548,18 @@ impl Settler {
     }
 }
 
+/// Whether the store answered "not now" (a lock held elsewhere): the outcome waits, uncounted,
+/// as when the store does not answer at all. A lock wait is no refusal of the outcome: giving
+/// the outcome up for it would run its message a second time without any crash.
+fn is_busy(error: &crate::store::StoreError) -> bool {
+    error.kind() == crate::store::StoreErrorKind::Busy
+}
+
 fn store_answers(shared: &Shared) -> bool {
-    shared.store.ping().is_ok()
+    shared
+        .vitals
+        .store_call("acker", "ping", || shared.store.ping())
+        .is_ok()
 }
 
 /// Replaces the outcome's text with its short ASCII reduction.

@@ -133,7 +133,9 @@ impl Claimer {
         };
         let token = ClaimToken::new();
         let started = Instant::now();
-        let claimed = match shared.store.claim(token, limit, config.lease) {
+        let claimed = match shared.vitals.store_call("claimer", "claim", || {
+            shared.store.claim(token, limit, config.lease)
+        }) {
             Ok(claimed) => {
                 self.failures.succeeded();
                 shared.vitals.claimed();
@@ -212,6 +214,7 @@ mod tests {
             max_in_flight: 2 * batch_size + handler_threads,
             max_in_flight_bytes: max_bytes,
             backlog_interval: Duration::from_secs(15),
+            max_deferral: None,
         }
     }
 

@@ -45,6 +45,7 @@ struct Settings {
     unknown_type_grace: Duration,
     max_in_flight_bytes: usize,
     backlog_interval: Duration,
+    max_deferral: Option<Duration>,
 }
 
 /// The checked configuration the worker's threads run with.
@@ -62,8 +63,11 @@ pub(crate) struct Config {
     /// Messages held at most: room for a full batch to be claimed while the previous one runs.
     pub max_in_flight: usize,
     pub max_in_flight_bytes: usize,
-    /// How often the claimer samples the store's backlog for the metrics gauges.
+    /// How often the housekeeper samples the store's backlog for the metrics gauges.
     pub backlog_interval: Duration,
+    /// How long after its enqueue a message may still be deferred; `None`: its retry policy's
+    /// horizon.
+    pub max_deferral: Option<Duration>,
 }
 
 impl<S> std::fmt::Debug for WorkerBuilder<S> {
@@ -95,6 +99,7 @@ impl<S: Store> WorkerBuilder<S> {
                 unknown_type_grace: DEFAULT_UNKNOWN_TYPE_GRACE,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
                 backlog_interval: DEFAULT_BACKLOG_INTERVAL,
+                max_deferral: None,
             },
         }
     }
@@ -174,6 +179,17 @@ impl<S: Store> WorkerBuilder<S> {
     /// sample is taken when the worker starts.
     pub fn backlog_interval(mut self, interval: Duration) -> Self {
         self.settings.backlog_interval = interval;
+        self
+    }
+
+    /// How long after its enqueue a message may still be deferred without spending an attempt
+    /// (its destination paused or holding, its handler deferring it) before it is
+    /// dead-lettered with the reason (default: its retry policy's
+    /// [`horizon`](crate::RetryPolicy::horizon), about 15 hours): a destination gone for good
+    /// without saying so does not keep its messages forever, and receivers that keep message
+    /// ids for the retry horizon still drop every duplicate.
+    pub fn max_deferral(mut self, horizon: Duration) -> Self {
+        self.settings.max_deferral = Some(horizon);
         self
     }
 
@@ -290,6 +306,7 @@ impl<S: Store> WorkerBuilder<S> {
             max_in_flight: 2 * s.batch_size + s.handler_threads,
             max_in_flight_bytes: s.max_in_flight_bytes,
             backlog_interval: s.backlog_interval,
+            max_deferral: s.max_deferral,
         })
     }
 }

@@ -8,7 +8,7 @@ use crossbeam_channel::Sender;
 
 use super::config::WorkerError;
 use super::shared::Shared;
-use super::timing::UNHEALTHY_STORE_ERRORS;
+use super::timing::{STUCK_STORE_CALL, UNHEALTHY_STORE_ERRORS};
 use super::wake;
 use crate::destination::DestinationState;
 
@@ -109,6 +109,11 @@ pub struct Health {
     pub since_last_settle: Option<Duration>,
     /// Store calls that failed in a row, across the claimer and the acker.
     pub store_errors_in_a_row: u32,
+    /// The store call that has been running longest right now (`claim`, `settle`,
+    /// `extend_leases`, ...) and for how long; `None` when none runs. A call that does not
+    /// return (a connection whose peer vanished without a word) shows here while every other
+    /// figure looks calm.
+    pub longest_store_call: Option<(&'static str, Duration)>,
     /// Panics caught in the worker's own threads (not in handlers, whose panics are failed
     /// attempts).
     pub panics: u64,
@@ -119,8 +124,9 @@ pub struct Health {
 }
 
 impl Health {
-    /// Whether the worker can deliver: its claimer and acker run, at least one handler thread
-    /// is free of a stuck message, and the store answers.
+    /// Whether the worker can deliver: its threads run, at least one handler thread is free of
+    /// a stuck message, the store answers, and no store call has been running for longer than
+    /// [`STUCK_STORE_CALL`](super::timing::STUCK_STORE_CALL) (30 s).
     pub fn is_healthy(&self) -> bool {
         self.claimer_alive
             && self.acker_alive
@@ -129,6 +135,9 @@ impl Health {
             && self.listener_alive != Some(false)
             && self.handler_threads > self.stuck_handlers
             && self.store_errors_in_a_row < UNHEALTHY_STORE_ERRORS
+            && self
+                .longest_store_call
+                .is_none_or(|(_, running)| running < STUCK_STORE_CALL)
     }
 }
 
@@ -147,6 +156,8 @@ pub(crate) struct Vitals {
     pub claim_errors: AtomicU32,
     pub settle_errors: AtomicU32,
     pub panics: AtomicU64,
+    /// The store calls running now, by role: since when, and which.
+    calls: Mutex<Vec<(&'static str, Instant, &'static str)>>,
 }
 
 impl Vitals {
@@ -168,6 +179,38 @@ impl Vitals {
 
     pub fn panicked(&self) {
         self.panics.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs `call`, a store call of `operation` by `role`, recording it as running meanwhile.
+    pub fn store_call<T>(
+        &self,
+        role: &'static str,
+        operation: &'static str,
+        call: impl FnOnce() -> T,
+    ) -> T {
+        struct Running<'a>(&'a Vitals, &'static str);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                let mut calls = self.0.calls.lock().unwrap_or_else(PoisonError::into_inner);
+                calls.retain(|(role, _, _)| *role != self.1);
+            }
+        }
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((role, Instant::now(), operation));
+        let _running = Running(self, role);
+        call()
+    }
+
+    /// The store call running longest now, and for how long.
+    fn longest_store_call(&self) -> Option<(&'static str, Duration)> {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .min_by_key(|(_, since, _)| *since)
+            .map(|(_, since, operation)| (*operation, since.elapsed()))
     }
 }
 
@@ -263,6 +306,7 @@ impl WorkerHandle {
                 .load(Ordering::Relaxed)
                 .max(vitals.settle_errors.load(Ordering::Relaxed)),
             panics: vitals.panics.load(Ordering::Relaxed),
+            longest_store_call: vitals.longest_store_call(),
             in_flight: self.shared.held.count(),
             stopping: self.shared.stopping(),
         }
@@ -299,5 +343,64 @@ impl WorkerHandle {
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
         self.stopper().stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy() -> Health {
+        Health {
+            claimer_alive: true,
+            acker_alive: true,
+            warden_alive: true,
+            housekeeper_alive: true,
+            listener_alive: None,
+            handler_threads: 4,
+            stuck_handlers: 0,
+            since_last_claim: Some(Duration::from_millis(5)),
+            since_last_settle: Some(Duration::from_millis(5)),
+            store_errors_in_a_row: 0,
+            longest_store_call: None,
+            panics: 0,
+            in_flight: 0,
+            stopping: false,
+        }
+    }
+
+    #[test]
+    fn a_store_call_running_past_the_bound_makes_the_worker_unhealthy() {
+        assert!(healthy().is_healthy());
+        let running = |secs| Health {
+            longest_store_call: Some(("claim", Duration::from_secs(secs))),
+            ..healthy()
+        };
+        assert!(running(1).is_healthy(), "a call under way is normal");
+        assert!(!running(STUCK_STORE_CALL.as_secs()).is_healthy());
+        assert!(!Health {
+            warden_alive: false,
+            ..healthy()
+        }
+        .is_healthy());
+    }
+
+    #[test]
+    fn store_calls_are_tracked_per_role_while_they_run() {
+        let vitals = Vitals::default();
+        let seen = vitals.store_call("claimer", "claim", || {
+            vitals.store_call("warden", "extend_leases", || vitals.longest_store_call())
+        });
+        assert_eq!(seen.map(|(operation, _)| operation), Some("claim"));
+        assert_eq!(vitals.longest_store_call(), None, "both ended");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            vitals.store_call("acker", "settle", || panic!("boom"))
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(
+            vitals.longest_store_call(),
+            None,
+            "a panic ends the call too"
+        );
     }
 }

@@ -102,6 +102,29 @@ pub(crate) fn settle_attempt(n: u32, attempt: Attempt, policy: &RetryPolicy) -> 
     }
 }
 
+/// A deferral of a message enqueued at `enqueued_at` becomes a dead letter once `horizon` has
+/// passed since: a destination that stays paused or holding does not keep its messages forever.
+pub(crate) fn bound_deferral(
+    settlement: Settlement,
+    enqueued_at: SystemTime,
+    horizon: Duration,
+    now: SystemTime,
+) -> Settlement {
+    match settlement {
+        Settlement::Defer { reason, .. }
+            if now.duration_since(enqueued_at).unwrap_or(Duration::ZERO) >= horizon =>
+        {
+            Settlement::DeadLetter {
+                error: storable(format!(
+                    "deferred for longer than {horizon:?} since it was enqueued (the longest a \
+                     message waits without spending attempts): {reason}"
+                )),
+            }
+        }
+        other => other,
+    }
+}
+
 /// What to do with a message no handler of this worker serves: give it back for later while
 /// it is younger than `grace` (a newer worker may know its type), then dead-letter it.
 pub(crate) fn settle_unknown_type(
@@ -260,7 +283,16 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         Ok(Err(DispatchError::Process(failure))) => Attempt::Failed(failure),
         Err(panic) => Attempt::Panicked(panic_text(panic.as_ref())),
     };
-    settle_attempt(message.attempt, attempt, &policy)
+    let horizon = shared
+        .config
+        .max_deferral
+        .unwrap_or_else(|| policy.horizon());
+    bound_deferral(
+        settle_attempt(message.attempt, attempt, &policy),
+        message.enqueued_at,
+        horizon,
+        SystemTime::now(),
+    )
 }
 
 /// The settlement of a message whose processing panicked outside its handler (in its
@@ -551,6 +583,39 @@ mod tests {
         assert!(
             matches!(settlement, Settlement::Retry { delay, .. } if delay == MAX_DURATION),
             "{settlement:?}"
+        );
+    }
+
+    #[test]
+    fn a_message_deferred_past_the_horizon_is_dead_lettered_with_the_reason() {
+        let enqueued = SystemTime::now();
+        let defer = || Settlement::Defer {
+            delay: Duration::from_secs(30),
+            reason: "destination mail is paused".into(),
+        };
+        let horizon = Duration::from_secs(3600);
+        assert_eq!(
+            bound_deferral(
+                defer(),
+                enqueued,
+                horizon,
+                enqueued + Duration::from_secs(60)
+            ),
+            defer()
+        );
+        let late = bound_deferral(defer(), enqueued, horizon, enqueued + horizon);
+        assert!(
+            matches!(&late, Settlement::DeadLetter { error } if error.contains("deferred for longer than 3600s") && error.contains("mail is paused")),
+            "{late:?}"
+        );
+        let retry = Settlement::Retry {
+            delay: Duration::from_secs(1),
+            error: "503".into(),
+        };
+        assert_eq!(
+            bound_deferral(retry.clone(), enqueued, Duration::ZERO, enqueued + horizon),
+            retry,
+            "only deferrals are bounded"
         );
     }
 

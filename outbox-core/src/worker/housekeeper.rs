@@ -42,10 +42,15 @@ impl Housekeeper {
     /// its first claim, so that a destination disabled before a restart gets no delivery.
     pub fn sync_destinations(&mut self) {
         let shared = &self.shared;
-        if let Err(error) = shared
-            .destinations
-            .sync(shared.store.as_ref(), &mut self.enables_seen)
-        {
+        let enables_seen = &mut self.enables_seen;
+        let synced = shared
+            .vitals
+            .store_call("housekeeper", "sync_destinations", || {
+                shared
+                    .destinations
+                    .sync(shared.store.as_ref(), enables_seen)
+            });
+        if let Err(error) = synced {
             metrics::store_error("housekeeping");
             log::warn!(
                 "outbox: sharing the destinations' health through the store failed: {error}"
@@ -82,7 +87,12 @@ impl Housekeeper {
     }
 
     fn promote_stranded(&self) {
-        match self.shared.store.promote_stranded() {
+        let shared = &self.shared;
+        match shared
+            .vitals
+            .store_call("housekeeper", "promote_stranded", || {
+                shared.store.promote_stranded()
+            }) {
             Ok(0) => {}
             Ok(n) => log::info!(
                 "outbox: {n} ordering keys had no claimable head (concurrent transactions left \
@@ -96,7 +106,11 @@ impl Housekeeper {
     }
 
     fn prune(&self) {
-        match self.shared.store.prune() {
+        let shared = &self.shared;
+        match shared
+            .vitals
+            .store_call("housekeeper", "prune", || shared.store.prune())
+        {
             Ok(pruned) if pruned.total() == 0 => {}
             Ok(pruned) => log::debug!(
                 "outbox: pruned {} expired idempotency keys, {} dead letters and {} received \
@@ -113,7 +127,11 @@ impl Housekeeper {
     }
 
     fn sample_backlog(&self) {
-        match self.shared.store.backlog() {
+        let shared = &self.shared;
+        match shared
+            .vitals
+            .store_call("housekeeper", "backlog", || shared.store.backlog())
+        {
             Ok(Some(backlog)) => metrics::backlog(backlog.pending, backlog.oldest_due_age),
             Ok(None) => {}
             Err(error) => {

@@ -241,6 +241,7 @@ fn config(rng: &mut fastrand::Rng) -> Config {
         max_in_flight: 2 * batch_size + handler_threads,
         max_in_flight_bytes: rng.usize(64..=4_096),
         backlog_interval: Duration::from_secs(15),
+        max_deferral: None,
     }
 }
 

@@ -152,3 +152,24 @@ fn spawn_refuses_two_destinations_with_one_name_and_two_resources_of_one_type() 
         "{err}"
     );
 }
+
+#[test]
+fn an_outcome_that_waits_on_a_lock_is_waited_for_never_given_up() {
+    let store = MemoryStore::new();
+    let position = store.enqueue_message(&Counted { n: 1 }, None);
+    store.lock(position);
+    let worker = worker(&store);
+    // Long past what the refused-outcome policy allows (it gives up after about 2 s).
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(store.rows().len(), 1, "not settled while locked");
+    store.unlock(position);
+    assert!(eventually(Duration::from_secs(10), || store
+        .rows()
+        .is_empty()));
+    let stats = worker.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        (stats.abandoned_outcomes, stats.succeeded),
+        (0, 1),
+        "a lock wait is no refusal: {stats:?}"
+    );
+}

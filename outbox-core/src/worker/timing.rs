@@ -59,6 +59,13 @@ pub const REFUSALS_BEFORE_REDUCING: u32 = 3;
 /// See [`REFUSALS_BEFORE_REDUCING`].
 pub const REFUSALS_BEFORE_GIVING_UP: u32 = 3;
 
+/// How long one store call may run before the worker reports itself unhealthy: a claim, a
+/// settlement or a heartbeat takes milliseconds, the slowest chore (a backlog count over
+/// millions of rows) about a second; a call past this is stuck (a connection whose peer
+/// vanished, a lock held elsewhere), and the messages it holds will be run by another worker
+/// once their leases end.
+pub const STUCK_STORE_CALL: Duration = Duration::from_secs(30);
+
 /// Store errors in a row after which the worker reports itself unhealthy.
 pub const UNHEALTHY_STORE_ERRORS: u32 = 5;
 

@@ -146,7 +146,10 @@ impl Rounds {
         if leases.is_empty() {
             return;
         }
-        match shared.store.extend_leases(&leases, shared.config.lease) {
+        let renewed = shared.vitals.store_call("warden", "extend_leases", || {
+            shared.store.extend_leases(&leases, shared.config.lease)
+        });
+        match renewed {
             Ok(lost) => {
                 let kept: Vec<_> = leases
                     .iter()

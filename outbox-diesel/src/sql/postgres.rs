@@ -109,15 +109,16 @@ pub const CLAIM: &str = concat!(
          (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros"
 );
 
-/// Done messages of one claim removed, and the next message of each key promoted, in one
-/// statement: the promotion looks past the rows the DELETE removes (every part of the
-/// statement sees the table as it was before), one probe of the ordering index per key.
-/// Binds: token, ids, keys.
+/// Done messages removed (each only while its claim holds it), and the next message of each
+/// key promoted, in one statement, whatever the claims the messages were leased under: the
+/// promotion looks past every row the DELETE removes (every part of the statement sees the table
+/// as it was before), one probe of the ordering index per key. Binds: the claims' tokens and the
+/// ids, as two arrays of one length (the n-th id leased under the n-th token), keys.
 pub(crate) const DELETE_DONE: &str = concat!(
     "WITH gone AS (\
-        DELETE FROM outbox_message USING ",
+        DELETE FROM outbox_message o USING unnest($1::text[], $2::bigint[]) AS t(token, id), ",
     async_commit!(),
-    " WHERE locked_by = $1::uuid AND id = ANY($2) RETURNING id), \
+    " WHERE o.id = t.id AND o.locked_by = t.token::uuid RETURNING o.id), \
      promoted AS (\
         UPDATE outbox_message SET parked = FALSE \
         WHERE parked AND id IN (\
@@ -141,14 +142,17 @@ macro_rules! successor_leasable {
 /// where it is due and small enough, so that it goes to a handler without waiting for a claim.
 /// The lease is decided on the row as the UPDATE finds it: where a concurrent claim locked it,
 /// PostgreSQL waits for that claim and judges the row as it committed, so a message another
-/// worker just leased is left alone. One row always: how many were deleted, and a leased
-/// message's columns (all NULL when none was leased). Binds: token, ids, keys, the successors'
-/// token, lease µs, largest payload in bytes.
+/// worker just leased is left alone. Every claim of the settlement in one statement: a key's
+/// next message is judged after every done message is gone, so a done message leased under
+/// another claim of the same settlement is never taken for its key's next one. One row always:
+/// how many were deleted, and a leased message's columns (all NULL when none was leased).
+/// Binds: tokens, ids (as [`DELETE_DONE`]), keys, the successors' token, lease µs, largest
+/// payload in bytes.
 pub(crate) const DELETE_DONE_LEASING: &str = concat!(
     "WITH gone AS (\
-        DELETE FROM outbox_message USING ",
+        DELETE FROM outbox_message o USING unnest($1::text[], $2::bigint[]) AS t(token, id), ",
     async_commit!(),
-    " WHERE locked_by = $1::uuid AND id = ANY($2) RETURNING id), \
+    " WHERE o.id = t.id AND o.locked_by = t.token::uuid RETURNING o.id), \
      next AS (\
         SELECT n.id FROM unnest($3::text[]) AS k(ordering_key), LATERAL (\
             SELECT id FROM outbox_message m \
@@ -453,6 +457,14 @@ pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
 pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'disabled', next_probe_at = NULL, disabled_reason = $1 WHERE name = $2";
 
+/// Claims' ids as two arrays of one length: the n-th id was leased under the n-th token.
+fn pairs(claims: &[(String, Vec<i64>)]) -> (Vec<&str>, Vec<i64>) {
+    claims
+        .iter()
+        .flat_map(|(token, ids)| ids.iter().map(move |id| (token.as_str(), *id)))
+        .unzip()
+}
+
 fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -538,18 +550,15 @@ impl Statements for PgConnection {
     }
 
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
-        let mut deleted = 0;
-        for (token, ids) in claims {
-            let rows: Vec<CountRow> = diesel::sql_query(DELETE_DONE)
-                .bind::<Text, _>(token)
-                .bind::<Array<BigInt>, _>(ids)
-                .bind::<Array<Text>, _>(keys)
-                .load(self)?;
-            deleted += rows
-                .first()
-                .map_or(0, |row| row.n.max(0).unsigned_abs() as usize);
-        }
-        Ok(deleted)
+        let (tokens, ids) = pairs(claims);
+        let rows: Vec<CountRow> = diesel::sql_query(DELETE_DONE)
+            .bind::<Array<Text>, _>(tokens)
+            .bind::<Array<BigInt>, _>(ids)
+            .bind::<Array<Text>, _>(keys)
+            .load(self)?;
+        Ok(rows
+            .first()
+            .map_or(0, |row| row.n.max(0).unsigned_abs() as usize))
     }
 
     fn delete_done_leasing(
@@ -558,22 +567,19 @@ impl Statements for PgConnection {
         keys: &[&str],
         successors: &Claim<'_>,
     ) -> QueryResult<(usize, Vec<ClaimRow>)> {
-        let mut deleted = 0;
-        let mut leased = Vec::new();
-        for (token, ids) in claims {
-            let rows: Vec<SettledRow> = diesel::sql_query(DELETE_DONE_LEASING)
-                .bind::<Text, _>(token)
-                .bind::<Array<BigInt>, _>(ids)
-                .bind::<Array<Text>, _>(keys)
-                .bind::<Text, _>(successors.token)
-                .bind::<BigInt, _>(successors.lease_micros)
-                .bind::<BigInt, _>(successors.bytes())
-                .load(self)?;
-            deleted += rows
-                .first()
-                .map_or(0, |row| row.deleted.max(0).unsigned_abs() as usize);
-            leased.extend(rows.into_iter().filter_map(SettledRow::leased));
-        }
+        let (tokens, ids) = pairs(claims);
+        let rows: Vec<SettledRow> = diesel::sql_query(DELETE_DONE_LEASING)
+            .bind::<Array<Text>, _>(tokens)
+            .bind::<Array<BigInt>, _>(ids)
+            .bind::<Array<Text>, _>(keys)
+            .bind::<Text, _>(successors.token)
+            .bind::<BigInt, _>(successors.lease_micros)
+            .bind::<BigInt, _>(successors.bytes())
+            .load(self)?;
+        let deleted = rows
+            .first()
+            .map_or(0, |row| row.deleted.max(0).unsigned_abs() as usize);
+        let leased = rows.into_iter().filter_map(SettledRow::leased).collect();
         Ok((deleted, leased))
     }
 
