@@ -341,7 +341,42 @@ fn what_one_worker_or_an_operator_decides_reaches_every_worker<C: TestConnection
     }
 }
 
+/// A destination that stays paused (a receiver gone without saying so) does not keep its
+/// messages forever: past `max_deferral` since its enqueue a message waiting for it is
+/// dead-lettered with the reason, though its attempts are far from spent.
+fn a_message_deferred_past_max_deferral_is_dead_lettered<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::start(|_, _| Reply::status(503));
+    let pool = db.pool::<C>(5);
+    Hook::new(0).enqueue(&mut pool.get().unwrap()).unwrap();
+    let policy = HealthPolicy::new()
+        .failures_to_pause(1)
+        .first_pause(Duration::from_millis(300))
+        .longest_pause(Duration::from_millis(300));
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .retry_policy(impatient().max_attempts(100))
+        .max_deferral(Duration::from_secs(2))
+        .destination_with(
+            HOOK,
+            endpoint(&receiver),
+            DestinationOptions::new().health_policy(policy),
+        )
+        .spawn()
+        .unwrap();
+    assert!(eventually(PATIENCE, || dead(&pool).len() == 1));
+    let letter = dead(&pool).remove(0);
+    assert!(
+        letter.last_error.contains("deferred for longer than 2s")
+            && (letter.last_error.contains("paused destination hook")
+                || letter.last_error.contains("destination hook is paused")),
+        "{letter:?}"
+    );
+    assert!(letter.attempts < 10, "{letter:?}");
+    worker.shutdown(PATIENCE).unwrap();
+}
+
 backend_tests!(
+    a_message_deferred_past_max_deferral_is_dead_lettered,
     an_outage_pauses_the_destination_and_messages_wait_without_spending_attempts,
     gone_disables_the_destination_until_it_is_enabled,
     a_gone_destination_stays_disabled_after_a_restart,

@@ -161,7 +161,52 @@ fn a_route_without_its_destination_is_refused_at_spawn<C: TestConnection>(db: &T
     );
 }
 
+/// Two destinations on one host, on two paths: the one that answers `410 Gone` is disabled,
+/// the other keeps delivering (names key health; they used to default to `host:port`, shared).
+fn one_destination_gone_leaves_another_on_the_same_host_alone<C: TestConnection>(db: &TestDb) {
+    let host = Receiver::start(|request, _| {
+        if request.path == "/crm" {
+            Reply::status(410)
+        } else {
+            Reply::status(200)
+        }
+    });
+    let hook = Receiver::ok();
+    let pool = db.pool::<C>(6);
+    let on = |path: &str, secret: WebhookSecret| {
+        WebhookEndpoint::builder(host.url(path))
+            .secret(secret)
+            .allow_address(std::net::Ipv4Addr::LOCALHOST.into())
+            .build()
+            .unwrap()
+    };
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .destination("mail", on("/mail", secret()))
+        .destination("crm", on("/crm", crm_secret()))
+        .destination(HOOK, endpoint(&hook.url("/hook"), Duration::from_secs(5)))
+        .spawn()
+        .unwrap();
+    Crm { n: 0 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    assert!(eventually(PATIENCE, || worker
+        .destination_state("crm")
+        .is_some_and(|state| state.name() == "disabled")));
+    for n in 1..4 {
+        Mail { n }.enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    assert_eq!(
+        worker.destination_state("mail").map(|s| s.name()),
+        Some("healthy")
+    );
+    let mail_requests = host.requests().iter().filter(|r| r.path == "/mail").count();
+    assert_eq!(mail_requests, 3);
+    assert_eq!(dead(&pool).len(), 1, "only the CRM's message");
+    worker.shutdown(PATIENCE).unwrap();
+}
+
 backend_tests!(
+    one_destination_gone_leaves_another_on_the_same_host_alone,
     each_destination_gets_only_its_own_messages_signed_with_its_own_secret,
     a_route_without_its_destination_is_refused_at_spawn,
 );

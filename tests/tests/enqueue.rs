@@ -230,6 +230,48 @@ fn ordering_key_and_delay_are_stored<C: TestConnection>(db: &TestDb) {
     );
 }
 
+/// Options built once and used for several enqueues delay each message from its own enqueue,
+/// on the database's clock (the options used to hold a time fixed when they were built).
+fn reused_options_delay_each_message_from_its_own_enqueue<C: TestConnection>(db: &TestDb) {
+    let mut conn = migrated::<C>(db);
+    let options = EnqueueOptions::new().delay(Duration::from_secs(2));
+    ThankYou { member_id: 1 }
+        .enqueue_with(&mut conn, &options)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2_500));
+    ThankYou { member_id: 2 }
+        .enqueue_with(&mut conn, &options)
+        .unwrap();
+    let rows = all_pending(&mut conn);
+    let second = rows.iter().find(|m| m.payload.contains('2')).unwrap();
+    let due_in = second
+        .next_attempt_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    assert!(
+        due_in > Duration::from_millis(500),
+        "the second message is due about 2 s after its own enqueue, not {due_in:?} from now"
+    );
+    let gap = second
+        .next_attempt_at
+        .duration_since(rows[0].next_attempt_at)
+        .unwrap_or_default();
+    assert!(gap >= Duration::from_secs(2), "{gap:?}");
+}
+
+/// An ordering key travels as a header on brokers: a key with a line break or another control
+/// character is refused at enqueue, writing nothing, the same on every backend.
+fn an_ordering_key_with_control_characters_is_refused<C: TestConnection>(db: &TestDb) {
+    let mut conn = migrated::<C>(db);
+    for key in ["order\r\n42", "tab\tkey", "", "nul\0"] {
+        let err = ThankYou { member_id: 1 }
+            .enqueue_with(&mut conn, &EnqueueOptions::new().ordering_key(key))
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidOrderingKey), "{key:?}: {err}");
+    }
+    assert!(all_pending(&mut conn).is_empty());
+}
+
 /// A single message's INSERT has one text per backend, so Diesel prepares it once per connection
 /// and reuses it; a batch's text varies with its size, and is not kept.
 fn a_single_enqueue_is_prepared_once_per_connection<C: TestConnection>(db: &TestDb) {
@@ -464,6 +506,8 @@ fn bad_input_is_refused_before_anything_is_written<C: TestConnection>(db: &TestD
 }
 
 backend_tests!(
+    reused_options_delay_each_message_from_its_own_enqueue,
+    an_ordering_key_with_control_characters_is_refused,
     committed_enqueue_stores_exactly_that_message,
     rolled_back_enqueue_stores_nothing,
     enqueue_outside_a_transaction_commits_on_its_own,

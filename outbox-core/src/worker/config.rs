@@ -185,9 +185,9 @@ impl<S: Store> WorkerBuilder<S> {
     /// How long after its enqueue a message may still be deferred without spending an attempt
     /// (its destination paused or holding, its handler deferring it) before it is
     /// dead-lettered with the reason (default: its retry policy's
-    /// [`horizon`](crate::RetryPolicy::horizon), about 15 hours): a destination gone for good
-    /// without saying so does not keep its messages forever, and receivers that keep message
-    /// ids for the retry horizon still drop every duplicate.
+    /// [`horizon`](crate::RetryPolicy::horizon), about 15 hours, and at least an hour): a
+    /// destination gone for good without saying so does not keep its messages forever, and
+    /// receivers that keep message ids for the retry horizon still drop every duplicate.
     pub fn max_deferral(mut self, horizon: Duration) -> Self {
         self.settings.max_deferral = Some(horizon);
         self

@@ -18,7 +18,7 @@ use crate::store::{ClaimedMessage, Outcome, SettleTarget, Settlement};
 use super::held::JobId;
 use super::shared::{panic_text, Shared};
 use super::text::storable;
-use super::timing::{MAX_DURATION, PANIC_RETRY_DELAY, START_MARGIN};
+use super::timing::{MAX_DURATION, MIN_DEFAULT_DEFERRAL, PANIC_RETRY_DELAY, START_MARGIN};
 
 /// A claimed message on its way to a handler thread.
 #[derive(Debug)]
@@ -286,7 +286,7 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
     let horizon = shared
         .config
         .max_deferral
-        .unwrap_or_else(|| policy.horizon());
+        .unwrap_or_else(|| policy.horizon().max(MIN_DEFAULT_DEFERRAL));
     bound_deferral(
         settle_attempt(message.attempt, attempt, &policy),
         message.enqueued_at,

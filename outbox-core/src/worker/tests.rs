@@ -173,3 +173,65 @@ fn an_outcome_that_waits_on_a_lock_is_waited_for_never_given_up() {
         "a lock wait is no refusal: {stats:?}"
     );
 }
+
+/// Delivered to the worker's destination `slow`, which takes 2.5 s.
+#[derive(Serialize, Deserialize)]
+struct ToSlow;
+
+impl Message for ToSlow {
+    const MESSAGE_TYPE: &'static str = "core.to_slow";
+}
+
+impl Handler for ToSlow {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        ctx.destination("slow")?.deliver(&self)
+    }
+}
+
+inventory::submit! {
+    HandlerRegistration::new::<ToSlow>("outbox_core::worker::tests::ToSlow")
+}
+
+/// Answers after 2.5 s, and says a delivery may take 3 s.
+struct Slow(std::sync::Mutex<u32>);
+
+impl crate::destination::Destination for Slow {
+    fn kind(&self) -> &'static str {
+        "slow"
+    }
+
+    fn deliver(
+        &self,
+        _: &crate::destination::Envelope,
+    ) -> Result<(), crate::destination::DeliveryError> {
+        std::thread::sleep(Duration::from_millis(2_500));
+        *self.0.lock().unwrap() += 1;
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(3)
+    }
+}
+
+#[test]
+fn a_handler_timeout_set_after_a_destination_still_covers_its_timeout() {
+    let store = MemoryStore::new();
+    store.enqueue_message(&ToSlow, None);
+    let worker = Worker::builder(store.clone())
+        .poll_interval(Duration::from_millis(20))
+        .poll_only()
+        .destination("slow", Slow(std::sync::Mutex::new(0)))
+        .handler_timeout(Duration::from_secs(1))
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(15), || store
+        .rows()
+        .is_empty()));
+    let stats = worker.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        (stats.timed_out, stats.succeeded, stats.retried),
+        (0, 1, 0),
+        "the watchdog must not abandon a delivery its destination would finish: {stats:?}"
+    );
+}

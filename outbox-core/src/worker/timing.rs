@@ -66,6 +66,10 @@ pub const REFUSALS_BEFORE_GIVING_UP: u32 = 3;
 /// once their leases end.
 pub const STUCK_STORE_CALL: Duration = Duration::from_secs(30);
 
+/// The shortest deferral bound by default, whatever the retry policy: a policy of quick retries
+/// (seconds in all) must not make a pause of its destination dead-letter its messages at once.
+pub const MIN_DEFAULT_DEFERRAL: Duration = Duration::from_secs(3600);
+
 /// Store errors in a row after which the worker reports itself unhealthy.
 pub const UNHEALTHY_STORE_ERRORS: u32 = 5;
 
