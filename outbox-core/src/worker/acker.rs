@@ -505,6 +505,39 @@ impl Settler {
         self.next_settle = now;
         shared.vitals.settled();
         metrics::settlement();
+        // A message this worker claimed again while its outcome was on its way (its lease ran
+        // out meanwhile) is held under the new claim: its outcome is settled again under that
+        // claim, rather than dropped, which would leave the message to run again after the
+        // new lease.
+        let reclaimed_by = |outcome: &Outcome| {
+            fenced
+                .contains(&outcome.position)
+                .then(|| shared.held.claim_of(outcome.position))
+                .flatten()
+                .filter(|token| *token != outcome.token)
+        };
+        let kept: Vec<Outcome>;
+        let outcomes = if outcomes.iter().any(|o| reclaimed_by(o).is_some()) {
+            let (reclaimed, rest): (Vec<Outcome>, Vec<Outcome>) = outcomes
+                .iter()
+                .cloned()
+                .partition(|outcome| reclaimed_by(outcome).is_some());
+            for mut outcome in reclaimed {
+                if let Some(token) = reclaimed_by(&outcome) {
+                    log::info!(
+                        "outbox: message {} was claimed again by this worker while its outcome \
+                         was on its way; settling it under the new claim",
+                        outcome.message_id
+                    );
+                    outcome.token = token;
+                    self.fresh.push(outcome);
+                }
+            }
+            kept = rest;
+            kept.as_slice()
+        } else {
+            outcomes
+        };
         let released = shared
             .held
             .release(outcomes.iter().map(|outcome| outcome.position));

@@ -167,6 +167,11 @@ impl Held {
             .map(|e| e.token)
     }
 
+    /// The claim a held message answers to now, if it is held.
+    pub fn claim_of(&self, position: i64) -> Option<ClaimToken> {
+        self.state().entries.get(&position).map(|entry| entry.token)
+    }
+
     /// A handler thread finished `job`: the claim to settle it under, or `None` if the
     /// watchdog gave up on it meanwhile (its outcome is then dropped: another was settled).
     pub fn finish(&self, position: i64, job: JobId) -> Option<ClaimToken> {

@@ -498,3 +498,45 @@ fn randomized_schedules_lose_nothing_and_never_wedge() {
         assert!(totals.crashes > 0 && totals.stale_fenced > 0, "{totals:?}");
     }
 }
+
+/// A message whose lease runs out while its outcome waits to be saved, and that this worker
+/// claims again meanwhile: the outcome, fenced under the old claim, is saved under the new one,
+/// and the message is settled once, not left leased to run again when the new lease ends.
+#[test]
+fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
+    let store = MemoryStore::with_manual_clock();
+    let base = Instant::now();
+    let now = |store: &MemoryStore| base + store.now();
+    store.enqueue(KNOWN, "{}", None);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let config = Config {
+        batch_size: 4,
+        handler_threads: 1,
+        max_in_flight: 9,
+        max_in_flight_bytes: 4_096,
+        ..config(&mut rng)
+    };
+    let mut worker = SimWorker::new(&config, &store, now(&store));
+    worker.claim(now(&store));
+    worker.start(Plan::Succeed, now(&store));
+    worker.finish(0, &store);
+    assert_eq!(worker.shared.held.count(), 1, "its outcome is on its way");
+
+    store.advance(config.lease + Duration::from_secs(1));
+    worker.claim(now(&store));
+    assert!(
+        worker.queued.is_empty(),
+        "held already: not dispatched again"
+    );
+
+    worker.settler.settle(&worker.shared, now(&store));
+    worker.settler.settle(&worker.shared, now(&store));
+    assert!(
+        store.rows().is_empty(),
+        "settled under the new claim: {:?}",
+        store.rows()
+    );
+    assert_eq!(worker.shared.held.count(), 0);
+    let stats = worker.shared.counters.snapshot();
+    assert_eq!((stats.succeeded, stats.fenced), (1, 0), "{stats:?}");
+}
