@@ -804,7 +804,11 @@ mod tests {
             "{sql}"
         );
         assert!(!sql[..sql.find("moved AS").unwrap()].contains("next_attempt_at"));
-        assert!(sql.contains("WHERE locked_by = $1::uuid AND id = ANY($2) RETURNING id"));
+        assert!(
+            sql.contains("USING unnest($1::text[], $2::bigint[]) AS t(token, id)")
+                && sql.contains("WHERE o.id = t.id AND o.locked_by = t.token::uuid RETURNING o.id"),
+            "every claim's done messages in one statement: {sql}"
+        );
         assert!(sql.contains("<= $6)") && !sql.contains("$7"), "{sql}");
         assert!(sql.ends_with("FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"));
     }

@@ -4,7 +4,14 @@
 //! ```text
 //! outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|refused-outcome|trickle|hung-handler|all> --backend <postgres|mysql|sqlite> [--quick] [--messages N]
 //! outbox-drill kill --destination <jetstream|rabbitmq|kafka> --backend <...> [--quick]
+//! outbox-drill burst --backend <...> [--quick] [--messages N]
 //! ```
+//!
+//! `burst` is a latency drill rather than a fault drill: N keyed messages (1,000,000; 50,000
+//! with `--quick`) wait behind their key's head, which is delayed by ten minutes, and unkeyed
+//! traffic (100 messages/s for 5 s) is enqueued after them; it prints the unkeyed messages'
+//! enqueue-to-delivery latencies and fails if their p99 reaches one second or if a keyed one is
+//! delivered.
 //!
 //! With `--destination`, the workers relay the messages to a broker on 127.0.0.1 instead of
 //! POSTing them, and the checker reads what arrived from the broker: on JetStream each message
@@ -21,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use diesel::Connection;
 use outbox_diesel::admin::{dead_letters, pending_messages, stats, ListOptions};
+use outbox_diesel::prelude::*;
 use outbox_diesel::{Batch, EnqueueOptions, Message, MessageId};
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::{with_connection, Backend, TestConnection, TestDb, TestPool};
@@ -211,17 +219,129 @@ impl Plan {
 fn usage() -> ! {
     eprintln!(
         "usage: outbox-drill <kill|db-restart|receiver|poison|concurrency|rollback|\
-         refused-outcome|trickle|hung-handler|all> \
+         refused-outcome|trickle|hung-handler|all|burst> \
          --backend <postgres|mysql|sqlite> [--quick] [--messages N] \
          [--destination <jetstream|rabbitmq|kafka>, kill only]"
     );
     std::process::exit(2)
 }
 
+/// The `burst` drill; see the module documentation.
+fn burst<C: TestConnection + Connection>(backend: Backend, messages: u64) -> bool {
+    let started = Instant::now();
+    let db = TestDb::new(backend).expect("the drill's database server is reachable");
+    let pool = db.pool::<C>(8);
+    let keyed = EnqueueOptions::new().ordering_key("burst");
+    let mut conn = pool.get().expect("a connection");
+    Hook::new(0)
+        .enqueue_with(&mut *conn, &keyed.clone().delay(Duration::from_secs(600)))
+        .expect("the delayed head");
+    let mut n = 1;
+    while n <= messages {
+        let mut batch = Batch::new();
+        for _ in 0..1_000.min(messages + 1 - n) {
+            batch
+                .push_with(&Hook::new(n as u32), &keyed)
+                .expect("serializing");
+            n += 1;
+        }
+        batch.enqueue(&mut *conn).expect("enqueuing the burst");
+    }
+    let filled = started.elapsed();
+    let receiver = Receiver::ok();
+    receiver.record_times(true);
+    let worker = outbox_diesel::Worker::builder(outbox_diesel::DieselStore::new(pool.clone()))
+        .destination(
+            outbox_tests::handlers::HOOK,
+            outbox_testkit::outbox::endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .expect("the worker starts");
+    let mut sent = Vec::new();
+    let traffic = Instant::now();
+    for i in 0..500u32 {
+        let due = traffic + Duration::from_millis(10 * u64::from(i));
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        let at = Instant::now();
+        let id = Hook::new(2_000_000_000 + i)
+            .enqueue(&mut *conn)
+            .expect("enqueuing traffic");
+        sent.push((id, at));
+    }
+    let everything = Instant::now() + Duration::from_secs(60);
+    while receiver.count() < sent.len() && Instant::now() < everything {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let arrived: std::collections::HashMap<u128, Instant> =
+        receiver.take_times().into_iter().collect();
+    let mut latencies: Vec<Duration> = sent
+        .iter()
+        .map(|(id, at)| {
+            arrived
+                .get(&id.as_uuid().as_u128())
+                .map_or(Duration::MAX, |arrival| {
+                    arrival.saturating_duration_since(*at)
+                })
+        })
+        .collect();
+    latencies.sort_unstable();
+    let keyed_delivered = receiver.count().saturating_sub(sent.len());
+    let _ = worker.shutdown(Duration::from_secs(10));
+    let quantile = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    let ms = |d: Duration| {
+        if d == Duration::MAX {
+            -1.0
+        } else {
+            d.as_secs_f64() * 1000.0
+        }
+    };
+    let p99 = quantile(0.99);
+    println!(
+        "{}",
+        serde_json::json!({
+            "drill": "burst",
+            "backend": backend.to_string(),
+            "keyed_behind_a_delayed_head": messages,
+            "fill_seconds": filled.as_secs_f64(),
+            "unkeyed": latencies.len(),
+            "unkeyed_latency_ms": {
+                "p50": ms(quantile(0.5)),
+                "p99": ms(p99),
+                "max": ms(quantile(1.0)),
+            },
+            "keyed_delivered": keyed_delivered,
+            "seconds": started.elapsed().as_secs_f64(),
+        })
+    );
+    let held = p99 < Duration::from_secs(1) && keyed_delivered == 0;
+    if !held {
+        eprintln!("burst: the unkeyed p99 reached 1 s, or a keyed message ran before its head");
+    }
+    held
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("worker") {
         outbox_tests::worker_process::run_from_env();
+    }
+    if args.first().map(String::as_str) == Some("burst") {
+        let mut backend = None;
+        let mut quick = false;
+        let mut messages = None;
+        let mut rest = args.iter().skip(1);
+        while let Some(arg) = rest.next() {
+            match arg.as_str() {
+                "--backend" => backend = rest.next().and_then(|name| name.parse::<Backend>().ok()),
+                "--quick" => quick = true,
+                "--messages" => messages = rest.next().and_then(|n| n.parse().ok()),
+                _ => usage(),
+            }
+        }
+        let Some(backend) = backend else { usage() };
+        let messages = messages.unwrap_or(if quick { 50_000 } else { 1_000_000 });
+        let held = with_connection!(backend, C => burst::<C>(backend, messages));
+        std::process::exit(if held { 0 } else { 1 });
     }
     let mut drills = Vec::new();
     let mut backend = None;
