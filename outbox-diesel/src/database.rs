@@ -133,6 +133,37 @@ impl DatabaseUrl {
         &self.target
     }
 
+    /// What the driver is given: [`target`](Self::target), and for PostgreSQL TCP keepalives
+    /// and a TCP user timeout unless the URL sets them, so that a connection whose peer
+    /// vanished (a half-open connection after a network fault) fails within about a minute
+    /// instead of the system's retransmission timeout (about 15 minutes).
+    pub(crate) fn driver_target(&self) -> std::borrow::Cow<'_, str> {
+        if self.backend != Backend::Postgres {
+            return std::borrow::Cow::Borrowed(&self.target);
+        }
+        let given: Vec<&str> = self
+            .target
+            .split_once('?')
+            .map(|(_, query)| {
+                query
+                    .split('&')
+                    .filter_map(|pair| pair.split('=').next())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut target = self.target.clone();
+        for (name, value) in PG_KEEPALIVES {
+            if given.contains(&name) {
+                continue;
+            }
+            target.push(if target.contains('?') { '&' } else { '?' });
+            target.push_str(name);
+            target.push('=');
+            target.push_str(value);
+        }
+        std::borrow::Cow::Owned(target)
+    }
+
     /// The SQLite file this URL names, if it names one on disk.
     pub fn sqlite_file(&self) -> Option<&str> {
         (self.backend == Backend::Sqlite
@@ -216,6 +247,17 @@ fn secret_ranges(url: &str) -> Vec<std::ops::Range<usize>> {
 }
 
 /// The URL with its secrets replaced by `***`.
+/// libpq's TCP settings for connections the outbox opens, unless the URL gives them: probes
+/// after 30 s idle, every 10 s, 3 unanswered ones end the connection; data unacknowledged for
+/// 60 s ends it too.
+const PG_KEEPALIVES: [(&str, &str); 5] = [
+    ("keepalives", "1"),
+    ("keepalives_idle", "30"),
+    ("keepalives_interval", "10"),
+    ("keepalives_count", "3"),
+    ("tcp_user_timeout", "60000"),
+];
+
 /// Whether `text` is a libpq keyword/value connection string (`host=db user=app
 /// password=… dbname=shop`) rather than a path: a path never holds such a pair, while one
 /// such string taken for an SQLite path would create a file named after its password.
@@ -310,7 +352,7 @@ macro_rules! establish_concrete {
         impl Establish for $connection {
             fn establish_backend(url: &DatabaseUrl) -> Option<ConnectionResult<Self>> {
                 (url.backend() == $backend)
-                    .then(|| <$connection as diesel::Connection>::establish(url.target()))
+                    .then(|| <$connection as diesel::Connection>::establish(&url.driver_target()))
             }
         }
     };
@@ -510,6 +552,30 @@ mod tests {
         ] {
             assert_eq!(parsed(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn postgres_connections_get_keepalives_unless_the_url_sets_them() {
+        let target = |url: &str| {
+            DatabaseUrl::parse(url)
+                .unwrap()
+                .driver_target()
+                .into_owned()
+        };
+        assert_eq!(
+            target("postgres://u@h/db"),
+            "postgres://u@h/db?keepalives=1&keepalives_idle=30&keepalives_interval=10\
+             &keepalives_count=3&tcp_user_timeout=60000"
+        );
+        let kept = target("postgres://u@h/db?sslmode=require&tcp_user_timeout=5000");
+        assert!(kept.starts_with("postgres://u@h/db?sslmode=require&tcp_user_timeout=5000&"));
+        assert_eq!(kept.matches("tcp_user_timeout").count(), 1, "{kept}");
+        assert_eq!(target("mysql://root@h/db"), "mysql://root@h/db");
+        assert_eq!(
+            DatabaseUrl::parse("postgres://u@h/db").unwrap().to_string(),
+            "postgres://u@h/db",
+            "shown as given"
+        );
     }
 
     #[test]

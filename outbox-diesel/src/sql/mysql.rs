@@ -99,10 +99,12 @@ fn park(behind: usize, heads: usize) -> String {
 pub(crate) const PARK_IN_BULK: i64 = 20_000;
 
 /// Messages of a key behind its head parked in bulk, in position order, at most a limit of
-/// them. The head may settle meanwhile: a message left parked without a head is promoted by the
-/// worker's safety net. Binds: key, head id, limit.
-pub(crate) const PARK_BEHIND: &str = "UPDATE outbox_message SET parked = 1 \
-     WHERE ordering_key = ? AND id > ? AND parked = 0 ORDER BY ordering_key, id LIMIT ?";
+/// them, read from the parked index's unparked part (not the ordering index, which would walk
+/// the key's parked messages too). The head may settle meanwhile: a message left parked without
+/// a head is promoted by the worker's safety net. Binds: key, head id, limit.
+pub(crate) const PARK_BEHIND: &str = "UPDATE outbox_message FORCE INDEX (outbox_message_parked) \
+     SET parked = 1 WHERE parked = 0 AND ordering_key = ? AND id > ? \
+     ORDER BY parked, ordering_key, id LIMIT ?";
 
 /// How many times one claim looks again at once after it parked messages and leased none.
 const CLAIM_ROUNDS: usize = 8;

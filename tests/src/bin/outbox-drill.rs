@@ -284,6 +284,11 @@ fn burst<C: TestConnection + Connection>(backend: Backend, messages: u64) -> boo
                 })
         })
         .collect();
+    let slowest_sent_at = latencies
+        .iter()
+        .zip(&sent)
+        .max_by_key(|(latency, _)| **latency)
+        .map(|(_, (_, at))| at.saturating_duration_since(traffic).as_secs_f64());
     latencies.sort_unstable();
     let keyed_delivered = receiver.count().saturating_sub(sent.len());
     let _ = worker.shutdown(Duration::from_secs(10));
@@ -309,6 +314,7 @@ fn burst<C: TestConnection + Connection>(backend: Backend, messages: u64) -> boo
                 "p99": ms(p99),
                 "max": ms(quantile(1.0)),
             },
+            "slowest_sent_after_s": slowest_sent_at,
             "keyed_delivered": keyed_delivered,
             "seconds": started.elapsed().as_secs_f64(),
         })
