@@ -125,8 +125,8 @@ pub struct Health {
 
 impl Health {
     /// Whether the worker can deliver: its threads run, at least one handler thread is free of
-    /// a stuck message, the store answers, and no store call has been running for longer than
-    /// [`STUCK_STORE_CALL`](super::timing::STUCK_STORE_CALL) (30 s).
+    /// a stuck message, the store answers, and no store call has been running for 30 s or
+    /// longer.
     pub fn is_healthy(&self) -> bool {
         self.claimer_alive
             && self.acker_alive
