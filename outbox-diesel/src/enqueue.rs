@@ -406,6 +406,7 @@ impl NewMessage {
 
     /// [`binds`](Self::binds) and the ordering key again: for the inserts that look up whether
     /// the key has a pending message already.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn binds_with_key(&self) -> [Bind<'_>; Self::BINDS + 1] {
         let [a, b, c, d, e, f, g, h, i] = self.binds();
         [
