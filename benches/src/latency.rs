@@ -40,6 +40,110 @@ fn percentiles(mut values: Vec<f64>) -> Value {
     })
 }
 
+/// The length of the intervals a run with a held transaction reports, in seconds.
+const INTERVAL_S: f64 = 10.0;
+
+/// A transaction another session holds open, until dropped or its time is up.
+struct HeldTransaction {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HeldTransaction {
+    fn open<C: BenchConnection>(db: &BenchDb, seconds: f64) -> Res<HeldTransaction> {
+        let mut conn = db.connect::<C>()?;
+        let begin: &[&str] = match db.backend {
+            Backend::Postgres => &[
+                "BEGIN ISOLATION LEVEL REPEATABLE READ",
+                "SELECT txid_current() AS n",
+            ],
+            Backend::Mysql => &[
+                "START TRANSACTION WITH CONSISTENT SNAPSHOT",
+                "SELECT COUNT(*) AS n FROM outbox_message",
+            ],
+            Backend::Sqlite => &["BEGIN", "SELECT COUNT(*) AS n FROM outbox_message"],
+        };
+        conn.exec(begin[0]).ctx("opening the held transaction")?;
+        conn.count(begin[1])
+            .ctx("reading in the held transaction")?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let _ = stopped.recv_timeout(Duration::from_secs_f64(seconds));
+            let _ = conn.exec("ROLLBACK");
+        });
+        Ok(HeldTransaction {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for HeldTransaction {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Every [`INTERVAL_S`] from `started` for `seconds`: the claims' time per message claimed in
+/// the interval, and what piles up behind the held transaction (PostgreSQL: dead tuples in the
+/// outbox table; MySQL: the history list; SQLite: the WAL's size in pages).
+fn sample_intervals<C: BenchConnection>(
+    db: &BenchDb,
+    trace: &TraceHandle,
+    started: Instant,
+    seconds: f64,
+) -> std::thread::JoinHandle<Vec<Value>> {
+    let (trace, backend) = (trace.clone(), db.backend);
+    let wal = format!("{}-wal", db.url.trim_start_matches("sqlite://"));
+    let conn = db.connect::<C>();
+    std::thread::spawn(move || {
+        let Ok(mut conn) = conn else {
+            return Vec::new();
+        };
+        let piled_up = match backend {
+            Backend::Postgres => {
+                "SELECT COALESCE(SUM(n_dead_tup), 0)::BIGINT AS n FROM pg_stat_user_tables                  WHERE relname = 'outbox_message'"
+            }
+            Backend::Mysql => {
+                "SELECT CAST(COUNT AS SIGNED) AS n FROM information_schema.INNODB_METRICS                  WHERE NAME = 'trx_rseg_history_len'"
+            }
+            // The WAL's size in bytes, read from the file: no query may checkpoint it.
+            Backend::Sqlite => "",
+        };
+        let mut samples = Vec::new();
+        let mut before = trace.totals();
+        let intervals = (seconds / INTERVAL_S).ceil() as u32;
+        for i in 1..=intervals {
+            let at = started + Duration::from_secs_f64(INTERVAL_S * f64::from(i));
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            let now = trace.totals();
+            let (claims, claimed, claim_time) = (
+                now.0 - before.0,
+                now.1 - before.1,
+                now.2.saturating_sub(before.2),
+            );
+            before = now;
+            samples.push(json!({
+                "interval_end_s": INTERVAL_S * f64::from(i),
+                "claims": claims,
+                "claimed": claimed,
+                "claim_us_per_message":
+                    round(claim_time.as_secs_f64() * 1e6 / claimed.max(1) as f64, 1),
+                "claim_ms_mean": round(claim_time.as_secs_f64() * 1e3 / claims.max(1) as f64, 3),
+                "piled_up": if backend == Backend::Sqlite {
+                    std::fs::metadata(&wal).map_or(-1, |m| m.len() as i64)
+                } else {
+                    conn.count(piled_up).unwrap_or(-1)
+                },
+            }));
+        }
+        samples
+    })
+}
+
 fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     let rate = opts
         .rate
@@ -81,6 +185,10 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         receiver.reset();
         receiver.record_times(true);
 
+        let holder = match opts.hold_transaction {
+            Some(seconds) => Some(HeldTransaction::open::<C>(db, seconds)?),
+            None => None,
+        };
         let pool = db.worker_pool::<C>(4)?;
         let trace = TraceHandle::default();
         let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
@@ -126,6 +234,9 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
                 })
             })
             .collect();
+        let samples = holder
+            .is_some()
+            .then(|| sample_intervals::<C>(db, &trace, started, seconds));
         let mut commits: HashMap<u128, Instant> = HashMap::with_capacity(total);
         let mut commit_ms = Vec::with_capacity(total);
         for thread in threads {
@@ -157,17 +268,25 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         }
 
         let mut latencies = Vec::with_capacity(total);
+        let mut by_interval: Vec<Vec<f64>> = Vec::new();
         let mut before_commit_returned = 0u64;
         for (id, at) in receiver.take_times() {
             if let Some(committed) = commits.get(&id) {
-                match at.checked_duration_since(*committed) {
-                    Some(d) => latencies.push(ms(d)),
+                let latency = match at.checked_duration_since(*committed) {
+                    Some(d) => ms(d),
                     None => {
                         // Delivered before our client saw the commit's answer.
                         before_commit_returned += 1;
-                        latencies.push(0.0);
+                        0.0
                     }
+                };
+                latencies.push(latency);
+                let interval = (committed.saturating_duration_since(started).as_secs_f64()
+                    / INTERVAL_S) as usize;
+                if by_interval.len() <= interval {
+                    by_interval.resize(interval + 1, Vec::new());
                 }
+                by_interval[interval].push(latency);
             }
         }
         let lat = percentiles(latencies);
@@ -194,6 +313,24 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         );
         figures.insert("cpu".into(), cpu::used(&cpu_before, &cpu_after));
         figures.insert("store".into(), store);
+        if let Some(samples) = samples {
+            let samples = samples
+                .join()
+                .map_err(|_| crate::failed("the sampler panicked"))?;
+            let intervals: Vec<Value> = samples
+                .into_iter()
+                .zip(by_interval.into_iter().chain(std::iter::repeat(Vec::new())))
+                .map(|(mut sample, latencies)| {
+                    let lat = percentiles(latencies);
+                    sample["latency_p50_ms"] = lat["p50"].clone();
+                    sample["latency_p99_ms"] = lat["p99"].clone();
+                    sample
+                })
+                .collect();
+            figures.insert("held_transaction_s".into(), json!(opts.hold_transaction));
+            figures.insert("intervals".into(), json!(intervals));
+        }
+        drop(holder);
         report.run(figures);
     }
     if db.backend == Backend::Postgres {

@@ -8,6 +8,8 @@ use outbox_diesel::__private::claim_sql::{
 /// The PostgreSQL claim of a batch of `limit`, leasing for 60 s under a fixed token.
 pub fn pg_claim_sql(limit: usize) -> String {
     let binds = [
+        "0".to_owned(),
+        "0".to_owned(),
         candidates(limit).to_string(),
         limit.to_string(),
         i64::MAX.to_string(),
@@ -27,7 +29,13 @@ pub fn pg_claim_sql(limit: usize) -> String {
 
 /// The MySQL claim's first statement, its candidates, for a batch of `limit`.
 pub fn mysql_candidates_sql(limit: usize) -> String {
-    MYSQL_CANDIDATES.replace('?', &candidates(limit).to_string())
+    // Binds in order: the cursor's due time and id (the start), then the limit.
+    let limit = candidates(limit).to_string();
+    ["0", "0", limit.as_str()]
+        .iter()
+        .fold(MYSQL_CANDIDATES.to_owned(), |sql, value| {
+            sql.replacen('?', value, 1)
+        })
 }
 
 /// The SQLite claim's candidates, for a batch of `limit`.

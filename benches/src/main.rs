@@ -173,6 +173,13 @@ pub struct Opts {
     /// acknowledgements from as many tasks as the worker has handler threads.
     #[arg(long)]
     pub destination: Option<relay::Destination>,
+    /// `latency` only: another session holds a transaction open in the outbox's database for
+    /// this many seconds from the start of the run (a report, a `pg_dump`, a stuck request):
+    /// on PostgreSQL a REPEATABLE READ transaction with an xid, which holds vacuum back; on
+    /// MySQL a consistent snapshot, which holds purge back; on SQLite a reader, which keeps
+    /// checkpoints from finishing. The run reports its figures per interval.
+    #[arg(long)]
+    pub hold_transaction: Option<f64>,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,

@@ -48,6 +48,11 @@ impl TraceHandle {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
+    /// Claims, messages claimed, and the time claims took, so far.
+    pub fn totals(&self) -> (u64, u64, Duration) {
+        self.with(|t| (t.claims, t.claimed, t.claim_time))
+    }
+
     /// Forgets everything so far.
     pub fn reset(&self) {
         self.with(|t| *t = Trace::default());

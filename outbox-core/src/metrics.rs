@@ -19,6 +19,9 @@
 //! | [`STORE_ERRORS`] | counter | `operation` | failed store calls: `claim`, `settle`, `extend_leases`, `housekeeping`, `backlog` |
 //! | [`PENDING`] | gauge | | messages in the outbox (due, delayed, held or parked), sampled |
 //! | [`OLDEST_DUE_AGE`] | gauge (s) | | how long the oldest due, unclaimed message has waited (0 when none waits), sampled |
+//! | [`CLAIM_DURATION`] | histogram (s) | | how long claims took (one round trip and its statement: it grows with what the claim must walk past) |
+//! | [`OLDEST_TRANSACTION_AGE`] | gauge (s) | | how long the oldest transaction keeping the database from cleaning up has been open, sampled with the backlog (PostgreSQL, MySQL) |
+//! | [`DEAD_ROWS`] | gauge | | rows the database cannot clean up yet: PostgreSQL's dead tuples in the outbox table, MySQL's undo history list; sampled with the backlog |
 //! | [`DESTINATION_ATTEMPTS`] | counter | `destination`, `outcome` | deliveries to a destination: `delivered`, `failed` (retryable), `rejected` (permanent), `pushed_back`, and those not sent: `waited` (paused or held), `refused` (disabled) |
 //! | [`DESTINATION_DURATION`] | histogram (s) | `destination` | how long deliveries took |
 //! | [`DESTINATION_STATE`] | gauge | `destination`, `kind`, `state` | 1 for the state a destination is in (`healthy`, `held`, `paused`, `disabled`), 0 for the others; set for every destination when the worker starts |
@@ -54,6 +57,13 @@ pub const STORE_ERRORS: &str = "outbox_store_errors_total";
 pub const PENDING: &str = "outbox_pending_messages";
 /// How long the oldest due, unclaimed message has waited, sampled (gauge, seconds).
 pub const OLDEST_DUE_AGE: &str = "outbox_oldest_due_age_seconds";
+/// How long claims took (histogram, seconds).
+pub const CLAIM_DURATION: &str = "outbox_claim_duration_seconds";
+/// How long the oldest transaction holding the database's clean-up back has been open, sampled
+/// (gauge, seconds). Alert when it stays above a few minutes.
+pub const OLDEST_TRANSACTION_AGE: &str = "outbox_oldest_transaction_age_seconds";
+/// Rows the database cannot clean up yet, sampled (gauge).
+pub const DEAD_ROWS: &str = "outbox_dead_rows";
 /// Deliveries to a destination, by `destination` and `outcome` (counter).
 pub const DESTINATION_ATTEMPTS: &str = "outbox_destination_attempts_total";
 /// How long deliveries to a destination took, by `destination` (histogram, seconds).
@@ -116,6 +126,21 @@ pub(crate) fn describe() {
         OLDEST_DUE_AGE,
         Unit::Seconds,
         "How long the oldest due, unclaimed outbox message has waited, sampled"
+    );
+    describe_histogram!(
+        CLAIM_DURATION,
+        Unit::Seconds,
+        "How long the outbox worker's claims took"
+    );
+    describe_gauge!(
+        OLDEST_TRANSACTION_AGE,
+        Unit::Seconds,
+        "How long the oldest transaction holding back the database's clean-up has been open"
+    );
+    describe_gauge!(
+        DEAD_ROWS,
+        Unit::Count,
+        "Rows the database cannot clean up yet (dead tuples of the outbox table, or the undo history)"
     );
     describe_counter!(
         DESTINATION_ATTEMPTS,
@@ -194,7 +219,17 @@ pub(crate) fn destination_state(destination: &str, kind: &'static str, state: &'
     }
 }
 
-pub(crate) fn backlog(pending: u64, oldest_due_age: Duration) {
-    ::metrics::gauge!(PENDING).set(pending as f64);
-    ::metrics::gauge!(OLDEST_DUE_AGE).set(oldest_due_age.as_secs_f64());
+pub(crate) fn backlog(backlog: &crate::store::Backlog) {
+    ::metrics::gauge!(PENDING).set(backlog.pending as f64);
+    ::metrics::gauge!(OLDEST_DUE_AGE).set(backlog.oldest_due_age.as_secs_f64());
+    if let Some(age) = backlog.oldest_transaction_age {
+        ::metrics::gauge!(OLDEST_TRANSACTION_AGE).set(age.as_secs_f64());
+    }
+    if let Some(dead) = backlog.dead_rows {
+        ::metrics::gauge!(DEAD_ROWS).set(dead as f64);
+    }
+}
+
+pub(crate) fn claim_duration(duration: Duration) {
+    ::metrics::histogram!(CLAIM_DURATION).record(duration.as_secs_f64());
 }

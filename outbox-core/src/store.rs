@@ -374,6 +374,15 @@ pub struct Backlog {
     /// How long the oldest due message that no worker holds has waited since it became due;
     /// zero when none waits. It stays near zero while the workers keep up.
     pub oldest_due_age: Duration,
+    /// How long the oldest transaction that keeps the database from cleaning up has been open
+    /// (PostgreSQL: the oldest holding back the xmin horizon in this database; MySQL: the
+    /// oldest InnoDB transaction), if the store can tell. A transaction open for minutes (a
+    /// report, a `pg_dump`, a request stuck mid-transaction) lets dead rows pile up in the
+    /// outbox table, and every claim pays for them.
+    pub oldest_transaction_age: Option<Duration>,
+    /// Rows the database cannot clean up yet (PostgreSQL: dead tuples in the outbox table;
+    /// MySQL: the undo history list), if the store can tell.
+    pub dead_rows: Option<u64>,
 }
 
 impl Backlog {
@@ -382,7 +391,20 @@ impl Backlog {
         Backlog {
             pending,
             oldest_due_age,
+            oldest_transaction_age: None,
+            dead_rows: None,
         }
+    }
+
+    /// The same backlog, with what holds the database's clean-up back.
+    pub fn with_horizon(
+        mut self,
+        oldest_transaction_age: Option<Duration>,
+        dead_rows: Option<u64>,
+    ) -> Self {
+        self.oldest_transaction_age = oldest_transaction_age;
+        self.dead_rows = dead_rows;
+        self
     }
 }
 

@@ -8,7 +8,7 @@ use outbox_core::{Headers, MessageId};
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
 use crate::sql::{
-    BacklogRow, BlockedKeyRow, DeadLetterRow, Filter, PendingRow, Selection, Statements,
+    BacklogRow, BlockedKeyRow, DeadLetterRow, Filter, HorizonRow, PendingRow, Selection, Statements,
 };
 
 /// Which messages a listing returns: filters, and a page by position (keyset pagination: a
@@ -182,14 +182,23 @@ fn listed_headers(table: &str, id: i64, json: Option<&str>) -> Headers {
 /// ```
 pub fn backlog<C: OutboxConnection>(conn: &mut C) -> Result<Backlog> {
     let row = with_backend!(conn.backend_connection(), c => c.backlog())?;
-    Ok(backlog_of(&row))
+    // What holds the clean-up back is read apart: a role without the right to see other
+    // sessions still gets the backlog.
+    let horizon = with_backend!(conn.backend_connection(), c => c.horizon()).unwrap_or_default();
+    Ok(backlog_of(&row, &horizon))
 }
 
-pub(crate) fn backlog_of(row: &BacklogRow) -> Backlog {
+pub(crate) fn backlog_of(row: &BacklogRow, horizon: &HorizonRow) -> Backlog {
     let waited = row.oldest_due_micros.unwrap_or(0).max(0).unsigned_abs();
     Backlog::new(
         row.pending.max(0).unsigned_abs(),
         Duration::from_micros(waited),
+    )
+    .with_horizon(
+        horizon
+            .oldest_transaction_micros
+            .map(|micros| Duration::from_micros(micros.max(0).unsigned_abs())),
+        horizon.dead_rows.map(|rows| rows.max(0).unsigned_abs()),
     )
 }
 

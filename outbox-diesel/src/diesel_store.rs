@@ -22,7 +22,7 @@ use crate::database::ensure_busy_timeout;
 use crate::error::Error;
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::retention::Retention;
-use crate::sql::{self, micros, Claim, ClaimRow, Statements};
+use crate::sql::{self, micros, Claim, ClaimRow, Cursor, Statements};
 
 /// The longest the worker waits for a connection from the pool: it retries after logging, and a
 /// shutdown is not held up by a pool the application has exhausted.
@@ -48,6 +48,8 @@ pub struct DieselStore<M: ManageConnection> {
     settle_connection: Mutex<Option<PooledConnection<M>>>,
     /// The housekeeper's: its chores (a backlog count, a prune) never hold up a claim.
     chores_connection: Mutex<Option<PooledConnection<M>>>,
+    /// Where the next claim reads from (see `sql::Cursor`).
+    claim_cursor: Mutex<ClaimCursor>,
     idempotency_window: Duration,
     idempotency_sweep: Mutex<SweepCursor>,
     retention: Retention,
@@ -74,6 +76,7 @@ where
             claim_connection: Mutex::new(None),
             settle_connection: Mutex::new(None),
             chores_connection: Mutex::new(None),
+            claim_cursor: Mutex::new(ClaimCursor::default()),
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_sweep: Mutex::new(SweepCursor::default()),
             retention: Retention::default(),
@@ -177,6 +180,42 @@ where
     }
 }
 
+/// How often a claim reads the due index from its start instead of from the cursor: what became
+/// due behind the cursor (a crashed worker's lease running out, an enqueue from a transaction
+/// older than the cursor, a claim of another worker that rolled back) waits at most this long
+/// for it. Walking the dead entries at the start once a second costs what it cost every claim.
+const CURSOR_SWEEP: Duration = Duration::from_secs(1);
+
+/// Where claims read from, and when one last read from the start.
+#[derive(Debug)]
+struct ClaimCursor {
+    at: Cursor,
+    last_sweep: Option<Instant>,
+}
+
+impl Default for ClaimCursor {
+    fn default() -> Self {
+        ClaimCursor {
+            at: Cursor::START,
+            last_sweep: None,
+        }
+    }
+}
+
+impl ClaimCursor {
+    /// Where the next claim reads from: the start once per [`CURSOR_SWEEP`], else the cursor.
+    fn next(&mut self, now: Instant) -> Cursor {
+        if self
+            .last_sweep
+            .is_none_or(|at| now.saturating_duration_since(at) >= CURSOR_SWEEP)
+        {
+            self.last_sweep = Some(now);
+            return Cursor::START;
+        }
+        self.at
+    }
+}
+
 /// Whether the database answered "not now": a lock held elsewhere outlasted the wait for it, a
 /// deadlock, a statement or lock timeout (by each backend's message: Diesel keeps no error
 /// codes but PostgreSQL's few kinds).
@@ -220,11 +259,22 @@ where
             limit,
             lease_micros: micros(lease),
         };
-        let rows: Vec<ClaimRow> = self.with_held(
+        let from = self
+            .claim_cursor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .next(Instant::now());
+        let (rows, first): (Vec<ClaimRow>, _) = self.with_held(
             &self.claim_connection,
             "claiming messages",
-            |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim)),
+            |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim, from)),
         )?;
+        if let Some(first) = first {
+            self.claim_cursor
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .at = first;
+        }
         let (claimed, unreadable) = read_claimed(token, rows);
         self.dead_letter_unreadable(&self.claim_connection, &unreadable)?;
         Ok(claimed)
@@ -353,12 +403,15 @@ where
     }
 
     fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
-        self.with_held(
-            &self.chores_connection,
-            "sampling the backlog",
-            |conn| with_backend!(conn.backend_connection(), c => c.backlog()),
-        )
-        .map(|row| Some(crate::admin::backlog_of(&row)))
+        self.with_held(&self.chores_connection, "sampling the backlog", |conn| {
+            with_backend!(conn.backend_connection(), c => {
+                let row = c.backlog()?;
+                // A role that may not see other sessions still samples the backlog.
+                let horizon = c.horizon().unwrap_or_default();
+                Ok(crate::admin::backlog_of(&row, &horizon))
+            })
+        })
+        .map(Some)
     }
 
     fn extend_leases(

@@ -137,6 +137,7 @@ impl Claimer {
             shared.store.claim(token, limit, config.lease)
         }) {
             Ok(claimed) => {
+                metrics::claim_duration(started.elapsed());
                 self.failures.succeeded();
                 shared.vitals.claimed();
                 claimed

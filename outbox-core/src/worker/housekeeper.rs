@@ -132,7 +132,7 @@ impl Housekeeper {
             .vitals
             .store_call("housekeeper", "backlog", || shared.store.backlog())
         {
-            Ok(Some(backlog)) => metrics::backlog(backlog.pending, backlog.oldest_due_age),
+            Ok(Some(backlog)) => metrics::backlog(&backlog),
             Ok(None) => {}
             Err(error) => {
                 metrics::store_error("backlog");

@@ -260,6 +260,16 @@ pub(crate) struct BacklogRow {
     pub(crate) oldest_due_micros: Option<i64>,
 }
 
+/// What keeps the database from cleaning up: the oldest transaction holding it back (µs open)
+/// and the rows waiting for it.
+#[derive(QueryableByName, Debug, Default)]
+pub(crate) struct HorizonRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) oldest_transaction_micros: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) dead_rows: Option<i64>,
+}
+
 /// The head of an ordering key waiting for a retry, and how many wait behind it.
 #[derive(QueryableByName, Debug)]
 pub(crate) struct BlockedKeyRow {
@@ -477,13 +487,62 @@ pub(crate) fn placeholders(n: usize) -> String {
 /// parameter per id).
 pub(crate) const ID_CHUNK: usize = 1000;
 
+/// How far behind the last claim's first candidate a claim starts reading.
+pub(crate) const COMMIT_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A position in the due index (due time, then position): where a claim starts reading due rows.
+/// PostgreSQL and MySQL keep one per store, so that the dead entries claimed and settled
+/// messages leave in front of the first live one (which vacuum or purge cannot remove while a
+/// transaction is held open) are not walked by every claim; SQLite removes deleted rows from its
+/// indexes at once and reads from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Cursor {
+    /// The due time, in µs since the epoch.
+    pub due_micros: i64,
+    /// The position.
+    pub id: i64,
+}
+
+impl Cursor {
+    /// The start of the due index: a claim from here finds every due row.
+    pub const START: Cursor = Cursor {
+        due_micros: 0,
+        id: 0,
+    };
+
+    /// The cursor a claim passes to its statement: [`COMMIT_ALLOWANCE`] earlier than where the
+    /// last claim's first candidate stood. A message is due from its transaction's clock
+    /// (PostgreSQL: the transaction's start) but visible only from its commit, so a claim can pass
+    /// its place before it commits; the allowance finds such messages at once when their
+    /// transaction took less than it, and the store's sweep from the start finds the rest.
+    pub fn with_margin(self) -> Cursor {
+        Cursor {
+            due_micros: self.due_micros.saturating_sub(micros(COMMIT_ALLOWANCE)),
+            id: 0,
+        }
+    }
+}
+
 /// What a backend's statements do; each backend implements it in its own file.
 pub(crate) trait Statements: Sized {
     /// Inserts messages (one statement for up to the backend's bind limit).
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()>;
 
-    /// Parks the non-heads among the due candidates and leases heads within the limit.
-    fn claim(&mut self, claim: &Claim<'_>) -> QueryResult<Vec<ClaimRow>>;
+    /// What keeps the database from cleaning up the outbox table, where the backend can tell
+    /// (SQLite: nothing to tell; a reader there keeps the WAL from being checkpointed, which
+    /// costs disk, not claims).
+    fn horizon(&mut self) -> QueryResult<HorizonRow> {
+        Ok(HorizonRow::default())
+    }
+
+    /// Parks the non-heads among the due candidates, read from `from` on in due order, and
+    /// leases heads within the limit; returns the leased rows and where the first candidate
+    /// stood (the next claim's cursor), if the backend keeps a cursor and this claim leased any.
+    fn claim(
+        &mut self,
+        claim: &Claim<'_>,
+        from: Cursor,
+    ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)>;
 
     /// Deletes done messages still leased under their claims and promotes the next message of
     /// each of `keys`; returns how many were deleted. One statement where the backend allows.

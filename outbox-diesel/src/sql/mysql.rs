@@ -9,9 +9,9 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, IdRow, MessageIdRow, PendingRow, Selection,
-    Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
+    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Cursor, DeadLetterRow,
+    DestinationReport, DestinationRow, Filter, HorizonRow, IdRow, MessageIdRow, PendingRow,
+    Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -71,13 +71,18 @@ fn statement_logging_refuses_claims(log_bin: bool, binlog_format: &str) -> Optio
 /// m.id)` as a lookup of the whole key, every pending message of it. The `CASE` is needed, not
 /// style: with a large table MariaDB may run the probe null-safe (`<=>`), which would make every
 /// message without a key "behind" the lowest one. A locking read would also
-/// lock (and, skipping locked rows, skip) the rows the probe looks at. Binds: candidates.
+/// lock (and, skipping locked rows, skip) the rows the probe looks at. The read starts at the
+/// claim cursor (see PostgreSQL's `CLAIM`: a transaction held open keeps purge from removing the
+/// entries claimed and settled messages leave behind, and every claim would walk them).
+/// Binds: the cursor (due time in µs since the epoch, id), candidates.
 pub const CANDIDATES: &str =
     "SELECT id, ordering_key, CASE WHEN ordering_key IS NULL THEN id ELSE (\
              SELECT e.id FROM outbox_message e WHERE e.ordering_key = m.ordering_key \
-             ORDER BY e.ordering_key, e.id LIMIT 1) END AS head_id \
+             ORDER BY e.ordering_key, e.id LIMIT 1) END AS head_id, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS due \
      FROM outbox_message m \
      WHERE parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
+         AND (next_attempt_at, id) >= (TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), ?) \
      ORDER BY next_attempt_at, id LIMIT ?";
 
 /// Candidates found behind the head of their key, parked, if that head is still pending (a
@@ -92,6 +97,16 @@ fn park(behind: usize, heads: usize) -> String {
         placeholders(heads)
     )
 }
+
+/// The oldest InnoDB transaction other than this session's (it holds back purge, which removes
+/// what deleted and updated rows leave in the indexes; `PROCESS` privilege needed to see it),
+/// and the undo history waiting for purge.
+pub(crate) const HORIZON: &str = "SELECT \
+     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(trx_started), NOW(6)) \
+      FROM information_schema.INNODB_TRX \
+      WHERE trx_mysql_thread_id <> CONNECTION_ID()) AS oldest_transaction_micros, \
+     (SELECT CAST(COUNT AS SIGNED) FROM information_schema.INNODB_METRICS \
+      WHERE NAME = 'trx_rseg_history_len') AS dead_rows";
 
 /// How many more messages of a key a claim parks when it finds one behind that key's head: a
 /// burst behind a head that is not due is parked in a few claims instead of one window of
@@ -203,7 +218,9 @@ fn heads_of(n: usize) -> String {
 /// Messages unparked. Binds: ids.
 fn unpark(n: usize) -> String {
     format!(
-        "UPDATE outbox_message SET parked = 0 WHERE parked = 1 AND id IN ({})",
+        "UPDATE outbox_message \
+         SET parked = 0, next_attempt_at = GREATEST(next_attempt_at, UTC_TIMESTAMP(6)) \
+         WHERE parked = 1 AND id IN ({})",
         placeholders(n)
     )
 }
@@ -253,7 +270,8 @@ fn unpark_stranded(n: usize) -> String {
     format!(
         "UPDATE outbox_message o LEFT JOIN outbox_message e \
              ON e.ordering_key = o.ordering_key AND e.id < o.id \
-         SET o.parked = 0 WHERE e.id IS NULL AND o.parked = 1 AND o.id IN ({})",
+         SET o.parked = 0, o.next_attempt_at = GREATEST(o.next_attempt_at, UTC_TIMESTAMP(6)) \
+         WHERE e.id IS NULL AND o.parked = 1 AND o.id IN ({})",
         placeholders(n)
     )
 }
@@ -479,16 +497,27 @@ pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
 pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
 
-/// One claim in its own transaction: what it leased, and how many messages it parked.
+/// One claim in its own transaction, reading from `from`: what it leased, how many messages it
+/// parked, and where its first candidate stood.
 fn claim_once(
     conn: &mut MysqlConnection,
     claim: &Claim<'_>,
-) -> QueryResult<(Vec<ClaimRow>, usize)> {
+    from: Cursor,
+) -> QueryResult<(Vec<ClaimRow>, usize, Option<Cursor>)> {
     let limit = claim.limit.messages;
     run(conn, READ_COMMITTED, &[])?;
     conn.transaction(|c| {
-        let candidates: Vec<Candidate> =
-            Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(claim.candidates())]).load(c)?;
+        let from = from.with_margin();
+        let binds = [
+            Bind::BigInt(from.due_micros),
+            Bind::BigInt(from.id),
+            Bind::BigInt(claim.candidates()),
+        ];
+        let candidates: Vec<Candidate> = Prepared::new(CANDIDATES, STYLE, &binds).load(c)?;
+        let first = candidates.first().map(|cand| Cursor {
+            due_micros: cand.due,
+            id: cand.id,
+        });
         let (heads, behind): (Vec<&Candidate>, Vec<&Candidate>) =
             candidates.iter().partition(|cand| cand.head_id == cand.id);
         let mut parked = 0;
@@ -543,7 +572,7 @@ fn claim_once(
         );
         let chosen: Vec<i64> = locked.iter().take(take).map(|row| row.id).collect();
         if chosen.is_empty() {
-            return Ok((Vec::new(), parked));
+            return Ok((Vec::new(), parked, first));
         }
         let binds = with_ids(
             &[Bind::Text(claim.token), Bind::BigInt(claim.lease_micros)],
@@ -551,7 +580,7 @@ fn claim_once(
         );
         dynamic::<Mysql>(&lease(chosen.len()), &binds).execute(c)?;
         let rows = dynamic::<Mysql>(&leased(chosen.len()), &ids_bound(&chosen)).load(c)?;
-        Ok((rows, parked))
+        Ok((rows, parked, first))
     })
 }
 
@@ -584,6 +613,8 @@ struct Candidate {
     ordering_key: Option<String>,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     head_id: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    due: i64,
 }
 
 /// A locked head: its position and payload size.
@@ -613,16 +644,31 @@ impl Statements for MysqlConnection {
         Ok(())
     }
 
-    fn claim(&mut self, claim: &Claim<'_>) -> QueryResult<Vec<ClaimRow>> {
+    fn horizon(&mut self) -> QueryResult<HorizonRow> {
+        Prepared::new(HORIZON, STYLE, &[]).get_result(self)
+    }
+
+    fn claim(
+        &mut self,
+        claim: &Claim<'_>,
+        from: Cursor,
+    ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)> {
         // A claim that parked a burst and leased nothing looks again at once, rather than the
-        // worker sleeping a poll interval before the next window of the burst.
-        for _ in 1..CLAIM_ROUNDS {
-            let (rows, parked) = claim_once(self, claim)?;
-            if !rows.is_empty() || parked == 0 {
-                return Ok(rows);
+        // worker sleeping a poll interval before the next window of the burst; each round
+        // reads on from where the one before found its first candidate.
+        let mut from = from;
+        let mut cursor = None;
+        for round in 1..=CLAIM_ROUNDS {
+            let (rows, parked, first) = claim_once(self, claim, from)?;
+            if let Some(first) = first {
+                from = first;
+                cursor = Some(first);
+            }
+            if !rows.is_empty() || parked == 0 || round == CLAIM_ROUNDS {
+                return Ok((rows, cursor));
             }
         }
-        claim_once(self, claim).map(|(rows, _)| rows)
+        Ok((Vec::new(), cursor))
     }
 
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
@@ -864,7 +910,8 @@ mod tests {
     fn fixed_statements_take_as_many_binds_as_they_say() {
         for (sql, binds) in [
             (INSERT_MESSAGE, NewMessage::BINDS),
-            (CANDIDATES, 1),
+            (CANDIDATES, 3),
+            (HORIZON, 0),
             (RESCHEDULE, 5),
             (LOCK_OWNED, 2),
             (COPY_TO_DEAD, 2),

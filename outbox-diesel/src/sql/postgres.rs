@@ -7,13 +7,13 @@
 
 use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
-use diesel::{Connection, QueryResult, RunQueryDsl};
+use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, DeadLetterRow, DestinationReport,
-    DestinationRow, Filter, IdRow, MessageIdRow, MessageRow, PendingRow, Selection, Statements,
-    StatsRow, StoredDestinationRow,
+    micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, Cursor, DeadLetterRow,
+    DestinationReport, DestinationRow, Filter, HorizonRow, IdRow, MessageIdRow, MessageRow,
+    PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
 };
 use crate::enqueue::NewMessage;
 
@@ -72,18 +72,32 @@ fn insert_values(first: usize) -> String {
     )
 }
 
-/// The claim, in one statement: read a batch of due, unparked rows in due order
-/// (locking them, skipping those another claim locks), judge each a head of its key or not,
-/// park the others, keep the heads within the count and bytes, and lease them. Binds:
-/// candidates, count, bytes, whether an oversized first message may go alone, token, lease µs.
+/// The claim, in one statement: read a batch of due, unparked rows in due order from the
+/// claim cursor on (locking them, skipping those another claim locks), judge each a head of its
+/// key or not, park the others, keep the heads within the count and bytes, and lease them; each
+/// leased row also says where the batch's first candidate stood, the next claim's cursor.
+/// Binds: the cursor (due time in µs since the epoch, id), candidates, count, bytes, whether an
+/// oversized first message may go alone, token, lease µs.
+///
+/// The cursor keeps the claim's cost from growing with dead rows: every claimed or settled
+/// message leaves a dead entry in the due index until a vacuum removes it, and a transaction
+/// held open anywhere in the database (a report, a `pg_dump`) keeps vacuum from removing any.
+/// Without a cursor each claim walked every dead entry in front of the first live one; with it
+/// a claim starts where the last one found its first candidate. Messages that become due behind
+/// the cursor (a crashed worker's lease running out, an enqueue from a transaction older than
+/// the cursor) are found by a claim from the start, which the store runs once a second.
 pub const CLAIM: &str = concat!(
     "WITH candidates AS (\
         SELECT id, next_attempt_at, ordering_key, \
             COALESCE(payload_bytes, octet_length(payload::text)) AS size \
         FROM outbox_message \
         WHERE NOT parked AND next_attempt_at <= now() \
-        ORDER BY next_attempt_at, id LIMIT $1 \
+            AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $1 * INTERVAL '1 microsecond', $2) \
+        ORDER BY next_attempt_at, id LIMIT $3 \
         FOR UPDATE SKIP LOCKED), \
+     first AS (\
+        SELECT (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS due, id \
+        FROM candidates ORDER BY next_attempt_at, id LIMIT 1), \
      judged AS (\
         SELECT c.*, (c.ordering_key IS NULL OR NOT EXISTS (\
             SELECT 1 FROM outbox_message e \
@@ -97,16 +111,17 @@ pub const CLAIM: &str = concat!(
         FROM judged WHERE head \
         WINDOW w AS (ORDER BY next_attempt_at, id)), \
      chosen AS (\
-        SELECT id FROM sized WHERE n <= $2 AND (upto <= $3 OR (n = 1 AND $4))) \
+        SELECT id FROM sized WHERE n <= $4 AND (upto <= $5 OR (n = 1 AND $6))) \
      UPDATE outbox_message o \
-     SET locked_by = $5::uuid, attempts = o.attempts + 1, \
-         next_attempt_at = now() + $6 * INTERVAL '1 microsecond' \
-     FROM chosen, ",
+     SET locked_by = $7::uuid, attempts = o.attempts + 1, \
+         next_attempt_at = now() + $8 * INTERVAL '1 microsecond' \
+     FROM chosen, first, ",
     async_commit!(),
     " WHERE o.id = chosen.id \
      RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
          o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
-         (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros"
+         (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
+         first.due AS first_due, first.id AS first_id"
 );
 
 /// Done messages removed (each only while its claim holds it), and the next message of each
@@ -120,7 +135,8 @@ pub(crate) const DELETE_DONE: &str = concat!(
     async_commit!(),
     " WHERE o.id = t.id AND o.locked_by = t.token::uuid RETURNING o.id), \
      promoted AS (\
-        UPDATE outbox_message SET parked = FALSE \
+        UPDATE outbox_message SET parked = FALSE, \
+            next_attempt_at = GREATEST(next_attempt_at, now()) \
         WHERE parked AND id IN (\
             SELECT next.id FROM unnest($3::text[]) AS k(ordering_key), LATERAL (\
                 SELECT id FROM outbox_message m \
@@ -168,7 +184,8 @@ pub(crate) const DELETE_DONE_LEASING: &str = concat!(
     " THEN o.attempts + 1 ELSE o.attempts END, \
             next_attempt_at = CASE WHEN ",
     successor_leasable!(),
-    " THEN now() + $5 * INTERVAL '1 microsecond' ELSE o.next_attempt_at END \
+    " THEN now() + $5 * INTERVAL '1 microsecond' \
+                ELSE GREATEST(o.next_attempt_at, now()) END \
         FROM next WHERE o.id = next.id AND (o.parked OR ",
     successor_leasable!(),
     ") \
@@ -215,7 +232,8 @@ pub(crate) const DEAD_LETTER: &str = "WITH moved AS (\
 
 /// The lowest pending message of each key unparked, if parked: one probe of the ordering
 /// index per key (`min(..) GROUP BY` would read every pending row of the keys). Binds: keys.
-pub(crate) const PROMOTE_HEADS: &str = "UPDATE outbox_message SET parked = FALSE \
+pub(crate) const PROMOTE_HEADS: &str = "UPDATE outbox_message \
+     SET parked = FALSE, next_attempt_at = GREATEST(next_attempt_at, now()) \
      WHERE parked AND id IN (\
         SELECT next.id FROM unnest($1::text[]) AS k(ordering_key), LATERAL (\
             SELECT id FROM outbox_message m WHERE m.ordering_key = k.ordering_key \
@@ -244,7 +262,8 @@ pub(crate) const PROMOTE_STRANDED: &str = "WITH RECURSIVE parked_keys AS (\
             SELECT ordering_key, id FROM outbox_message \
             WHERE parked AND ordering_key > p.ordering_key \
             ORDER BY ordering_key, id LIMIT 1) next) \
-     UPDATE outbox_message o SET parked = FALSE FROM parked_keys k \
+     UPDATE outbox_message o \
+     SET parked = FALSE, next_attempt_at = GREATEST(o.next_attempt_at, now()) FROM parked_keys k \
      WHERE o.id = k.id AND NOT EXISTS (\
         SELECT 1 FROM outbox_message e WHERE e.ordering_key = k.ordering_key AND e.id < k.id)";
 
@@ -387,6 +406,17 @@ pub(crate) const BACKLOG: &str = "SELECT (SELECT COUNT(*) FROM outbox_message) A
      (SELECT (EXTRACT(EPOCH FROM now() - MIN(next_attempt_at)) * 1000000)::BIGINT \
       FROM outbox_message WHERE NOT parked AND next_attempt_at <= now()) AS oldest_due_micros";
 
+/// The oldest transaction in this database that holds back the xmin horizon (and so vacuum),
+/// other than this session, and the dead tuples of the outbox table as the statistics count
+/// them. Sessions of other roles show no start time without `pg_read_all_stats`.
+pub(crate) const HORIZON: &str = "SELECT \
+     (SELECT (EXTRACT(EPOCH FROM now() - MIN(xact_start)) * 1000000)::BIGINT \
+      FROM pg_stat_activity \
+      WHERE datname = current_database() AND backend_xmin IS NOT NULL \
+        AND pid <> pg_backend_pid()) AS oldest_transaction_micros, \
+     (SELECT n_dead_tup FROM pg_stat_user_tables \
+      WHERE relid = 'outbox_message'::regclass) AS dead_rows";
+
 /// An idempotency key recorded for a message unless recorded: an enqueue in another
 /// transaction with the same key waits on the primary key until the first one ends. Binds:
 /// key, message id.
@@ -469,8 +499,19 @@ fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResu
     Prepared::new(sql, STYLE, binds).execute(c)
 }
 
+/// A row of [`CLAIM`]: a leased message, and where the claim's first candidate stood.
+#[derive(QueryableByName, Debug)]
+struct CursoredClaimRow {
+    #[diesel(embed)]
+    claimed: ClaimRow,
+    #[diesel(sql_type = BigInt)]
+    first_due: i64,
+    #[diesel(sql_type = BigInt)]
+    first_id: i64,
+}
+
 /// A row of [`DELETE_DONE_LEASING`]: how many were deleted, and a leased message, if any.
-#[derive(diesel::QueryableByName, Debug)]
+#[derive(QueryableByName, Debug)]
 struct SettledRow {
     #[diesel(sql_type = BigInt, column_name = n)]
     deleted: i64,
@@ -533,11 +574,22 @@ impl Statements for PgConnection {
         Ok(())
     }
 
-    fn claim(&mut self, claim: &Claim<'_>) -> QueryResult<Vec<ClaimRow>> {
-        Prepared::new(
+    fn horizon(&mut self) -> QueryResult<HorizonRow> {
+        Prepared::new(HORIZON, STYLE, &[]).get_result(self)
+    }
+
+    fn claim(
+        &mut self,
+        claim: &Claim<'_>,
+        from: Cursor,
+    ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)> {
+        let from = from.with_margin();
+        let rows: Vec<CursoredClaimRow> = Prepared::new(
             CLAIM,
             STYLE,
             &[
+                Bind::BigInt(from.due_micros),
+                Bind::BigInt(from.id),
                 Bind::BigInt(claim.candidates()),
                 Bind::BigInt(super::to_i64(claim.limit.messages)),
                 Bind::BigInt(claim.bytes()),
@@ -546,7 +598,12 @@ impl Statements for PgConnection {
                 Bind::BigInt(claim.lease_micros),
             ],
         )
-        .load(self)
+        .load(self)?;
+        let first = rows.first().map(|row| Cursor {
+            due_micros: row.first_due,
+            id: row.first_id,
+        });
+        Ok((rows.into_iter().map(|row| row.claimed).collect(), first))
     }
 
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
@@ -757,6 +814,7 @@ mod tests {
             INBOX_SWEEP,
             PRUNE_DEAD_LETTERS,
             BACKLOG,
+            HORIZON,
             PENDING_BY_MESSAGE_ID,
             DEAD_BY_MESSAGE_ID,
             DEAD_POSITIONS,
@@ -825,6 +883,8 @@ mod tests {
             lease_micros: 60_000_000,
         };
         let binds = [
+            Bind::BigInt(1_700_000_000_000_000),
+            Bind::BigInt(42),
             Bind::BigInt(claim.candidates()),
             Bind::BigInt(64),
             Bind::BigInt(claim.bytes()),
@@ -837,11 +897,17 @@ mod tests {
             shown.contains("WHERE NOT parked AND next_attempt_at <= now()"),
             "{shown}"
         );
-        assert!(shown.contains("LIMIT $1 FOR UPDATE SKIP LOCKED"), "{shown}");
-        assert!(shown.contains("SET locked_by = $5::uuid"), "{shown}");
+        assert!(
+            shown.contains(
+                "AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $1 * INTERVAL '1 microsecond', $2)"
+            ),
+            "the scan starts at the cursor: {shown}"
+        );
+        assert!(shown.contains("LIMIT $3 FOR UPDATE SKIP LOCKED"), "{shown}");
+        assert!(shown.contains("SET locked_by = $7::uuid"), "{shown}");
         assert!(
             shown.ends_with(
-                "-- binds: [64, 64, 1048576, true, \"0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d\", 60000000]"
+                "-- binds: [1700000000000000, 42, 64, 64, 1048576, true, \"0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d\", 60000000]"
             ),
             "{shown}"
         );

@@ -9,7 +9,7 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, DeadLetterRow,
+    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, IdRow, MessageIdRow, PendingRow, Selection,
     Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
@@ -513,7 +513,13 @@ impl Statements for SqliteConnection {
         Ok(())
     }
 
-    fn claim(&mut self, claim: &Claim<'_>) -> QueryResult<Vec<ClaimRow>> {
+    fn claim(
+        &mut self,
+        claim: &Claim<'_>,
+        _from: Cursor,
+    ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)> {
+        // SQLite removes a deleted row from its indexes at once: nothing dead to walk past, so
+        // every claim reads from the start.
         write(self, |c| {
             let candidates: Vec<Candidate> =
                 Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(claim.candidates())]).load(c)?;
@@ -533,13 +539,15 @@ impl Statements for SqliteConnection {
             );
             let chosen: Vec<i64> = heads.iter().take(take).map(|h| h.id).collect();
             if chosen.is_empty() {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), None));
             }
             let binds = with_ids(
                 &[Bind::Text(claim.token), Bind::BigInt(claim.lease_micros)],
                 &chosen,
             );
-            dynamic::<Sqlite>(&lease(chosen.len()), &binds).load(c)
+            dynamic::<Sqlite>(&lease(chosen.len()), &binds)
+                .load(c)
+                .map(|rows| (rows, None))
         })
     }
 
