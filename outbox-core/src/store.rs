@@ -365,6 +365,10 @@ impl Pruned {
     }
 }
 
+/// How long a transaction may keep the database from cleaning up before operators are warned:
+/// reports and dumps take minutes, and a minute of held-back clean-up costs little.
+pub const LONG_TRANSACTION: Duration = Duration::from_secs(60);
+
 /// How much waits in a store: [`Store::backlog`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -378,7 +382,7 @@ pub struct Backlog {
     /// (PostgreSQL: the oldest holding back the xmin horizon in this database; MySQL: the
     /// oldest InnoDB transaction), if the store can tell. A transaction open for minutes (a
     /// report, a `pg_dump`, a request stuck mid-transaction) lets dead rows pile up in the
-    /// outbox table, and every claim pays for them.
+    /// outbox table and its indexes.
     pub oldest_transaction_age: Option<Duration>,
     /// Rows the database cannot clean up yet (PostgreSQL: dead tuples in the outbox table;
     /// MySQL: the undo history list), if the store can tell.
@@ -394,6 +398,13 @@ impl Backlog {
             oldest_transaction_age: None,
             dead_rows: None,
         }
+    }
+
+    /// The age of the oldest open transaction if it has been open for [`LONG_TRANSACTION`] or
+    /// longer: what the CLI's `stats` and the admin pages warn about.
+    pub fn long_transaction(&self) -> Option<Duration> {
+        self.oldest_transaction_age
+            .filter(|age| *age >= LONG_TRANSACTION)
     }
 
     /// The same backlog, with what holds the database's clean-up back.
@@ -540,6 +551,19 @@ mod tests {
             bytes,
             oversized_alone,
         }
+    }
+
+    #[test]
+    fn a_transaction_is_long_from_a_minute_on() {
+        let backlog = |age: Option<u64>| {
+            Backlog::new(0, Duration::ZERO).with_horizon(age.map(Duration::from_secs), Some(3))
+        };
+        assert_eq!(backlog(None).long_transaction(), None);
+        assert_eq!(backlog(Some(59)).long_transaction(), None);
+        assert_eq!(
+            backlog(Some(60)).long_transaction(),
+            Some(Duration::from_secs(60))
+        );
     }
 
     #[test]

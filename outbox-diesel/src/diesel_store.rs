@@ -15,6 +15,7 @@ use outbox_core::store::{
 use outbox_core::{Headers, MessageId, ProcessError};
 
 use crate::admin::{parse_message_id, time_from_micros};
+use crate::claim_cursor::{ClaimCursor, Listening};
 #[cfg(feature = "postgres")]
 use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
@@ -22,7 +23,7 @@ use crate::database::ensure_busy_timeout;
 use crate::error::Error;
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::retention::Retention;
-use crate::sql::{self, micros, Claim, ClaimRow, Cursor, Statements};
+use crate::sql::{self, micros, Claim, ClaimRow, Statements};
 
 /// The longest the worker waits for a connection from the pool: it retries after logging, and a
 /// shutdown is not held up by a pool the application has exhausted.
@@ -40,6 +41,20 @@ const POOL_WAIT: Duration = Duration::from_secs(5);
 /// On PostgreSQL, claims and settlements commit without waiting for the WAL flush
 /// (`synchronous_commit = off` for those transactions only, never the session): a database
 /// crash can undo the last of them, which makes those messages run again but loses none.
+///
+/// # Claims while a transaction is held open elsewhere
+///
+/// Claimed and settled messages leave dead entries in the due index until vacuum (PostgreSQL)
+/// or purge (InnoDB) removes them, and a transaction held open anywhere in the database (a
+/// report, a `pg_dump`, a session idle in a transaction) keeps them from removing any. Claims
+/// therefore read the due index from a cursor (where the last claim found its first due message,
+/// less a second) rather than from its start, and their cost stays flat however long the
+/// transaction lasts. A message whose transaction commits after claims passed its due time is
+/// found by the notification its commit sends on PostgreSQL (which carries the transaction's
+/// clock and steps the cursor back), and by a claim from the start once a second without a
+/// listener (MySQL) or once a minute with one. SQLite removes index entries at once and always
+/// reads from the start. [`admin::backlog`](crate::admin::backlog) and the metrics report the
+/// oldest open transaction and the dead rows, so that operators see what holds clean-up back.
 pub struct DieselStore<M: ManageConnection> {
     pool: Pool<M>,
     backend: OnceLock<Backend>,
@@ -49,7 +64,7 @@ pub struct DieselStore<M: ManageConnection> {
     /// The housekeeper's: its chores (a backlog count, a prune) never hold up a claim.
     chores_connection: Mutex<Option<PooledConnection<M>>>,
     /// Where the next claim reads from (see `sql::Cursor`).
-    claim_cursor: Mutex<ClaimCursor>,
+    claim_cursor: ClaimCursor,
     idempotency_window: Duration,
     idempotency_sweep: Mutex<SweepCursor>,
     retention: Retention,
@@ -76,7 +91,7 @@ where
             claim_connection: Mutex::new(None),
             settle_connection: Mutex::new(None),
             chores_connection: Mutex::new(None),
-            claim_cursor: Mutex::new(ClaimCursor::default()),
+            claim_cursor: ClaimCursor::default(),
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_sweep: Mutex::new(SweepCursor::default()),
             retention: Retention::default(),
@@ -180,42 +195,6 @@ where
     }
 }
 
-/// How often a claim reads the due index from its start instead of from the cursor: what became
-/// due behind the cursor (a crashed worker's lease running out, an enqueue from a transaction
-/// older than the cursor, a claim of another worker that rolled back) waits at most this long
-/// for it. Walking the dead entries at the start once a second costs what it cost every claim.
-const CURSOR_SWEEP: Duration = Duration::from_secs(1);
-
-/// Where claims read from, and when one last read from the start.
-#[derive(Debug)]
-struct ClaimCursor {
-    at: Cursor,
-    last_sweep: Option<Instant>,
-}
-
-impl Default for ClaimCursor {
-    fn default() -> Self {
-        ClaimCursor {
-            at: Cursor::START,
-            last_sweep: None,
-        }
-    }
-}
-
-impl ClaimCursor {
-    /// Where the next claim reads from: the start once per [`CURSOR_SWEEP`], else the cursor.
-    fn next(&mut self, now: Instant) -> Cursor {
-        if self
-            .last_sweep
-            .is_none_or(|at| now.saturating_duration_since(at) >= CURSOR_SWEEP)
-        {
-            self.last_sweep = Some(now);
-            return Cursor::START;
-        }
-        self.at
-    }
-}
-
 /// Whether the database answered "not now": a lock held elsewhere outlasted the wait for it, a
 /// deadlock, a statement or lock timeout (by each backend's message: Diesel keeps no error
 /// codes but PostgreSQL's few kinds).
@@ -259,21 +238,14 @@ where
             limit,
             lease_micros: micros(lease),
         };
-        let from = self
-            .claim_cursor
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .next(Instant::now());
+        let from = self.claim_cursor.start(Instant::now());
         let (rows, first): (Vec<ClaimRow>, _) = self.with_held(
             &self.claim_connection,
             "claiming messages",
             |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim, from)),
         )?;
         if let Some(first) = first {
-            self.claim_cursor
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .at = first;
+            self.claim_cursor.advance(first);
         }
         let (claimed, unreadable) = read_claimed(token, rows);
         self.dead_letter_unreadable(&self.claim_connection, &unreadable)?;
@@ -488,6 +460,7 @@ where
             .map_err(|e| StoreError::new("listening for new messages", e))?;
         Ok(Some(Box::new(NotificationListener {
             conn,
+            listening: self.claim_cursor.listening(),
             checked: Instant::now(),
             last_notified: Instant::now(),
         })))
@@ -529,6 +502,10 @@ where
     M::Connection: OutboxConnection,
 {
     conn: PooledConnection<M>,
+    /// Each notification steps the store's claim cursor back to the committed transaction's
+    /// clock (see [`crate::claim_cursor`]).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    listening: Listening,
     checked: Instant,
     last_notified: Instant,
 }
@@ -587,7 +564,12 @@ where
             BackendConnection::Pg(c) => {
                 let mut any = false;
                 for notification in c.notifications_iter() {
-                    notification.map_err(|e| StoreError::new("receiving notifications", e))?;
+                    let notification =
+                        notification.map_err(|e| StoreError::new("receiving notifications", e))?;
+                    // Another version's trigger may send no time: the sweep finds its messages.
+                    if let Ok(due_micros) = notification.payload.parse::<i64>() {
+                        self.listening.cursor().rewind(due_micros);
+                    }
                     any = true;
                 }
                 Ok(any)

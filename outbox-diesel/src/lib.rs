@@ -96,6 +96,7 @@
 compile_error!("outbox-diesel needs at least one backend feature: postgres, mysql or sqlite");
 
 pub mod admin;
+mod claim_cursor;
 mod connection;
 mod database;
 mod diesel_store;

@@ -364,7 +364,7 @@ fn serialization_failure_is_returned_and_the_transaction_goes_on<C: TestConnecti
 
 fn outbox_migrations(db: &TestDb) -> usize {
     match db.backend() {
-        Backend::Postgres => 11,
+        Backend::Postgres => 12,
         Backend::Mysql | Backend::Sqlite => 10,
     }
 }
@@ -377,7 +377,7 @@ fn migrations_twice_are_a_no_op<C: TestConnection>(db: &TestDb) {
         outbox_migrations(db),
         "outbox tables, inbox table, payload sizes, parked messages, idempotency keys, the dead \
          letters' age index, headers, destinations, parking what waits behind its key (and \
-         autovacuum settings on PostgreSQL): {first:?}"
+         on PostgreSQL autovacuum settings and the due time in notifications): {first:?}"
     );
     let second = run_migrations(&mut conn).unwrap();
     assert!(second.is_empty(), "{second:?}");

@@ -68,6 +68,42 @@ fn a_message_committed_after_claims_passed_its_due_time_is_claimed<C: TestConnec
     );
 }
 
+#[test]
+fn a_late_commit_notification_steps_the_claim_cursor_back_to_it() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let pool = db.pool::<PgConnection>(4);
+    let store = DieselStore::new(pool.clone());
+    // While a listener lives the store sweeps from the start once a minute: the notification
+    // alone must bring the late message to the next claim.
+    let mut listener = store.listen().unwrap().expect("PostgreSQL listens");
+    let mut late = db.connect::<PgConnection>();
+    late.batch_execute("BEGIN").unwrap();
+    let late_id = Held { n: 1 }.enqueue(&mut late).unwrap();
+    std::thread::sleep(LATE_COMMIT);
+    let early_id = Held { n: 2 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    let first = store
+        .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+        .unwrap();
+    assert_eq!(
+        first.iter().map(|m| m.message_id).collect::<Vec<_>>(),
+        [early_id]
+    );
+
+    late.batch_execute("COMMIT").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(listener.wait(Duration::from_secs(5)).unwrap(), "notified");
+    let next = store
+        .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+        .unwrap();
+    assert_eq!(
+        next.iter().map(|m| m.message_id).collect::<Vec<_>>(),
+        [late_id],
+        "the next claim reads from the late transaction's clock"
+    );
+}
+
 /// `idx_tup_read` of the due index: every index entry a scan returned, dead ones included.
 fn due_index_reads(db: &TestDb) -> i64 {
     #[derive(QueryableByName)]

@@ -1,6 +1,6 @@
 //! `outbox stats`.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use outbox_diesel::admin::{self, TypeStats};
 use outbox_diesel::OutboxConnection;
@@ -14,6 +14,7 @@ use crate::table::{Align, Table};
 pub(super) fn stats<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Output, CliError> {
     let now = SystemTime::now();
     let types = admin::stats(conn)?;
+    let backlog = admin::backlog(conn)?;
     let total = Totals::of(&types);
     let age = |oldest: Option<SystemTime>| oldest.map(|t| format::age(t, now));
     if json {
@@ -38,6 +39,11 @@ pub(super) fn stats<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Out
                 "dead": total.dead,
                 "oldest_pending": total.oldest_pending.map(format::timestamp_micros),
                 "oldest_pending_age_secs": age(total.oldest_pending).map(|a| a.as_secs()),
+            },
+            "horizon": {
+                "oldest_transaction_age_secs":
+                    backlog.oldest_transaction_age.map(|a| a.as_secs()),
+                "dead_rows": backlog.dead_rows,
             },
         })));
     }
@@ -65,7 +71,27 @@ pub(super) fn stats<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Out
         total.dead.to_string(),
         oldest(total.oldest_pending),
     ]);
-    Ok(Output::text(table.render()))
+    let mut text = table.render();
+    if let Some(warning) = horizon_warning(backlog.long_transaction(), backlog.dead_rows) {
+        text.push('\n');
+        text.push_str(&warning);
+        text.push('\n');
+    }
+    Ok(Output::text(text))
+}
+
+/// The warning about a transaction that holds back the database's clean-up of the outbox table
+/// (PostgreSQL's vacuum, InnoDB's purge), if one has been open long: `Backlog::long_transaction`.
+fn horizon_warning(long_transaction: Option<Duration>, dead_rows: Option<u64>) -> Option<String> {
+    let age = long_transaction?;
+    let dead = dead_rows.map_or_else(String::new, |n| format!(" ({n} rows wait for it)"));
+    Some(format!(
+        "warning: a transaction has been open for {}; until it ends the database cannot clean up \
+         what settled messages leave behind{dead}. Claims stay fast, but the table and its \
+         indexes grow: end it, or bound such sessions (PostgreSQL: \
+         idle_in_transaction_session_timeout; 17 and later: transaction_timeout).",
+        format::duration(age)
+    ))
 }
 
 /// The sums over every message type.
@@ -84,5 +110,23 @@ impl Totals {
             dead: types.iter().map(|t| t.dead).sum(),
             oldest_pending: types.iter().filter_map(|t| t.oldest_pending).min(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_transaction_is_named_with_the_rows_it_holds_back() {
+        assert_eq!(horizon_warning(None, Some(10)), None);
+        let warning = horizon_warning(Some(Duration::from_secs(312)), Some(40_000)).unwrap();
+        assert!(
+            warning.starts_with("warning: a transaction has been open for 5m12s;"),
+            "{warning}"
+        );
+        assert!(warning.contains("(40000 rows wait for it)"), "{warning}");
+        let unknown = horizon_warning(Some(Duration::from_secs(60)), None).unwrap();
+        assert!(!unknown.contains("rows wait"), "{unknown}");
     }
 }

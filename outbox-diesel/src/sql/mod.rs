@@ -488,6 +488,7 @@ pub(crate) fn placeholders(n: usize) -> String {
 pub(crate) const ID_CHUNK: usize = 1000;
 
 /// How far behind the last claim's first candidate a claim starts reading.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) const COMMIT_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A position in the due index (due time, then position): where a claim starts reading due rows.
@@ -515,6 +516,7 @@ impl Cursor {
     /// (PostgreSQL: the transaction's start) but visible only from its commit, so a claim can pass
     /// its place before it commits; the allowance finds such messages at once when their
     /// transaction took less than it, and the store's sweep from the start finds the rest.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub fn with_margin(self) -> Cursor {
         Cursor {
             due_micros: self.due_micros.saturating_sub(micros(COMMIT_ALLOWANCE)),

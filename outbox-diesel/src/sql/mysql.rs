@@ -29,13 +29,13 @@ pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, created_at, \
       next_attempt_at, headers, parked) \
      VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
-     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
-         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), ?, ?)";
+     GREATEST(COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
+         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), ?, ?)";
 
 /// The VALUES tuple of each further row of a batch insert.
 const INSERT_VALUES: &str = "(?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
-     COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
-         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), ?, ?)";
+     GREATEST(COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
+         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), ?, ?)";
 
 /// The claim's transactions see what others committed, and lock no gaps (REPEATABLE READ
 /// would lock the empty range past the last row and block the application's inserts).

@@ -40,15 +40,16 @@ pub(crate) const DURABLE_COMMIT: &str = "SET LOCAL synchronous_commit TO DEFAULT
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
 /// (NULL: none), headers (JSON, NULL: none), whether an earlier row of the insert has its key,
-/// and the ordering key again. A keyed message is parked from the start when its key has a pending message already (an
+/// and the ordering key again. No message is due before its transaction's clock (a not-before
+/// in the past means now), the time the transaction's notification carries. A keyed message is parked from the start when its key has a pending message already (an
 /// index probe, a plain read that locks nothing): a burst behind a head that is not due never
 /// comes before a claim.
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, headers, \
       parked) \
      VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
-     COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', \
-         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), $8, \
+     GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', \
+         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), now()), $8, \
      $9 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $10))";
 
 /// The VALUES tuple of one row of a batch insert, from its first placeholder's number.
@@ -56,8 +57,8 @@ fn insert_values(first: usize) -> String {
     let p = |i: usize| first + i;
     format!(
         "(${}::uuid, ${}, ${}::jsonb, ${}, ${}, \
-         COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', \
-             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), ${}, \
+         GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', \
+             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), now()), ${}, \
          ${} OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ${}))",
         p(0),
         p(1),
@@ -922,8 +923,8 @@ mod tests {
         assert_eq!(
             insert_values(11),
             "($11::uuid, $12, $13::jsonb, $14, $15, \
-             COALESCE(TIMESTAMPTZ 'epoch' + $16 * INTERVAL '1 microsecond', \
-                 now() + COALESCE($17, 0) * INTERVAL '1 microsecond'), $18, \
+             GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $16 * INTERVAL '1 microsecond', \
+                 now() + COALESCE($17, 0) * INTERVAL '1 microsecond'), now()), $18, \
              $19 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $20))"
         );
     }

@@ -1,0 +1,194 @@
+//! Where a store's claims start reading the due index.
+//!
+//! Every claimed or settled message leaves a dead entry where it was due in the due index,
+//! until vacuum (PostgreSQL) or purge (InnoDB) removes it; a transaction held open anywhere in
+//! the database (a report, a `pg_dump`, a session left idle in a transaction) keeps them from
+//! removing any. A claim that reads the index from its start walks every one of those entries
+//! before the first live message, so its cost grows with the length of the open transaction until
+//! the worker falls behind. Claims here read from a cursor instead: where the last claim found
+//! its first candidate, less an allowance (see `Cursor::with_margin`). Claims stay cheap however
+//! many dead entries lie in front.
+//!
+//! A message can become due behind the cursor: its transaction's clock (its due time) is
+//! earlier than its commit, and a claim may pass that place in between. Three things find it:
+//! - the allowance: a message whose transaction committed within a second of its clock;
+//! - on PostgreSQL, the notification its commit sends carries the transaction's clock, and the
+//!   listener steps the cursor back to it ([`ClaimCursor::rewind`]);
+//! - a claim from the start once in a while ([`SWEEP`], or [`LISTENING_SWEEP`] while a listener
+//!   rewinds the cursor), for whatever the others missed (a notification lost with its
+//!   connection, a row edited by hand).
+//!
+//! A lease running out or a retry coming due needs none of them: its due time was set in the
+//! future, and the cursor never passes a time before claims reach it.
+//!
+//! SQLite deletes index entries at once (a long reader costs WAL size, not claims) and reads
+//! from the start.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::sql::Cursor;
+
+/// How often a claim reads from the start when no listener rewinds the cursor: what became due
+/// behind it waits at most this long.
+pub(crate) const SWEEP: Duration = Duration::from_secs(1);
+
+/// How often a claim reads from the start while a listener rewinds the cursor: a safety net,
+/// rare enough that walking a long-held transaction's dead entries costs one claim a minute.
+pub(crate) const LISTENING_SWEEP: Duration = Duration::from_secs(60);
+
+/// A store's claim cursor, shared with its notification listener.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClaimCursor(Arc<Mutex<State>>);
+
+#[derive(Debug)]
+struct State {
+    at: Cursor,
+    last_sweep: Option<Instant>,
+    /// The lowest place a rewind stepped back to since the running claim read the cursor: that
+    /// claim's result must not move the cursor past it.
+    rewound: Option<Cursor>,
+    listeners: usize,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            at: Cursor::START,
+            last_sweep: None,
+            rewound: None,
+            listeners: 0,
+        }
+    }
+}
+
+impl ClaimCursor {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every update leaves the state whole: a panic elsewhere while it was locked left
+        // nothing half-done.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Where the next claim reads from: the start when a sweep is due, else the cursor.
+    pub(crate) fn start(&self, now: Instant) -> Cursor {
+        let mut state = self.state();
+        state.rewound = None;
+        let every = if state.listeners > 0 {
+            LISTENING_SWEEP
+        } else {
+            SWEEP
+        };
+        if state
+            .last_sweep
+            .is_none_or(|at| now.saturating_duration_since(at) >= every)
+        {
+            state.last_sweep = Some(now);
+            return Cursor::START;
+        }
+        state.at
+    }
+
+    /// Moves the cursor to where a claim found its first candidate, but not past a rewind that
+    /// came while the claim ran.
+    pub(crate) fn advance(&self, first: Cursor) {
+        let mut state = self.state();
+        state.at = state.rewound.map_or(first, |rewound| rewound.min(first));
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// Steps the cursor back to `due_micros` (µs since the epoch), where messages committed
+    /// just now may be due.
+    pub(crate) fn rewind(&self, due_micros: i64) {
+        let to = Cursor { due_micros, id: 0 };
+        let mut state = self.state();
+        state.at = state.at.min(to);
+        state.rewound = Some(state.rewound.map_or(to, |rewound| rewound.min(to)));
+    }
+
+    /// Marks a listener rewinding the cursor until the guard drops.
+    pub(crate) fn listening(&self) -> Listening {
+        self.state().listeners += 1;
+        Listening(self.clone())
+    }
+}
+
+/// A listener's mark on its store's cursor: sweeps are rare while one is held.
+#[derive(Debug)]
+pub(crate) struct Listening(ClaimCursor);
+
+impl Listening {
+    /// The cursor the listener rewinds.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn cursor(&self) -> &ClaimCursor {
+        &self.0
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.listeners = state.listeners.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(due_micros: i64) -> Cursor {
+        Cursor { due_micros, id: 7 }
+    }
+
+    #[test]
+    fn the_first_claim_reads_from_the_start_then_from_the_cursor_until_a_sweep_is_due() {
+        let cursor = ClaimCursor::default();
+        let t0 = Instant::now();
+        assert_eq!(cursor.start(t0), Cursor::START);
+        cursor.advance(at(1_000));
+        assert_eq!(cursor.start(t0 + SWEEP / 2), at(1_000));
+        assert_eq!(cursor.start(t0 + SWEEP), Cursor::START);
+    }
+
+    #[test]
+    fn a_listener_makes_sweeps_rare_while_it_lives() {
+        let cursor = ClaimCursor::default();
+        let t0 = Instant::now();
+        cursor.start(t0);
+        cursor.advance(at(1_000));
+        let listening = cursor.listening();
+        assert_eq!(cursor.start(t0 + SWEEP * 2), at(1_000));
+        assert_eq!(cursor.start(t0 + LISTENING_SWEEP), Cursor::START);
+        drop(listening);
+        cursor.advance(at(2_000));
+        assert_eq!(cursor.start(t0 + LISTENING_SWEEP + SWEEP), Cursor::START);
+    }
+
+    #[test]
+    fn a_rewind_during_a_claim_is_not_undone_by_its_result() {
+        let cursor = ClaimCursor::default();
+        let t0 = Instant::now();
+        cursor.start(t0);
+        cursor.advance(at(5_000));
+        assert_eq!(cursor.start(t0), at(5_000));
+        cursor.rewind(3_000);
+        // The running claim read from 5,000 and found its first candidate at 6,000.
+        cursor.advance(at(6_000));
+        let next = cursor.start(t0);
+        assert_eq!(next.due_micros, 3_000);
+        // A later claim's result moves on again.
+        cursor.advance(at(6_000));
+        assert_eq!(cursor.start(t0), at(6_000));
+    }
+
+    #[test]
+    fn a_rewind_to_a_later_time_keeps_the_cursor() {
+        let cursor = ClaimCursor::default();
+        let t0 = Instant::now();
+        cursor.start(t0);
+        cursor.advance(at(5_000));
+        cursor.rewind(9_000);
+        assert_eq!(cursor.start(t0), at(5_000));
+    }
+}
