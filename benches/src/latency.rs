@@ -40,8 +40,52 @@ fn percentiles(mut values: Vec<f64>) -> Value {
     })
 }
 
-/// The length of the intervals a run with a held transaction reports, in seconds.
-const INTERVAL_S: f64 = 10.0;
+/// The length of the intervals a run reports, in seconds: a minute, or ten seconds for runs
+/// shorter than four minutes.
+fn interval_s(seconds: f64) -> f64 {
+    if seconds >= 240.0 {
+        60.0
+    } else {
+        10.0
+    }
+}
+
+/// `VACUUM` of the outbox table on a schedule, from a session of its own, until dropped.
+struct Vacuums {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Vacuums {
+    fn start<C: BenchConnection>(db: &BenchDb, every: f64) -> Res<Vacuums> {
+        let mut conn = db.connect::<C>()?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let mut runs = 0;
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(Duration::from_secs_f64(every))
+            {
+                if conn.exec("VACUUM outbox_message").is_ok() {
+                    runs += 1;
+                }
+            }
+            runs
+        });
+        Ok(Vacuums {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops them; how many ran.
+    fn stop(mut self) -> u64 {
+        drop(self.stop.take());
+        self.thread
+            .take()
+            .and_then(|thread| thread.join().ok())
+            .unwrap_or(0)
+    }
+}
 
 /// A transaction another session holds open, until dropped or its time is up.
 struct HeldTransaction {
@@ -87,7 +131,7 @@ impl Drop for HeldTransaction {
     }
 }
 
-/// Every [`INTERVAL_S`] from `started` for `seconds`: the claims' time per message claimed in
+/// Every [`interval_s`] from `started` for `seconds`: the claims' time per message claimed in
 /// the interval, and what piles up behind the held transaction (PostgreSQL: dead tuples in the
 /// outbox table; MySQL: the history list; SQLite: the WAL's size in pages).
 fn sample_intervals<C: BenchConnection>(
@@ -115,9 +159,10 @@ fn sample_intervals<C: BenchConnection>(
         };
         let mut samples = Vec::new();
         let mut before = trace.totals();
-        let intervals = (seconds / INTERVAL_S).ceil() as u32;
+        let every = interval_s(seconds);
+        let intervals = (seconds / every).ceil() as u32;
         for i in 1..=intervals {
-            let at = started + Duration::from_secs_f64(INTERVAL_S * f64::from(i));
+            let at = started + Duration::from_secs_f64(every * f64::from(i));
             std::thread::sleep(at.saturating_duration_since(Instant::now()));
             let now = trace.totals();
             let (claims, claimed, claim_time) = (
@@ -127,7 +172,8 @@ fn sample_intervals<C: BenchConnection>(
             );
             before = now;
             samples.push(json!({
-                "interval_end_s": INTERVAL_S * f64::from(i),
+                "interval_end_s": every * f64::from(i),
+                "pending": conn.count("SELECT COUNT(*) AS n FROM outbox_message").unwrap_or(-1),
                 "claims": claims,
                 "claimed": claimed,
                 "claim_us_per_message":
@@ -185,6 +231,10 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         receiver.reset();
         receiver.record_times(true);
 
+        let vacuums = match opts.vacuum_every {
+            Some(every) if db.backend == Backend::Postgres => Some(Vacuums::start::<C>(db, every)?),
+            _ => None,
+        };
         let holder = match opts.hold_transaction {
             Some(seconds) => Some(HeldTransaction::open::<C>(db, seconds)?),
             None => None,
@@ -234,9 +284,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
                 })
             })
             .collect();
-        let samples = holder
-            .is_some()
-            .then(|| sample_intervals::<C>(db, &trace, started, seconds));
+        let samples = sample_intervals::<C>(db, &trace, started, seconds);
         let mut commits: HashMap<u128, Instant> = HashMap::with_capacity(total);
         let mut commit_ms = Vec::with_capacity(total);
         for thread in threads {
@@ -282,7 +330,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
                 };
                 latencies.push(latency);
                 let interval = (committed.saturating_duration_since(started).as_secs_f64()
-                    / INTERVAL_S) as usize;
+                    / interval_s(seconds)) as usize;
                 if by_interval.len() <= interval {
                     by_interval.resize(interval + 1, Vec::new());
                 }
@@ -313,7 +361,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         );
         figures.insert("cpu".into(), cpu::used(&cpu_before, &cpu_after));
         figures.insert("store".into(), store);
-        if let Some(samples) = samples {
+        {
             let samples = samples
                 .join()
                 .map_err(|_| crate::failed("the sampler panicked"))?;
@@ -328,9 +376,13 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
                 })
                 .collect();
             figures.insert("held_transaction_s".into(), json!(opts.hold_transaction));
+            figures.insert("vacuum_every_s".into(), json!(opts.vacuum_every));
             figures.insert("intervals".into(), json!(intervals));
         }
         drop(holder);
+        if let Some(vacuums) = vacuums {
+            figures.insert("vacuums".into(), json!(vacuums.stop()));
+        }
         report.run(figures);
     }
     if db.backend == Backend::Postgres {

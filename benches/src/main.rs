@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Scenarios: `enqueue`, `drain` (with `--keys K,…` the keyed drains, with `--metrics` the cost
-//! of recording metrics, with `--destination jetstream|rabbitmq` the relay to a broker), `latency`, `memory`, `scale` (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
+//! of recording metrics, with `--destination jetstream|rabbitmq` the relay to a broker), `latency`, `memory`, `scale`, `ratelimit` (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
 //! medians and spread) and a short human summary on stderr. A scenario that loses or duplicates
 //! messages exits non-zero; a missed speed target only prints `"target_met": false`.
 
@@ -20,6 +20,7 @@ mod latency;
 mod library_sql;
 mod memory;
 mod metrics_cost;
+mod ratelimit;
 mod raw_client;
 mod relay;
 mod report;
@@ -113,6 +114,8 @@ enum Command {
     Scale(Opts),
     /// The claim query's plan on a large table (must not scan the table).
     Explain(Opts),
+    /// A receiver that rate-limits with 429 and Retry-After, and a static rate limit.
+    Ratelimit(Opts),
     /// A worker process for `memory` and `scale` (started by the benchmark itself).
     #[command(hide = true)]
     Worker(worker_process::WorkerArgs),
@@ -180,6 +183,11 @@ pub struct Opts {
     /// checkpoints from finishing. The run reports its figures per interval.
     #[arg(long)]
     pub hold_transaction: Option<f64>,
+    /// `latency` on PostgreSQL only: run `VACUUM` on the outbox table every this many seconds,
+    /// as autovacuum does where it is on (this machine's server runs with `autovacuum = off`;
+    /// the migrations ask for a vacuum every 1,000 changed rows).
+    #[arg(long)]
+    pub vacuum_every: Option<f64>,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,
@@ -245,6 +253,7 @@ fn main() {
         Command::Memory(opts) => memory::run(&opts),
         Command::Scale(opts) => drain::run_scale(&opts),
         Command::Explain(opts) => explain::run(&opts),
+        Command::Ratelimit(opts) => ratelimit::run(&opts),
         Command::Worker(args) => worker_process::run(&args).map(|()| true),
     };
     match result {

@@ -22,7 +22,7 @@
 //! | [`CLAIM_DURATION`] | histogram (s) | | how long claims took (one round trip and its statement: it grows with what the claim must walk past) |
 //! | [`OLDEST_TRANSACTION_AGE`] | gauge (s) | | how long the oldest transaction keeping the database from cleaning up has been open, sampled with the backlog (PostgreSQL, MySQL) |
 //! | [`DEAD_ROWS`] | gauge | | rows the database cannot clean up yet: PostgreSQL's dead tuples in the outbox table, MySQL's undo history list; sampled with the backlog |
-//! | [`DESTINATION_ATTEMPTS`] | counter | `destination`, `outcome` | deliveries to a destination: `delivered`, `failed` (retryable), `rejected` (permanent), `pushed_back`, and those not sent: `waited` (paused or held), `refused` (disabled) |
+//! | [`DESTINATION_ATTEMPTS`] | counter | `destination`, `outcome` | deliveries to a destination: `delivered`, `failed` (retryable), `rejected` (permanent), `pushed_back`, and those not sent: `waited` (paused or held), `paced` (over its rate: deferred to its turn), `refused` (disabled) |
 //! | [`DESTINATION_DURATION`] | histogram (s) | `destination` | how long deliveries took |
 //! | [`DESTINATION_STATE`] | gauge | `destination`, `kind`, `state` | 1 for the state a destination is in (`healthy`, `held`, `paused`, `disabled`), 0 for the others; set for every destination when the worker starts |
 //!

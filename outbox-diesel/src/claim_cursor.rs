@@ -3,23 +3,27 @@
 //! Every claimed or settled message leaves a dead entry where it was due in the due index,
 //! until vacuum (PostgreSQL) or purge (InnoDB) removes it; a transaction held open anywhere in
 //! the database (a report, a `pg_dump`, a session left idle in a transaction) keeps them from
-//! removing any. A claim that reads the index from its start walks every one of those entries
-//! before the first live message, so its cost grows with the length of the open transaction until
-//! the worker falls behind. Claims here read from a cursor instead: where the last claim found
-//! its first candidate, less an allowance (see `Cursor::with_margin`). Claims stay cheap however
-//! many dead entries lie in front.
+//! removing any, and keeps index scans from marking them dead for the next scan. A claim that
+//! reads the index from its start walks every one of those entries before the first live
+//! message, so its cost grows with the length of the open transaction until the worker falls
+//! behind. Claims here read from a cursor instead: where the last claim found its first
+//! candidate. Claims stay cheap however many dead entries lie in front.
 //!
 //! A message can become due behind the cursor: its transaction's clock (its due time) is
-//! earlier than its commit, and a claim may pass that place in between. Three things find it:
-//! - the allowance: a message whose transaction committed within a second of its clock;
-//! - on PostgreSQL, the notification its commit sends carries the transaction's clock, and the
-//!   listener steps the cursor back to it ([`ClaimCursor::rewind`]);
-//! - a claim from the start once in a while ([`SWEEP`], or [`LISTENING_SWEEP`] while a listener
-//!   rewinds the cursor), for whatever the others missed (a notification lost with its
-//!   connection, a row edited by hand).
+//! earlier than its commit, and a claim may pass that place in between. What finds it:
+//! - on PostgreSQL, the notification its commit sends: it carries the transaction's clock, and
+//!   the listener steps the cursor back to it ([`ClaimCursor::rewind`]);
+//! - without a listener (MySQL, or PostgreSQL before the worker listens), claims read from
+//!   [`COMMIT_ALLOWANCE`] behind the cursor, which finds a message whose transaction committed
+//!   within it at once, and read from the start once per [`SWEEP`];
+//! - on both, the backlog sample (the housekeeper's, on its own connection, every
+//!   `backlog_interval`) reads the oldest due message and steps the cursor back to it if the
+//!   cursor passed it: the safety net for what the others missed (a notification lost with its
+//!   connection, a row edited by hand), walking the dead entries off the claims' path.
 //!
 //! A lease running out or a retry coming due needs none of them: its due time was set in the
-//! future, and the cursor never passes a time before claims reach it.
+//! future, and the cursor never passes a time before claims reach it. Promotions set a due time
+//! no earlier than their transaction's clock.
 //!
 //! SQLite deletes index entries at once (a long reader costs WAL size, not claims) and reads
 //! from the start.
@@ -27,15 +31,24 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::sql::Cursor;
+use crate::sql::{micros, Cursor};
 
-/// How often a claim reads from the start when no listener rewinds the cursor: what became due
-/// behind it waits at most this long.
+/// How far behind the cursor a claim starts reading when no listener rewinds it: a message
+/// whose transaction committed within this of its clock is found at once.
+pub(crate) const COMMIT_ALLOWANCE: Duration = Duration::from_secs(1);
+
+/// How far behind the cursor a claim starts reading while a listener rewinds it: the rewinds
+/// are exact, and this covers a time's rounding.
+const ROUNDING_ALLOWANCE: Duration = Duration::from_micros(1);
+
+/// How often a claim reads from the start when no listener rewinds the cursor: a message whose
+/// transaction took longer than [`COMMIT_ALLOWANCE`] to commit waits at most this long.
 pub(crate) const SWEEP: Duration = Duration::from_secs(1);
 
-/// How often a claim reads from the start while a listener rewinds the cursor: a safety net,
-/// rare enough that walking a long-held transaction's dead entries costs one claim a minute.
-pub(crate) const LISTENING_SWEEP: Duration = Duration::from_secs(60);
+/// How often a claim reads from the start while a listener rewinds the cursor (besides the
+/// backlog samples): rare, since under a long-held transaction such a claim walks every dead
+/// entry and the deliveries behind it wait for it.
+pub(crate) const LISTENING_SWEEP: Duration = Duration::from_secs(600);
 
 /// A store's claim cursor, shared with its notification listener.
 #[derive(Debug, Clone, Default)]
@@ -87,7 +100,15 @@ impl ClaimCursor {
             state.last_sweep = Some(now);
             return Cursor::START;
         }
-        state.at
+        let allowance = if state.listeners > 0 {
+            ROUNDING_ALLOWANCE
+        } else {
+            COMMIT_ALLOWANCE
+        };
+        Cursor {
+            due_micros: state.at.due_micros.saturating_sub(micros(allowance)),
+            id: 0,
+        }
     }
 
     /// Moves the cursor to where a claim found its first candidate, but not past a rewind that
@@ -97,9 +118,8 @@ impl ClaimCursor {
         state.at = state.rewound.map_or(first, |rewound| rewound.min(first));
     }
 
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    /// Steps the cursor back to `due_micros` (µs since the epoch), where messages committed
-    /// just now may be due.
+    /// Steps the cursor back to `due_micros` (µs since the epoch), where a message may be due
+    /// that claims passed.
     pub(crate) fn rewind(&self, due_micros: i64) {
         let to = Cursor { due_micros, id: 0 };
         let mut state = self.state();
@@ -137,31 +157,54 @@ impl Drop for Listening {
 mod tests {
     use super::*;
 
-    fn at(due_micros: i64) -> Cursor {
-        Cursor { due_micros, id: 7 }
+    const SECOND: i64 = 1_000_000;
+
+    fn at(seconds: i64) -> Cursor {
+        Cursor {
+            due_micros: seconds * SECOND,
+            id: 7,
+        }
+    }
+
+    /// Where a claim reads from, `allowance` behind `seconds`.
+    fn behind(seconds: i64, allowance: Duration) -> Cursor {
+        Cursor {
+            due_micros: seconds * SECOND - micros(allowance),
+            id: 0,
+        }
     }
 
     #[test]
-    fn the_first_claim_reads_from_the_start_then_from_the_cursor_until_a_sweep_is_due() {
+    fn the_first_claim_reads_from_the_start_then_a_second_behind_the_cursor_until_a_sweep() {
         let cursor = ClaimCursor::default();
         let t0 = Instant::now();
         assert_eq!(cursor.start(t0), Cursor::START);
         cursor.advance(at(1_000));
-        assert_eq!(cursor.start(t0 + SWEEP / 2), at(1_000));
+        assert_eq!(
+            cursor.start(t0 + SWEEP / 2),
+            behind(1_000, COMMIT_ALLOWANCE)
+        );
         assert_eq!(cursor.start(t0 + SWEEP), Cursor::START);
     }
 
     #[test]
-    fn a_listener_makes_sweeps_rare_while_it_lives() {
+    fn a_listener_narrows_the_allowance_and_makes_sweeps_rare_while_it_lives() {
         let cursor = ClaimCursor::default();
         let t0 = Instant::now();
         cursor.start(t0);
         cursor.advance(at(1_000));
         let listening = cursor.listening();
-        assert_eq!(cursor.start(t0 + SWEEP * 2), at(1_000));
+        assert_eq!(
+            cursor.start(t0 + SWEEP * 2),
+            behind(1_000, ROUNDING_ALLOWANCE)
+        );
         assert_eq!(cursor.start(t0 + LISTENING_SWEEP), Cursor::START);
         drop(listening);
         cursor.advance(at(2_000));
+        assert_eq!(
+            cursor.start(t0 + LISTENING_SWEEP + SWEEP / 2),
+            behind(2_000, COMMIT_ALLOWANCE)
+        );
         assert_eq!(cursor.start(t0 + LISTENING_SWEEP + SWEEP), Cursor::START);
     }
 
@@ -170,16 +213,15 @@ mod tests {
         let cursor = ClaimCursor::default();
         let t0 = Instant::now();
         cursor.start(t0);
-        cursor.advance(at(5_000));
-        assert_eq!(cursor.start(t0), at(5_000));
-        cursor.rewind(3_000);
-        // The running claim read from 5,000 and found its first candidate at 6,000.
-        cursor.advance(at(6_000));
-        let next = cursor.start(t0);
-        assert_eq!(next.due_micros, 3_000);
+        cursor.advance(at(5));
+        assert_eq!(cursor.start(t0), behind(5, COMMIT_ALLOWANCE));
+        cursor.rewind(3 * SECOND);
+        // The running claim read from 4 s and found its first candidate at 6 s.
+        cursor.advance(at(6));
+        assert_eq!(cursor.start(t0), behind(3, COMMIT_ALLOWANCE));
         // A later claim's result moves on again.
-        cursor.advance(at(6_000));
-        assert_eq!(cursor.start(t0), at(6_000));
+        cursor.advance(at(6));
+        assert_eq!(cursor.start(t0), behind(6, COMMIT_ALLOWANCE));
     }
 
     #[test]
@@ -187,8 +229,8 @@ mod tests {
         let cursor = ClaimCursor::default();
         let t0 = Instant::now();
         cursor.start(t0);
-        cursor.advance(at(5_000));
-        cursor.rewind(9_000);
-        assert_eq!(cursor.start(t0), at(5_000));
+        cursor.advance(at(5));
+        cursor.rewind(9 * SECOND);
+        assert_eq!(cursor.start(t0), behind(5, COMMIT_ALLOWANCE));
     }
 }

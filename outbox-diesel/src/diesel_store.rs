@@ -47,14 +47,16 @@ const POOL_WAIT: Duration = Duration::from_secs(5);
 /// Claimed and settled messages leave dead entries in the due index until vacuum (PostgreSQL)
 /// or purge (InnoDB) removes them, and a transaction held open anywhere in the database (a
 /// report, a `pg_dump`, a session idle in a transaction) keeps them from removing any. Claims
-/// therefore read the due index from a cursor (where the last claim found its first due message,
-/// less a second) rather than from its start, and their cost stays flat however long the
-/// transaction lasts. A message whose transaction commits after claims passed its due time is
-/// found by the notification its commit sends on PostgreSQL (which carries the transaction's
-/// clock and steps the cursor back), and by a claim from the start once a second without a
-/// listener (MySQL) or once a minute with one. SQLite removes index entries at once and always
-/// reads from the start. [`admin::backlog`](crate::admin::backlog) and the metrics report the
-/// oldest open transaction and the dead rows, so that operators see what holds clean-up back.
+/// therefore read the due index from a cursor (where the last claim found its first due message)
+/// rather than from its start, and their cost stays flat however long the transaction lasts. A
+/// message whose transaction commits after claims passed its due time is found through the
+/// notification its commit sends on PostgreSQL (it carries the transaction's clock and steps
+/// the cursor back); without a listener (MySQL) claims read a second behind the cursor and from
+/// the start once a second; and every backlog sample (the worker's housekeeper, on its own
+/// connection) steps the cursor back to the oldest due message if claims passed it. SQLite
+/// removes index entries at once and always reads from the start.
+/// [`admin::backlog`](crate::admin::backlog) and the metrics report the oldest open transaction
+/// and the dead rows, so that operators see what holds clean-up back.
 pub struct DieselStore<M: ManageConnection> {
     pool: Pool<M>,
     backend: OnceLock<Backend>,
@@ -380,10 +382,16 @@ where
                 let row = c.backlog()?;
                 // A role that may not see other sessions still samples the backlog.
                 let horizon = c.horizon().unwrap_or_default();
-                Ok(crate::admin::backlog_of(&row, &horizon))
+                Ok((row.oldest_due_at, crate::admin::backlog_of(&row, &horizon)))
             })
         })
-        .map(Some)
+        .map(|(oldest_due_at, backlog)| {
+            // The claims' safety net: the oldest due message, read off their path.
+            if let Some(due_micros) = oldest_due_at {
+                self.claim_cursor.rewind(due_micros);
+            }
+            Some(backlog)
+        })
     }
 
     fn extend_leases(

@@ -104,6 +104,51 @@ fn a_late_commit_notification_steps_the_claim_cursor_back_to_it() {
     );
 }
 
+#[test]
+fn a_backlog_sample_steps_the_claim_cursor_back_to_a_message_nothing_announced() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let pool = db.pool::<PgConnection>(4);
+    let store = DieselStore::new(pool.clone());
+    let _listener = store.listen().unwrap().expect("PostgreSQL listens");
+    // A commit whose notification never comes (a listener that lost its connection then).
+    pool.get()
+        .unwrap()
+        .batch_execute("ALTER TABLE outbox_message DISABLE TRIGGER outbox_message_notify")
+        .unwrap();
+    let mut late = db.connect::<PgConnection>();
+    late.batch_execute("BEGIN").unwrap();
+    let late_id = Held { n: 1 }.enqueue(&mut late).unwrap();
+    std::thread::sleep(LATE_COMMIT);
+    Held { n: 2 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    assert_eq!(
+        store
+            .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+            .unwrap()
+            .len(),
+        1
+    );
+    late.batch_execute("COMMIT").unwrap();
+    assert!(
+        store
+            .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+            .unwrap()
+            .is_empty(),
+        "claims read from the cursor, past the late message"
+    );
+
+    let backlog = store.backlog().unwrap().expect("a backlog");
+    assert_eq!(backlog.pending, 2);
+    let next = store
+        .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+        .unwrap();
+    assert_eq!(
+        next.iter().map(|m| m.message_id).collect::<Vec<_>>(),
+        [late_id]
+    );
+}
+
 /// `idx_tup_read` of the due index: every index entry a scan returned, dead ones included.
 fn due_index_reads(db: &TestDb) -> i64 {
     #[derive(QueryableByName)]

@@ -13,8 +13,8 @@
 //!   destination answers, it is healthy again; if not, the probe's message is deferred too (a
 //!   failed probe is the outage's, not the message's: no attempt is counted) and the next pause
 //!   is twice as long, up to [`HealthPolicy::longest_pause`].
-//! - **Held**, after a push-back (a `429` or `503` with `Retry-After`, a blocked broker
-//!   connection): no delivery goes out until the time asked for has passed; the messages wait
+//! - **Held**, after a push-back (a webhook's `429`, or `503` with `Retry-After`; any
+//!   destination's [`DeliveryError::push_back`](super::DeliveryError::push_back)): no delivery goes out until the time asked for has passed; the messages wait
 //!   without counting attempts, and nothing counts as a failure.
 //! - **Disabled**, after a failure that says the destination is gone for good (a webhook's
 //!   `410 Gone`): every delivery fails permanently, so messages are dead-lettered with that

@@ -16,6 +16,9 @@
 //!   messages wait without spending attempts; a probe resumes it; a destination that says it
 //!   is gone for good is disabled; the state is shared with other workers and operators
 //!   through the store ([`health`]);
+//! - **pace**: a rate limit the application sets, and by default a rate learned from the
+//!   destination's push-back, so that a receiver that says "slower" gets as much as it takes
+//!   ([`pace`]);
 //! - **metrics**: attempts by outcome, their duration, and the state, by destination name
 //!   ([`crate::metrics`]).
 //!
@@ -50,6 +53,7 @@
 
 pub mod health;
 mod named;
+pub mod pace;
 
 use std::fmt;
 use std::time::Duration;
@@ -61,6 +65,7 @@ use crate::message::MessageId;
 pub use health::{DestinationState, HealthPolicy};
 pub(crate) use named::Destinations;
 pub use named::{DestinationOptions, DestinationRef, NameError, MAX_DESTINATION_NAME};
+pub use pace::RateLimit;
 
 /// The header carrying a message's id on transports that carry headers, the same on every
 /// attempt: consumers drop duplicates by it.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::health::{adopt, Adopt, Gate, Health, Observed, Transition};
+use super::pace::{Pace, Pacer, RateLimit};
 use super::{DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope};
 use crate::context::Delivery;
 use crate::error::{FailureKind, ProcessError};
@@ -18,13 +19,26 @@ use crate::store::{DestinationReport, StoredDestination, SyncedDestination};
 pub const MAX_DESTINATION_NAME: usize = 255;
 
 /// How the worker wraps one destination: [`WorkerBuilder::destination_with`](crate::WorkerBuilder::destination_with).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DestinationOptions {
     health_policy: HealthPolicy,
+    rate_limit: Option<RateLimit>,
+    learn_rate: bool,
+}
+
+impl Default for DestinationOptions {
+    fn default() -> Self {
+        DestinationOptions {
+            health_policy: HealthPolicy::default(),
+            rate_limit: None,
+            learn_rate: true,
+        }
+    }
 }
 
 impl DestinationOptions {
-    /// The defaults: the default [`HealthPolicy`].
+    /// The defaults: the default [`HealthPolicy`], no rate limit, and a rate learned from
+    /// push-back.
     pub fn new() -> Self {
         Self::default()
     }
@@ -34,6 +48,27 @@ impl DestinationOptions {
         self.health_policy = policy;
         self
     }
+
+    /// At most this many deliveries a second from this process, shared by its handler
+    /// threads; deliveries over it wait for their turn without counting an attempt
+    /// ([`pace`](super::pace)).
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate_limit = Some(limit);
+        self
+    }
+
+    /// Whether a push-back (a webhook's `429`, or `503` with `Retry-After`) also lowers
+    /// the destination's rate, which then rises again with each second of deliveries (default:
+    /// yes; [`pace`](super::pace)).
+    pub fn learn_rate(mut self, learn: bool) -> Self {
+        self.learn_rate = learn;
+        self
+    }
+
+    /// Why the worker refuses these options, if it does.
+    pub(crate) fn problem(&self) -> Option<&'static str> {
+        self.rate_limit.as_ref().and_then(RateLimit::problem)
+    }
 }
 
 /// One named destination of a worker, with its health.
@@ -41,6 +76,7 @@ pub(crate) struct Registered {
     name: String,
     destination: Arc<dyn Destination>,
     health: Health,
+    pacer: Pacer,
 }
 
 impl fmt::Debug for Registered {
@@ -62,6 +98,7 @@ impl Registered {
             name,
             destination,
             health: Health::new(options.health_policy),
+            pacer: Pacer::new(options.rate_limit, options.learn_rate, Instant::now()),
         }
     }
 
@@ -86,7 +123,10 @@ impl Registered {
     pub fn send(&self, envelope: &Envelope) -> Result<(), ProcessError> {
         let name = &self.name;
         let probe = match self.health.gate(Instant::now()) {
-            Gate::Send => false,
+            Gate::Send => {
+                self.take_turn()?;
+                false
+            }
             Gate::Probe => {
                 log::info!(
                     "outbox destination {name}: probing with message {}",
@@ -117,6 +157,20 @@ impl Registered {
             Ok(()) => Observed::Answered,
             Err(error) => observed(error),
         };
+        match observed {
+            _ if result.is_ok() => self.pacer.accepted(Instant::now()),
+            Observed::PushedBack(..) => {
+                let before = self.pacer.rate();
+                self.pacer.pushed_back(Instant::now());
+                if let Some(rate) = self.pacer.rate().filter(|rate| Some(*rate) != before) {
+                    log::info!(
+                        "outbox destination {name}: pushed back; pacing it to {rate:.1} \
+                         deliveries a second"
+                    );
+                }
+            }
+            _ => {}
+        }
         let transition = self.health.record(observed, probe, Instant::now());
         if let Some(transition) = &transition {
             self.report(transition);
@@ -150,6 +204,30 @@ impl Registered {
                     ),
                 }
                 Err(error.into_process_error())
+            }
+        }
+    }
+
+    /// Waits for this delivery's turn under the destination's pace, or defers its message to
+    /// the turn when it is far (without counting an attempt).
+    fn take_turn(&self) -> Result<(), ProcessError> {
+        match self.pacer.pace(Instant::now()) {
+            Pace::Go => Ok(()),
+            Pace::GoAfter(wait) => {
+                std::thread::sleep(wait);
+                Ok(())
+            }
+            Pace::Defer(wait) => {
+                metrics::destination_attempt(&self.name, "paced");
+                Err(ProcessError::defer(
+                    format!(
+                        "not sent: destination {} is paced to {:.1} deliveries a second; its \
+                         turn comes in {wait:?}",
+                        self.name,
+                        self.pacer.rate().unwrap_or_default()
+                    ),
+                    wait,
+                ))
             }
         }
     }

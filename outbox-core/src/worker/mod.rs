@@ -90,6 +90,14 @@ impl<S: Store> WorkerBuilder<S> {
     pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
         let mut config = self.config()?;
         let registry = Registry::from_inventory()?;
+        for (name, _, options) in &self.destinations {
+            if let Some(problem) = options.problem() {
+                return Err(WorkerError::InvalidConfig {
+                    setting: "destination_with",
+                    problem: format!("destination {name}: {problem}"),
+                });
+            }
+        }
         let destinations = Destinations::new(self.destinations)?;
         for route in registry.routes() {
             let Some(destination) = route.destination() else {

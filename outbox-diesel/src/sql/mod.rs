@@ -258,6 +258,10 @@ pub(crate) struct BacklogRow {
     pub(crate) pending: i64,
     #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) oldest_due_micros: Option<i64>,
+    /// When the oldest due, unheld message became due, in µs since the epoch (PostgreSQL and
+    /// MySQL: where the claim cursor steps back to if it passed it).
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) oldest_due_at: Option<i64>,
 }
 
 /// What keeps the database from cleaning up: the oldest transaction holding it back (µs open)
@@ -487,10 +491,6 @@ pub(crate) fn placeholders(n: usize) -> String {
 /// parameter per id).
 pub(crate) const ID_CHUNK: usize = 1000;
 
-/// How far behind the last claim's first candidate a claim starts reading.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-pub(crate) const COMMIT_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// A position in the due index (due time, then position): where a claim starts reading due rows.
 /// PostgreSQL and MySQL keep one per store, so that the dead entries claimed and settled
 /// messages leave in front of the first live one (which vacuum or purge cannot remove while a
@@ -510,19 +510,6 @@ impl Cursor {
         due_micros: 0,
         id: 0,
     };
-
-    /// The cursor a claim passes to its statement: [`COMMIT_ALLOWANCE`] earlier than where the
-    /// last claim's first candidate stood. A message is due from its transaction's clock
-    /// (PostgreSQL: the transaction's start) but visible only from its commit, so a claim can pass
-    /// its place before it commits; the allowance finds such messages at once when their
-    /// transaction took less than it, and the store's sweep from the start finds the rest.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub fn with_margin(self) -> Cursor {
-        Cursor {
-            due_micros: self.due_micros.saturating_sub(micros(COMMIT_ALLOWANCE)),
-            id: 0,
-        }
-    }
 }
 
 /// What a backend's statements do; each backend implements it in its own file.

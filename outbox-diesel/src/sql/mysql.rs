@@ -418,9 +418,10 @@ pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure \
 /// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
 /// end, so they are not due). The second is the first entry of the due index's unparked part.
 pub(crate) const BACKLOG: &str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
-     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(next_attempt_at), UTC_TIMESTAMP(6)) \
-      FROM outbox_message WHERE parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6)) \
-      AS oldest_due_micros";
+     TIMESTAMPDIFF(MICROSECOND, d.due, UTC_TIMESTAMP(6)) AS oldest_due_micros, \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', d.due) AS oldest_due_at \
+     FROM (SELECT MIN(next_attempt_at) AS due FROM outbox_message \
+           WHERE parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6)) d";
 
 /// An idempotency key recorded for a message unless recorded: an enqueue in another
 /// transaction with the same key waits on the primary key until the first one ends. (IGNORE
@@ -507,7 +508,6 @@ fn claim_once(
     let limit = claim.limit.messages;
     run(conn, READ_COMMITTED, &[])?;
     conn.transaction(|c| {
-        let from = from.with_margin();
         let binds = [
             Bind::BigInt(from.due_micros),
             Bind::BigInt(from.id),

@@ -404,8 +404,10 @@ pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure WHERE id
 /// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
 /// end, so they are not due). The second is the first entry of the due index.
 pub(crate) const BACKLOG: &str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
-     (SELECT (EXTRACT(EPOCH FROM now() - MIN(next_attempt_at)) * 1000000)::BIGINT \
-      FROM outbox_message WHERE NOT parked AND next_attempt_at <= now()) AS oldest_due_micros";
+     (EXTRACT(EPOCH FROM now() - d.due) * 1000000)::BIGINT AS oldest_due_micros, \
+     (EXTRACT(EPOCH FROM d.due) * 1000000)::BIGINT AS oldest_due_at \
+     FROM (SELECT MIN(next_attempt_at) AS due FROM outbox_message \
+           WHERE NOT parked AND next_attempt_at <= now()) d";
 
 /// The oldest transaction in this database that holds back the xmin horizon (and so vacuum),
 /// other than this session, and the dead tuples of the outbox table as the statistics count
@@ -584,7 +586,6 @@ impl Statements for PgConnection {
         claim: &Claim<'_>,
         from: Cursor,
     ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)> {
-        let from = from.with_margin();
         let rows: Vec<CursoredClaimRow> = Prepared::new(
             CLAIM,
             STYLE,

@@ -368,7 +368,7 @@ pub(crate) const BACKLOG: &str = concat!(
     micros_of!("MIN(next_attempt_at)"),
     " FROM outbox_message WHERE NOT parked AND next_attempt_at <= ",
     now!(),
-    ") AS oldest_due_micros"
+    ") AS oldest_due_micros, NULL AS oldest_due_at"
 );
 
 /// An idempotency key recorded for a message unless recorded (one writer at a time: another
