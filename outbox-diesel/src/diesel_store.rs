@@ -51,9 +51,9 @@ const POOL_WAIT: Duration = Duration::from_secs(5);
 /// rather than from its start, and their cost stays flat however long the transaction lasts. A
 /// message whose transaction commits after claims passed its due time is found through the
 /// notification its commit sends on PostgreSQL (it carries the transaction's clock and steps
-/// the cursor back); without a listener (MySQL) claims read a second behind the cursor and from
-/// the start once a second; and every backlog sample (the worker's housekeeper, on its own
-/// connection) steps the cursor back to the oldest due message if claims passed it. SQLite
+/// the cursor back); without a listener (MySQL) claims read a second behind the cursor; and
+/// every backlog sample (the worker's housekeeper, on its own connection, every
+/// `backlog_interval`) steps the cursor back to the oldest due message if claims passed it. SQLite
 /// removes index entries at once and always reads from the start.
 /// [`admin::backlog`](crate::admin::backlog) and the metrics report the oldest open transaction
 /// and the dead rows, so that operators see what holds clean-up back.
