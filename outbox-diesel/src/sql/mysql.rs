@@ -920,8 +920,8 @@ mod tests {
         let groups = vec![("a".to_owned(), vec![1, 2]), ("b".to_owned(), vec![3])];
         assert_eq!(
             delete_done(&groups),
-            "DELETE FROM outbox_message WHERE (locked_by = ? AND id IN (?, ?)) OR \
-             (locked_by = ? AND id IN (?))"
+            "DELETE outbox_message FROM outbox_message FORCE INDEX (PRIMARY) \
+             WHERE (locked_by = ? AND id IN (?, ?)) OR (locked_by = ? AND id IN (?))"
         );
     }
 
