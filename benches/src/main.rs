@@ -184,8 +184,9 @@ pub struct Opts {
     #[arg(long)]
     pub hold_transaction: Option<f64>,
     /// `latency` on PostgreSQL only: run `VACUUM` on the outbox table every this many seconds,
-    /// as autovacuum does where it is on (this machine's server runs with `autovacuum = off`;
-    /// the migrations ask for a vacuum every 1,000 changed rows).
+    /// throttled as autovacuum is (`vacuum_cost_delay` 2 ms), as autovacuum does where it is on
+    /// (this machine's server runs with `autovacuum = off`; the migrations ask for a vacuum
+    /// every 1,000 changed rows).
     #[arg(long)]
     pub vacuum_every: Option<f64>,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
