@@ -86,7 +86,12 @@ fn insert_values(first: usize) -> String {
 /// Without a cursor each claim walked every dead entry in front of the first live one; with it
 /// a claim starts where the last one found its first candidate. Messages that become due behind
 /// the cursor (a crashed worker's lease running out, an enqueue from a transaction older than
-/// the cursor) are found by a claim from the start, which the store runs once a second.
+/// the cursor) are found through the store's rewinds (see `claim_cursor`).
+///
+/// Rows are updated by `id = ANY(ARRAY(…))`, never by a join: a vacuum that ran while the
+/// outbox was empty records no rows for the table, and for an "empty" table the planner joins
+/// by reading all of it, dead tuples included. Behind a held transaction that made each claim
+/// read 321,000 buffers (1.36 s; 16 ms this way). The settlements do the same.
 pub const CLAIM: &str = concat!(
     "WITH candidates AS (\
         SELECT id, next_attempt_at, ordering_key, \
@@ -106,7 +111,7 @@ pub const CLAIM: &str = concat!(
         FROM candidates c), \
      parked AS (\
         UPDATE outbox_message o SET parked = TRUE \
-        FROM judged j WHERE o.id = j.id AND NOT j.head RETURNING o.id), \
+        WHERE o.id = ANY(ARRAY(SELECT id FROM judged WHERE NOT head)) RETURNING o.id), \
      sized AS (\
         SELECT id, row_number() OVER w AS n, sum(size) OVER w AS upto \
         FROM judged WHERE head \
@@ -116,9 +121,9 @@ pub const CLAIM: &str = concat!(
      UPDATE outbox_message o \
      SET locked_by = $7::uuid, attempts = o.attempts + 1, \
          next_attempt_at = now() + $8 * INTERVAL '1 microsecond' \
-     FROM chosen, first, ",
+     FROM first, ",
     async_commit!(),
-    " WHERE o.id = chosen.id \
+    " WHERE o.id = ANY(ARRAY(SELECT id FROM chosen)) \
      RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
          o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
          (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
@@ -131,18 +136,20 @@ pub const CLAIM: &str = concat!(
 /// as it was before), one probe of the ordering index per key. Binds: the claims' tokens and the
 /// ids, as two arrays of one length (the n-th id leased under the n-th token), keys.
 pub(crate) const DELETE_DONE: &str = concat!(
-    "WITH gone AS (\
-        DELETE FROM outbox_message o USING unnest($1::text[], $2::bigint[]) AS t(token, id), ",
+    "WITH done AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS t(token, id)), \
+     gone AS (\
+        DELETE FROM outbox_message o USING done t, ",
     async_commit!(),
-    " WHERE o.id = t.id AND o.locked_by = t.token::uuid RETURNING o.id), \
+    " WHERE o.id = ANY(ARRAY(SELECT id FROM done)) AND o.id = t.id \
+            AND o.locked_by = t.token::uuid RETURNING o.id), \
      promoted AS (\
         UPDATE outbox_message SET parked = FALSE, \
             next_attempt_at = GREATEST(next_attempt_at, now()) \
-        WHERE parked AND id IN (\
+        WHERE parked AND id = ANY(ARRAY(\
             SELECT next.id FROM unnest($3::text[]) AS k(ordering_key), LATERAL (\
                 SELECT id FROM outbox_message m \
                 WHERE m.ordering_key = k.ordering_key AND m.id NOT IN (SELECT id FROM gone) \
-                ORDER BY m.id LIMIT 1) next)) \
+                ORDER BY m.id LIMIT 1) next))) \
      SELECT count(*) AS n FROM gone"
 );
 
@@ -166,10 +173,12 @@ macro_rules! successor_leasable {
 /// Binds: tokens, ids (as [`DELETE_DONE`]), keys, the successors' token, lease µs, largest
 /// payload in bytes.
 pub(crate) const DELETE_DONE_LEASING: &str = concat!(
-    "WITH gone AS (\
-        DELETE FROM outbox_message o USING unnest($1::text[], $2::bigint[]) AS t(token, id), ",
+    "WITH done AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS t(token, id)), \
+     gone AS (\
+        DELETE FROM outbox_message o USING done t, ",
     async_commit!(),
-    " WHERE o.id = t.id AND o.locked_by = t.token::uuid RETURNING o.id), \
+    " WHERE o.id = ANY(ARRAY(SELECT id FROM done)) AND o.id = t.id \
+            AND o.locked_by = t.token::uuid RETURNING o.id), \
      next AS (\
         SELECT n.id FROM unnest($3::text[]) AS k(ordering_key), LATERAL (\
             SELECT id FROM outbox_message m \
@@ -187,7 +196,7 @@ pub(crate) const DELETE_DONE_LEASING: &str = concat!(
     successor_leasable!(),
     " THEN now() + $5 * INTERVAL '1 microsecond' \
                 ELSE GREATEST(o.next_attempt_at, now()) END \
-        FROM next WHERE o.id = next.id AND (o.parked OR ",
+        WHERE o.id = ANY(ARRAY(SELECT id FROM next)) AND (o.parked OR ",
     successor_leasable!(),
     ") \
         RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
@@ -235,10 +244,10 @@ pub(crate) const DEAD_LETTER: &str = "WITH moved AS (\
 /// index per key (`min(..) GROUP BY` would read every pending row of the keys). Binds: keys.
 pub(crate) const PROMOTE_HEADS: &str = "UPDATE outbox_message \
      SET parked = FALSE, next_attempt_at = GREATEST(next_attempt_at, now()) \
-     WHERE parked AND id IN (\
+     WHERE parked AND id = ANY(ARRAY(\
         SELECT next.id FROM unnest($1::text[]) AS k(ordering_key), LATERAL (\
             SELECT id FROM outbox_message m WHERE m.ordering_key = k.ordering_key \
-            ORDER BY m.id LIMIT 1) next)";
+            ORDER BY m.id LIMIT 1) next))";
 
 /// Of some ids, those still in the outbox. Binds: ids.
 pub(crate) const PRESENT: &str = "SELECT id FROM outbox_message WHERE id = ANY($1)";
@@ -865,9 +874,13 @@ mod tests {
         );
         assert!(!sql[..sql.find("moved AS").unwrap()].contains("next_attempt_at"));
         assert!(
-            sql.contains("USING unnest($1::text[], $2::bigint[]) AS t(token, id)")
-                && sql.contains("WHERE o.id = t.id AND o.locked_by = t.token::uuid RETURNING o.id"),
-            "every claim's done messages in one statement: {sql}"
+            sql.starts_with(
+                "WITH done AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS t(token, id))"
+            ) && sql.contains(
+                "WHERE o.id = ANY(ARRAY(SELECT id FROM done)) AND o.id = t.id \
+                     AND o.locked_by = t.token::uuid RETURNING o.id"
+            ),
+            "every claim's done messages in one statement, looked up by id: {sql}"
         );
         assert!(sql.contains("<= $6)") && !sql.contains("$7"), "{sql}");
         assert!(sql.ends_with("FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"));
