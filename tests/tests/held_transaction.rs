@@ -236,15 +236,22 @@ fn settle_behind_a_held_snapshot<C: TestConnection>(db: &TestDb, settled: u32, l
 
 const CLAIMS: u32 = 40;
 
+/// A session holding a snapshot with an xid, as a report or a `pg_dump` does: vacuum keeps
+/// every row it may still see. Commit it to let go.
+fn hold_a_snapshot(db: &TestDb) -> PgConnection {
+    let mut holder = db.connect::<PgConnection>();
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT txid_current();")
+        .unwrap();
+    holder
+}
+
 #[test]
 fn claims_do_not_walk_the_dead_rows_a_held_transaction_keeps() {
     let Some(db) = TestDb::new(Backend::Postgres) else {
         return;
     };
-    let mut holder = db.connect::<PgConnection>();
-    holder
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT txid_current();")
-        .unwrap();
+    let mut holder = hold_a_snapshot(&db);
     // Each settled message leaves a dead entry where it was due (and one where its lease ran
     // to, past the claims' reach).
     const SETTLED: u32 = 3_000;
@@ -280,10 +287,7 @@ fn claims_and_settlements_look_rows_up_by_id_after_a_vacuum_found_the_table_empt
     let Some(db) = TestDb::new(Backend::Postgres) else {
         return;
     };
-    let mut holder = db.connect::<PgConnection>();
-    holder
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT txid_current();")
-        .unwrap();
+    let mut holder = hold_a_snapshot(&db);
     settle_behind_a_held_snapshot::<PgConnection>(&db, 3_000, LEASE);
     // Vacuum (autovacuum, or a cron job) runs while the worker keeps up: it finds no live
     // row and records that, though the pages are full of dead ones.
