@@ -280,15 +280,19 @@ where
     /// `POST /logout`.
     ///
     /// JSON (`GET`, cookie or bearer token): `/api/overview` (`pending`, `in_flight`,
-    /// `dead`, `oldest_due_age_seconds`, `settled_per_second` or null, `types` [{`type`,
-    /// `pending`, `in_flight`, `dead`}], `samples` [{`at_unix_ms`, `pending`,
-    /// `oldest_due_age_seconds`, `settled_per_second`}]), `/api/messages` (the pending
-    /// page's query; `messages` and `next_after`, null on the last page), `/api/messages/{id}`
-    /// (`state`: `pending` or `dead`, and the message), `/api/dead` (`dead_letters`,
-    /// `next_after`), `/api/blocked` (`blocked_keys`), `/api/destinations`
-    /// (`destinations` [{`name`, `kind`, `state`, `consecutive_failures`, `last_error`,
-    /// `next_probe_at_unix_ms`, `disabled_reason`, `reported_at_unix_ms`}]: the destinations
-    /// as the workers report them). Times are Unix milliseconds, durations seconds.
+    /// `dead`, `oldest_due_age_seconds`, `settled_per_second` or null, `types`, `samples`
+    /// [{`at_unix_ms`, `pending`, `oldest_due_age_seconds`, `settled_per_second`}]),
+    /// `/api/messages` (the pending page's query; `messages` and `next_after`, null on the
+    /// last page), `/api/messages/{id}` (`state`: `pending` or `dead`, and the `message`),
+    /// `/api/dead` (`dead_letters`, `next_after`), `/api/blocked` (`blocked_keys`),
+    /// `/api/destinations` (`destinations`: as the workers report them).
+    ///
+    /// The records (messages, dead letters, blocked keys, destinations, types) have one JSON
+    /// form, the one `outbox … --json` prints (see
+    /// [`outbox_diesel::admin`](outbox_diesel::admin)): times in RFC 3339, payloads as JSON. A
+    /// listing carries each payload's first [`PREVIEW_CHARS`](outbox_diesel::admin::PREVIEW_CHARS)
+    /// characters (`payload_preview` when cut, `payload_truncated`); a message's own
+    /// `/api/messages/{id}` carries it whole. Pages hold at most 50 records.
     pub fn handle(&self, request: &Request) -> Response {
         routes::handle(self, request)
     }

@@ -404,6 +404,15 @@ fn short(text: &str, max: usize) -> String {
     }
 }
 
+/// A payload as listed: its first characters, marked when there is more.
+fn preview(payload: &str, truncated: bool) -> String {
+    if truncated {
+        format!("{payload}…")
+    } else {
+        payload.to_owned()
+    }
+}
+
 pub(crate) fn pending(page: Page<'_>, p: &PendingPage<'_>) -> String {
     let base = escape(page.base);
     let due_checked = if p.query.get("due").is_some_and(|d| d != "0") {
@@ -604,7 +613,7 @@ pub(crate) fn dead(page: Page<'_>, d: &DeadPage<'_>) -> String {
             attempts = letter.attempts,
             failed = when(letter.failed_at),
             error = escape(&short(&letter.last_error, 300)),
-            payload = escape(&short(&letter.payload, 300)),
+            payload = escape(&preview(&letter.payload, letter.payload_truncated)),
             actions = dead_actions(&base, letter.position),
         );
     }

@@ -3,7 +3,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use diesel::r2d2::ManageConnection;
-use outbox_diesel::admin::{self, DeadLetter, DeadLetterSelection, FoundMessage, ListOptions};
+use outbox_diesel::admin::{self, DeadLetterSelection, FoundMessage, ListOptions};
 use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::{json, Value};
 
@@ -268,21 +268,6 @@ where
     M::Connection: OutboxConnection,
 {
     let destinations = admin::destinations(&mut *connection(admin)?).map_err(text)?;
-    let destinations: Vec<Value> = destinations
-        .iter()
-        .map(|e| {
-            json!({
-                "name": e.name,
-                "kind": e.kind,
-                "state": e.state,
-                "consecutive_failures": e.consecutive_failures,
-                "last_error": e.last_error,
-                "next_probe_at_unix_ms": e.next_probe_at.map(unix_ms),
-                "disabled_reason": e.disabled_reason,
-                "reported_at_unix_ms": unix_ms(e.reported_at),
-            })
-        })
-        .collect();
     Ok(Response::json(
         200,
         &json!({ "destinations": destinations }),
@@ -346,18 +331,6 @@ where
             })
         })
         .collect();
-    let types: Vec<Value> = o
-        .stats
-        .iter()
-        .map(|s| {
-            json!({
-                "type": s.message_type,
-                "pending": s.pending,
-                "in_flight": s.in_flight,
-                "dead": s.dead,
-            })
-        })
-        .collect();
     Ok(Response::json(
         200,
         &json!({
@@ -368,7 +341,7 @@ where
             "oldest_transaction_age_seconds": o.oldest_transaction_age.map(|a| a.as_secs_f64()),
             "dead_rows": o.dead_rows,
             "settled_per_second": o.settled_per_second,
-            "types": types,
+            "types": o.stats,
             "samples": samples,
         }),
     ))
@@ -376,7 +349,9 @@ where
 
 /// The listing filters a query asks for, and the page it starts after.
 fn list_options(query: &Params) -> Result<ListOptions, String> {
-    let mut options = ListOptions::new().limit(PAGE + 1);
+    let mut options = ListOptions::new()
+        .limit(PAGE + 1)
+        .payload_preview(admin::PREVIEW_CHARS);
     if let Some(t) = query.get("type") {
         options = options.message_type(t);
     }
@@ -479,51 +454,10 @@ where
             Ok(page) => page,
             Err(answer) => return Ok(answer),
         };
-    let messages: Vec<Value> = messages.iter().map(pending_json_of).collect();
     Ok(Response::json(
         200,
         &json!({ "messages": messages, "next_after": next_after }),
     ))
-}
-
-fn headers_json(headers: &outbox_diesel::Headers) -> Value {
-    headers
-        .iter()
-        .map(|(name, value)| (name.to_owned(), Value::from(value)))
-        .collect::<serde_json::Map<_, _>>()
-        .into()
-}
-
-fn pending_json_of(m: &admin::PendingMessage) -> Value {
-    json!({
-        "position": m.position,
-        "message_id": m.message_id.to_string(),
-        "type": m.message_type,
-        "ordering_key": m.ordering_key,
-        "attempts": m.attempts,
-        "created_at_unix_ms": unix_ms(m.created_at),
-        "next_attempt_at_unix_ms": unix_ms(m.next_attempt_at),
-        "in_flight": m.in_flight,
-        "parked": m.parked,
-        "last_error": m.last_error,
-        "headers": headers_json(&m.headers),
-        "payload": m.payload,
-    })
-}
-
-fn dead_json_of(d: &DeadLetter) -> Value {
-    json!({
-        "position": d.position,
-        "message_id": d.message_id.to_string(),
-        "type": d.message_type,
-        "ordering_key": d.ordering_key,
-        "attempts": d.attempts,
-        "created_at_unix_ms": unix_ms(d.created_at),
-        "failed_at_unix_ms": unix_ms(d.failed_at),
-        "last_error": d.last_error,
-        "headers": headers_json(&d.headers),
-        "payload": d.payload,
-    })
 }
 
 fn found<M>(admin: &Admin<M>, id: &str) -> Result<Result<Option<FoundMessage>, String>, String>
@@ -563,12 +497,11 @@ where
             404,
             &json!({"error": "no such message: delivered, purged, or never enqueued"}),
         ),
-        Ok(Some(FoundMessage::Pending(m))) => Response::json(
-            200,
-            &json!({"state": "pending", "message": pending_json_of(&m)}),
-        ),
+        Ok(Some(FoundMessage::Pending(m))) => {
+            Response::json(200, &json!({"state": "pending", "message": m}))
+        }
         Ok(Some(FoundMessage::Dead(d))) => {
-            Response::json(200, &json!({"state": "dead", "message": dead_json_of(&d)}))
+            Response::json(200, &json!({"state": "dead", "message": d}))
         }
     })
 }
@@ -630,7 +563,6 @@ where
             Ok(page) => page,
             Err(answer) => return Ok(answer),
         };
-    let letters: Vec<Value> = letters.iter().map(dead_json_of).collect();
     Ok(Response::json(
         200,
         &json!({ "dead_letters": letters, "next_after": next_after }),
@@ -644,22 +576,7 @@ where
 {
     let mut conn = connection(admin)?;
     let blocked = admin::blocked_keys(&mut *conn, 1000).map_err(text)?;
-    let keys: Vec<Value> = blocked
-        .iter()
-        .map(|b| {
-            json!({
-                "ordering_key": b.ordering_key,
-                "position": b.position,
-                "message_id": b.message_id.to_string(),
-                "type": b.message_type,
-                "attempts": b.attempts,
-                "last_error": b.last_error,
-                "next_attempt_at_unix_ms": unix_ms(b.next_attempt_at),
-                "waiting": b.waiting,
-            })
-        })
-        .collect();
-    Ok(Response::json(200, &json!({ "blocked_keys": keys })))
+    Ok(Response::json(200, &json!({ "blocked_keys": blocked })))
 }
 
 /// Which bulk action a confirmation is for, and what it selects.

@@ -1,6 +1,6 @@
 //! Times, durations and payloads, for people and for JSON.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
@@ -33,55 +33,12 @@ pub fn relative(then: SystemTime, now: SystemTime) -> String {
 
 /// `time` as RFC 3339 in UTC, to the second: `2025-01-31T09:15:02Z`.
 pub fn timestamp(time: SystemTime) -> String {
-    let (date, secs, _) = split(time);
-    format!(
-        "{date}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
+    humantime::format_rfc3339_seconds(time).to_string()
 }
 
 /// `time` as RFC 3339 in UTC, to the microsecond: `2025-01-31T09:15:02.123456Z`.
 pub fn timestamp_micros(time: SystemTime) -> String {
-    let (date, secs, micros) = split(time);
-    format!(
-        "{date}T{:02}:{:02}:{:02}.{micros:06}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
-}
-
-/// The UTC date, the seconds into that day and the microseconds into that second.
-fn split(time: SystemTime) -> (String, u64, u32) {
-    let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since_epoch.as_secs();
-    let (year, month, day) = civil_from_days(secs / 86_400);
-    (
-        format!("{year:04}-{month:02}-{day:02}"),
-        secs % 86_400,
-        since_epoch.subsec_micros(),
-    )
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
-}
-
-/// A stored payload as JSON, or as a JSON string when the text is not JSON.
-pub fn payload_json(payload: &str) -> Value {
-    serde_json::from_str(payload).unwrap_or_else(|_| Value::String(payload.to_owned()))
+    humantime::format_rfc3339_micros(time).to_string()
 }
 
 /// A stored payload pretty-printed, or the raw text when it is not JSON.
@@ -94,6 +51,8 @@ pub fn payload_pretty(payload: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
     #[test]
@@ -133,7 +92,5 @@ mod tests {
     fn payloads_fall_back_to_raw_text() {
         assert_eq!(payload_pretty(r#"{"n":1}"#), "{\n  \"n\": 1\n}");
         assert_eq!(payload_pretty("not json {"), "not json {");
-        assert_eq!(payload_json(r#"{"n":1}"#), serde_json::json!({"n": 1}));
-        assert_eq!(payload_json("not json"), Value::String("not json".into()));
     }
 }

@@ -766,6 +766,8 @@ fn show_by_message_id<C: TestConnection>(db: &TestDb) {
     assert_eq!(json["state"], "dead");
     assert_eq!(json["message"]["position"], letter.position);
     assert_eq!(json["message"]["headers"], json!({}));
+    // One serialized form: what the admin pages' JSON API answers (issue 25, item 17).
+    assert_eq!(json["message"], serde_json::to_value(letter).unwrap());
     let shown = outbox(db.url(), &["show", &letter.message_id.to_string()]).ok();
     assert!(shown.starts_with("dead-lettered\n"), "{shown}");
 

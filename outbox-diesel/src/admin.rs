@@ -1,4 +1,7 @@
 //! Looking into the outbox: pending messages and, for operators, dead letters.
+//!
+//! Every record listed here serializes (serde) to one JSON form, the one the admin pages' JSON
+//! API and the CLI's `--json` print: times in RFC 3339, payloads as JSON.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -7,9 +10,15 @@ use outbox_core::{Headers, MessageId};
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
+mod serialized;
+
 use crate::sql::{
     BacklogRow, BlockedKeyRow, DeadLetterRow, Filter, HorizonRow, PendingRow, Selection, Statements,
 };
+
+/// The characters of each payload the admin pages and the CLI list in their JSON (the
+/// dead-letter page shows them too); a message's own page shows its payload whole.
+pub const PREVIEW_CHARS: u32 = 300;
 
 /// Which messages a listing returns: filters, and a page by position (keyset pagination: a
 /// page starts at a position, so reading the ten-thousandth page costs what the first does).
@@ -41,6 +50,7 @@ pub struct ListOptions {
     due_only: bool,
     after: Option<i64>,
     limit: u32,
+    payload_preview: Option<u32>,
 }
 
 impl Default for ListOptions {
@@ -52,6 +62,7 @@ impl Default for ListOptions {
             due_only: false,
             after: None,
             limit: 100,
+            payload_preview: None,
         }
     }
 }
@@ -100,6 +111,15 @@ impl ListOptions {
         self
     }
 
+    /// Read at most this many characters of each payload (the database sends no more); the
+    /// listed message says whether its payload was cut (`payload_truncated`). Listings that
+    /// show payloads whole or not at all read them whole by default; a page of previews of
+    /// 4 MiB payloads is then kilobytes, not hundreds of megabytes.
+    pub fn payload_preview(mut self, chars: u32) -> Self {
+        self.payload_preview = Some(chars);
+        self
+    }
+
     fn filter(&self) -> Filter<'_> {
         Filter {
             message_type: self.message_type.as_deref(),
@@ -108,7 +128,27 @@ impl ListOptions {
             due_only: self.due_only,
             position: self.after.map(|after| after.saturating_add(1)),
             limit: Some(self.limit),
+            // One character more than shown tells whether there was more.
+            payload_chars: self.payload_preview.map(|chars| chars.saturating_add(1)),
         }
+    }
+}
+
+/// A payload as read, cut to `preview` characters when it is longer: the payload and whether
+/// it was cut.
+fn previewed(mut payload: String, preview: Option<u32>) -> (String, bool) {
+    let cut_at = preview.and_then(|chars| {
+        payload
+            .char_indices()
+            .nth(usize::try_from(chars).unwrap_or(usize::MAX))
+            .map(|(at, _)| at)
+    });
+    match cut_at {
+        Some(at) => {
+            payload.truncate(at);
+            (payload, true)
+        }
+        None => (payload, false),
     }
 }
 
@@ -122,8 +162,11 @@ pub struct PendingMessage {
     pub message_id: MessageId,
     /// Its type string.
     pub message_type: String,
-    /// Its payload, the JSON text of the message struct.
+    /// Its payload, the JSON text of the message struct: its first characters only when the
+    /// listing asked for a [preview](ListOptions::payload_preview) and it is longer.
     pub payload: String,
+    /// Whether `payload` is only the first characters of the payload.
+    pub payload_truncated: bool,
     /// Its ordering key, if any.
     pub ordering_key: Option<String>,
     /// Attempts started so far.
@@ -209,16 +252,20 @@ pub fn pending_messages<C: OutboxConnection>(
 ) -> Result<Vec<PendingMessage>> {
     let filter = options.filter();
     let rows: Vec<PendingRow> = with_backend!(conn.backend_connection(), c => c.pending(&filter))?;
-    rows.into_iter().map(pending_message).collect()
+    rows.into_iter()
+        .map(|row| pending_message(row, options.payload_preview))
+        .collect()
 }
 
-fn pending_message(row: PendingRow) -> Result<PendingMessage> {
+fn pending_message(row: PendingRow, preview: Option<u32>) -> Result<PendingMessage> {
     let m = row.message;
+    let (payload, payload_truncated) = previewed(m.payload, preview);
     Ok(PendingMessage {
         message_id: parse_message_id("outbox_message", m.id, &m.message_id)?,
         position: m.id,
         message_type: m.message_type,
-        payload: m.payload,
+        payload,
+        payload_truncated,
         ordering_key: m.ordering_key,
         attempts: m.attempts.max(0).unsigned_abs(),
         created_at: time_from_micros(row.created_at),
@@ -240,8 +287,11 @@ pub struct DeadLetter {
     pub message_id: MessageId,
     /// Its type string.
     pub message_type: String,
-    /// Its payload.
+    /// Its payload: its first characters only when the listing asked for a
+    /// [preview](ListOptions::payload_preview) and it is longer.
     pub payload: String,
+    /// Whether `payload` is only the first characters of the payload.
+    pub payload_truncated: bool,
     /// Its ordering key, if any.
     pub ordering_key: Option<String>,
     /// Attempts made.
@@ -284,16 +334,22 @@ fn load_dead_letters<C: OutboxConnection>(
 ) -> Result<Vec<DeadLetter>> {
     let rows: Vec<DeadLetterRow> =
         with_backend!(conn.backend_connection(), c => c.dead_letters(filter))?;
-    rows.into_iter().map(dead_letter_of).collect()
+    // The filter reads one character more than the preview shows.
+    let preview = filter.payload_chars.map(|chars| chars.saturating_sub(1));
+    rows.into_iter()
+        .map(|row| dead_letter_of(row, preview))
+        .collect()
 }
 
-fn dead_letter_of(row: DeadLetterRow) -> Result<DeadLetter> {
+fn dead_letter_of(row: DeadLetterRow, preview: Option<u32>) -> Result<DeadLetter> {
     let m = row.message;
+    let (payload, payload_truncated) = previewed(m.payload, preview);
     Ok(DeadLetter {
         message_id: parse_message_id("outbox_failure", m.id, &m.message_id)?,
         position: m.id,
         message_type: m.message_type,
-        payload: m.payload,
+        payload,
+        payload_truncated,
         ordering_key: m.ordering_key,
         attempts: m.attempts.max(0).unsigned_abs(),
         last_error: row.last_error,
@@ -354,13 +410,13 @@ pub fn find_message<C: OutboxConnection>(
     let id = message_id.to_string();
     let dead = with_backend!(conn.backend_connection(), c => c.dead_by_message_id(&id))?;
     if let Some(row) = dead.into_iter().next() {
-        return Ok(Some(FoundMessage::Dead(dead_letter_of(row)?)));
+        return Ok(Some(FoundMessage::Dead(dead_letter_of(row, None)?)));
     }
     let pending = with_backend!(conn.backend_connection(), c => c.pending_by_message_id(&id))?;
     pending
         .into_iter()
         .next()
-        .map(|row| pending_message(row).map(FoundMessage::Pending))
+        .map(|row| pending_message(row, None).map(FoundMessage::Pending))
         .transpose()
 }
 

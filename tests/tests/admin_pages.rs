@@ -43,6 +43,18 @@ impl Handler for Event {
     }
 }
 
+#[outbox_handler("admin.large")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Large {
+    text: String,
+}
+
+impl Handler for Large {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
 fn pages<C: TestConnection>(pool: &TestPool<C>) -> Admin<outbox_diesel::OutboxManager<C>> {
     Admin::builder(pool.clone(), TOKEN)
         .base_path("/ops/outbox")
@@ -490,10 +502,16 @@ fn a_message_page_shows_what_it_carries_and_escapes_what_it_says<C: TestConnecti
 
     let api = json(&get(&admin, &cookie, &format!("/api/messages/{failed}")));
     assert_eq!(api["state"], "dead");
-    assert_eq!(api["message"]["type"], "admin.event");
+    assert_eq!(api["message"]["message_type"], "admin.event");
     let api = json(&get(&admin, &cookie, &format!("/api/messages/{kept}")));
     assert_eq!(api["state"], "pending");
     assert_eq!(api["message"]["headers"]["traceparent"], traceparent);
+    // One serialized form: what `outbox --json show` prints (issue 25, item 17).
+    let Some(admin::FoundMessage::Pending(found)) = admin::find_message(&mut conn, kept).unwrap()
+    else {
+        panic!("{kept} is pending");
+    };
+    assert_eq!(api["message"], serde_json::to_value(&found).unwrap());
 
     let missing = outbox_diesel::MessageId::new();
     assert_eq!(
@@ -559,7 +577,12 @@ fn the_overview_shows_backlog_types_and_blocked_keys<C: TestConnection>(db: &Tes
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| (t["type"].as_str().unwrap(), t["pending"].as_u64().unwrap()))
+        .map(|t| {
+            (
+                t["message_type"].as_str().unwrap(),
+                t["pending"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert!(types.contains(&("admin.mail", 4)) && types.contains(&("admin.event", 1)));
 
@@ -611,7 +634,97 @@ fn short_tokens_and_odd_base_paths_are_refused() {
     }
 }
 
+/// Issue 25, item 11: a page of 50 messages of 4 MiB each was about 200 MiB per request.
+fn listings_read_payload_previews_and_a_message_its_whole_payload<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(5);
+    let mut conn = pool.get().unwrap();
+    // Characters of one, two, three and four bytes: a preview cut by bytes would split them.
+    let text: String = "aé€😀".repeat(64 * 1024);
+    for _ in 0..55 {
+        Large { text: text.clone() }.enqueue(&mut conn).unwrap();
+    }
+    Event { n: 1 }.enqueue(&mut conn).unwrap();
+    let preview_chars = admin::PREVIEW_CHARS as usize;
+    // As stored: PostgreSQL's jsonb writes the text its own way.
+    let by_default = admin::pending_messages(&mut conn, &ListOptions::new().limit(1)).unwrap();
+    let whole = by_default[0].payload.clone();
+    assert!(
+        !by_default[0].payload_truncated,
+        "whole unless a preview is asked for"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&whole).unwrap()["text"],
+        text.as_str()
+    );
+
+    // The library: a preview is the payload's first characters, and says it was cut.
+    let listed = admin::pending_messages(
+        &mut conn,
+        &ListOptions::new()
+            .limit(100)
+            .payload_preview(admin::PREVIEW_CHARS),
+    )
+    .unwrap();
+    assert_eq!(listed.len(), 56);
+    for m in &listed[..55] {
+        assert!(m.payload_truncated);
+        assert_eq!(m.payload.chars().count(), preview_chars);
+        assert!(
+            whole.starts_with(&m.payload),
+            "the payload's first characters"
+        );
+    }
+    assert!(!listed[55].payload_truncated, "a short payload is whole");
+    assert_eq!(
+        serde_json::from_str::<Value>(&listed[55].payload).unwrap(),
+        serde_json::json!({ "n": 1 })
+    );
+    let none = admin::pending_messages(&mut conn, &ListOptions::new().payload_preview(0)).unwrap();
+    assert!(none
+        .iter()
+        .all(|m| m.payload.is_empty() && m.payload_truncated));
+
+    let admin = pages(&pool);
+    let cookie = sign_in(&admin);
+    let page = get(&admin, &cookie, "/api/messages");
+    assert!(
+        page.body.len() < 100_000,
+        "a page of 50 previews, not 50 payloads of {} bytes: {} bytes",
+        whole.len(),
+        page.body.len()
+    );
+    let listed = json(&page);
+    let messages = listed["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 50);
+    assert_eq!(messages[0]["payload_truncated"], true);
+    assert!(messages[0].get("payload").is_none());
+    let preview = messages[0]["payload_preview"].as_str().unwrap();
+    assert_eq!(preview.chars().count(), preview_chars);
+    let id = messages[0]["message_id"].as_str().unwrap();
+    let one = json(&get(&admin, &cookie, &format!("/api/messages/{id}")));
+    assert_eq!(one["message"]["payload_truncated"], false);
+    assert_eq!(one["message"]["payload"]["text"], text.as_str());
+    assert!(get(&admin, &cookie, "/messages").body.len() < 100_000);
+
+    // Dead letters: the same previews in the JSON and on the page, marked as cut.
+    settle_all(&pool, |_| dead_letter("HTTP 500"));
+    let page = get(&admin, &cookie, "/api/dead");
+    assert!(page.body.len() < 100_000, "{} bytes", page.body.len());
+    let letters = json(&page);
+    let letters = letters["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 50);
+    assert_eq!(letters[0]["payload_truncated"], true);
+    let html = get(&admin, &cookie, "/dead");
+    assert!(html.body.len() < 100_000, "{} bytes", html.body.len());
+    let last_shown = whole.chars().nth(preview_chars - 1).unwrap();
+    assert!(
+        html.text().contains(&format!("{last_shown}…</pre>")),
+        "cut, and marked so"
+    );
+}
+
 backend_tests!(
+    listings_read_payload_previews_and_a_message_its_whole_payload,
     listings_filter_and_page_by_position_covering_every_message_once,
     the_pages_need_the_token_and_refuse_cross_site_posts,
     bulk_actions_do_only_the_count_the_operator_confirmed,

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use outbox_diesel::admin;
 use outbox_diesel::OutboxConnection;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::Output;
 use crate::error::CliError;
@@ -18,21 +18,6 @@ const DETAIL_WIDTH: usize = 60;
 pub(super) fn list<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Output, CliError> {
     let destinations = admin::destinations(conn)?;
     if json {
-        let destinations: Vec<Value> = destinations
-            .iter()
-            .map(|e| {
-                json!({
-                    "name": e.name,
-                    "kind": e.kind,
-                    "state": e.state,
-                    "consecutive_failures": e.consecutive_failures,
-                    "last_error": e.last_error,
-                    "next_probe_at": e.next_probe_at.map(format::timestamp_micros),
-                    "disabled_reason": e.disabled_reason,
-                    "reported_at": format::timestamp_micros(e.reported_at),
-                })
-            })
-            .collect();
         return Ok(Output::json(&json!({ "destinations": destinations })));
     }
     if destinations.is_empty() {

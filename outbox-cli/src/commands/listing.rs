@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use outbox_diesel::admin::{self, DeadLetter, FoundMessage, ListOptions, PendingMessage};
 use outbox_diesel::{Headers, MessageId, OutboxConnection};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::Output;
 use crate::cli::ListArgs;
@@ -16,9 +16,13 @@ use crate::table::{self, Align, Table};
 /// Characters of an error message shown in a table cell.
 const ERROR_WIDTH: usize = 60;
 
-/// The options of a listing, asking for one more row than shown to learn whether there are more.
-fn list_options(args: &ListArgs) -> ListOptions {
-    let options = ListOptions::new().limit(args.limit.saturating_add(1));
+/// The options of a listing, asking for one more row than shown to learn whether there are
+/// more, and for payload previews only where they are shown (in JSON; the tables show none).
+fn list_options(args: &ListArgs, json: bool) -> ListOptions {
+    let preview = if json { admin::PREVIEW_CHARS } else { 0 };
+    let options = ListOptions::new()
+        .limit(args.limit.saturating_add(1))
+        .payload_preview(preview);
     match &args.message_type {
         Some(message_type) => options.message_type(message_type.clone()),
         None => options,
@@ -51,10 +55,9 @@ pub(super) fn pending_list<C: OutboxConnection>(
     json: bool,
 ) -> Result<Output, CliError> {
     let now = SystemTime::now();
-    let mut messages = admin::pending_messages(conn, &list_options(args))?;
+    let mut messages = admin::pending_messages(conn, &list_options(args, json))?;
     let more = cut_to_limit(&mut messages, args.limit);
     if json {
-        let messages: Vec<Value> = messages.iter().map(pending_json).collect();
         return Ok(Output::json(&json!({ "messages": messages, "more": more })));
     }
     if messages.is_empty() {
@@ -94,39 +97,14 @@ pub(super) fn pending_list<C: OutboxConnection>(
     Ok(Output::text(text))
 }
 
-fn pending_json(m: &PendingMessage) -> Value {
-    json!({
-        "position": m.position,
-        "message_id": m.message_id.to_string(),
-        "message_type": m.message_type,
-        "attempts": m.attempts,
-        "in_flight": m.in_flight,
-        "created_at": format::timestamp_micros(m.created_at),
-        "next_attempt_at": format::timestamp_micros(m.next_attempt_at),
-        "ordering_key": m.ordering_key,
-        "last_error": m.last_error,
-        "headers": headers_json(&m.headers),
-        "payload": format::payload_json(&m.payload),
-    })
-}
-
-fn headers_json(headers: &Headers) -> Value {
-    headers
-        .iter()
-        .map(|(name, value)| (name.to_owned(), Value::from(value)))
-        .collect::<serde_json::Map<_, _>>()
-        .into()
-}
-
 pub(super) fn dead_list<C: OutboxConnection>(
     conn: &mut C,
     args: &ListArgs,
     json: bool,
 ) -> Result<Output, CliError> {
-    let mut letters = admin::dead_letters(conn, &list_options(args))?;
+    let mut letters = admin::dead_letters(conn, &list_options(args, json))?;
     let more = cut_to_limit(&mut letters, args.limit);
     if json {
-        let letters: Vec<Value> = letters.iter().map(dead_json).collect();
         return Ok(Output::json(
             &json!({ "dead_letters": letters, "more": more }),
         ));
@@ -166,21 +144,6 @@ pub(super) fn dead_table(letters: &[DeadLetter]) -> String {
     table.render()
 }
 
-fn dead_json(d: &DeadLetter) -> Value {
-    json!({
-        "position": d.position,
-        "message_id": d.message_id.to_string(),
-        "message_type": d.message_type,
-        "attempts": d.attempts,
-        "ordering_key": d.ordering_key,
-        "last_error": d.last_error,
-        "created_at": format::timestamp_micros(d.created_at),
-        "failed_at": format::timestamp_micros(d.failed_at),
-        "headers": headers_json(&d.headers),
-        "payload": format::payload_json(&d.payload),
-    })
-}
-
 pub(super) fn dead_show<C: OutboxConnection>(
     conn: &mut C,
     position: i64,
@@ -190,7 +153,7 @@ pub(super) fn dead_show<C: OutboxConnection>(
         return Err(CliError::UnknownPositions(vec![position]));
     };
     if json {
-        return Ok(Output::json(&dead_json(&d)));
+        return Ok(Output::json(&json!(d)));
     }
     Ok(Output::text(dead_fields(&d)))
 }
@@ -283,11 +246,11 @@ pub(super) fn show<C: OutboxConnection>(
     Ok(match (found, json) {
         (FoundMessage::Pending(m), true) => Output::json(&json!({
             "state": "pending",
-            "message": pending_json(&m),
+            "message": m,
         })),
         (FoundMessage::Dead(d), true) => Output::json(&json!({
             "state": "dead",
-            "message": dead_json(&d),
+            "message": d,
         })),
         (FoundMessage::Pending(m), false) => {
             Output::text(format!("pending in the outbox\n{}", pending_fields(&m)))
@@ -306,21 +269,6 @@ pub(super) fn blocked<C: OutboxConnection>(
     let mut keys = admin::blocked_keys(conn, limit.saturating_add(1))?;
     let more = cut_to_limit(&mut keys, limit);
     if json {
-        let keys: Vec<Value> = keys
-            .iter()
-            .map(|k| {
-                json!({
-                    "ordering_key": k.ordering_key,
-                    "position": k.position,
-                    "message_id": k.message_id.to_string(),
-                    "message_type": k.message_type,
-                    "attempts": k.attempts,
-                    "last_error": k.last_error,
-                    "next_attempt_at": format::timestamp_micros(k.next_attempt_at),
-                    "waiting": k.waiting,
-                })
-            })
-            .collect();
         return Ok(Output::json(&json!({ "blocked_keys": keys, "more": more })));
     }
     if keys.is_empty() {

@@ -21,14 +21,10 @@ pub(super) fn stats<C: OutboxConnection>(conn: &mut C, json: bool) -> Result<Out
         let types: Vec<Value> = types
             .iter()
             .map(|t| {
-                json!({
-                    "message_type": t.message_type,
-                    "pending": t.pending,
-                    "in_flight": t.in_flight,
-                    "dead": t.dead,
-                    "oldest_pending": t.oldest_pending.map(format::timestamp_micros),
-                    "oldest_pending_age_secs": age(t.oldest_pending).map(|a| a.as_secs()),
-                })
+                let mut entry = json!(t);
+                entry["oldest_pending_age_secs"] =
+                    json!(age(t.oldest_pending).map(|a| a.as_secs()));
+                entry
             })
             .collect();
         return Ok(Output::json(&json!({

@@ -98,11 +98,19 @@ macro_rules! fixed_statement_methods {
         }
 
         fn pending_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<PendingRow>> {
-            Prepared::new(PENDING_BY_MESSAGE_ID, STYLE, &[Bind::Text(message_id)]).load(self)
+            let binds = [
+                Bind::BigInt(crate::sql::WHOLE_PAYLOAD),
+                Bind::Text(message_id),
+            ];
+            Prepared::new(PENDING_BY_MESSAGE_ID, STYLE, &binds).load(self)
         }
 
         fn dead_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<DeadLetterRow>> {
-            Prepared::new(DEAD_BY_MESSAGE_ID, STYLE, &[Bind::Text(message_id)]).load(self)
+            let binds = [
+                Bind::BigInt(crate::sql::WHOLE_PAYLOAD),
+                Bind::Text(message_id),
+            ];
+            Prepared::new(DEAD_BY_MESSAGE_ID, STYLE, &binds).load(self)
         }
 
         fn dead_positions(&mut self, message_type: Option<&str>) -> QueryResult<Vec<i64>> {
@@ -373,7 +381,12 @@ pub(crate) struct Filter<'a> {
     /// The lowest position listed: pages go on from the last position shown plus one.
     pub position: Option<i64>,
     pub limit: Option<u32>,
+    /// How many characters of each payload to read (`None`: all of it).
+    pub payload_chars: Option<u32>,
 }
+
+/// The characters a listing reads of a payload it reads whole: more than a payload can hold.
+pub(crate) const WHOLE_PAYLOAD: i64 = i32::MAX as i64;
 
 impl<'a> Filter<'a> {
     /// Every row, up to `limit`.
@@ -385,14 +398,22 @@ impl<'a> Filter<'a> {
             due_only: false,
             position: None,
             limit,
+            payload_chars: None,
         }
+    }
+
+    /// The first bind of every listing: how many characters of each payload to read.
+    fn payload_bind(&self) -> Bind<'a> {
+        Bind::BigInt(self.payload_chars.map_or(WHOLE_PAYLOAD, i64::from))
     }
 
     /// The pending listing's statement, `by_key` when a key is asked for (it reads the
     /// ordering index, whatever the plan) or `every` otherwise, and its binds: the key if
-    /// asked, then type (NULL: any), least attempts, due only (0/1), from position, limit.
+    /// asked, then type (NULL: any), least attempts, due only (0/1), from position, limit;
+    /// all after [the payload's](Self::payload_bind).
     pub fn pending_query<'s>(&self, every: &'s str, by_key: &'s str) -> (&'s str, Vec<Bind<'a>>) {
-        let mut binds = Vec::with_capacity(6);
+        let mut binds = Vec::with_capacity(7);
+        binds.push(self.payload_bind());
         let statement = match self.ordering_key {
             Some(key) => {
                 binds.push(Bind::Text(key));
@@ -410,10 +431,11 @@ impl<'a> Filter<'a> {
         (statement, binds)
     }
 
-    /// The binds of the dead-letter listing: type (NULL: any), key twice (NULL: any), from
-    /// position, limit.
-    pub fn dead_binds(&self) -> [Bind<'a>; 5] {
+    /// The binds of the dead-letter listing: [the payload's](Self::payload_bind), type (NULL:
+    /// any), key twice (NULL: any), from position, limit.
+    pub fn dead_binds(&self) -> [Bind<'a>; 6] {
         [
+            self.payload_bind(),
             Bind::NullableText(self.message_type),
             Bind::NullableText(self.ordering_key),
             Bind::NullableText(self.ordering_key),

@@ -298,7 +298,7 @@ fn unpark_stranded(n: usize) -> String {
 macro_rules! pending_columns {
     () => {
         "SELECT id, message_id, message_type, \
-         CAST(payload AS CHAR) AS payload, ordering_key, attempts, headers, \
+         LEFT(CAST(payload AS CHAR), ?) AS payload, ordering_key, attempts, headers, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_at, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS next_attempt_at, \
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 ELSE 0 END \
@@ -310,7 +310,8 @@ macro_rules! pending_columns {
 
 /// Pending messages, by position: a page reads the primary key from its first position on,
 /// however deep it is (a type or attempts filter walks it until the page is full). Binds:
-/// type (NULL: any), least attempts, due only (0/1), from position, limit.
+/// characters of each payload to read, type (NULL: any), least attempts, due only (0/1), from
+/// position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
     "WHERE message_type = COALESCE(?, message_type) AND attempts >= ? \
@@ -319,7 +320,7 @@ pub(crate) const PENDING: &str = concat!(
 );
 
 /// The pending messages of one ordering key, by position: the ordering index gives them in
-/// order. Binds: key, then as [`PENDING`].
+/// order. Binds: characters of each payload to read, key, then as [`PENDING`].
 pub(crate) const PENDING_BY_KEY: &str = concat!(
     pending_columns!(),
     "WHERE ordering_key = ? AND message_type = COALESCE(?, message_type) AND attempts >= ? \
@@ -328,7 +329,8 @@ pub(crate) const PENDING_BY_KEY: &str = concat!(
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
-/// would pay for one), so this reads the table, as only an operator's lookup does. Binds: id.
+/// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
+/// characters of its payload to read, id.
 pub(crate) const PENDING_BY_MESSAGE_ID: &str = concat!(pending_columns!(), "WHERE message_id = ?");
 
 /// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
@@ -347,22 +349,23 @@ pub(crate) const BLOCKED_KEYS: &str = "SELECT h.ordering_key, h.id, h.message_id
 macro_rules! dead_letter_columns {
     () => {
         "SELECT id, message_id, message_type, \
-         CAST(payload AS CHAR) AS payload, ordering_key, attempts, headers, last_error, \
+         LEFT(CAST(payload AS CHAR), ?) AS payload, ordering_key, attempts, headers, \
+         last_error, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_at, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', failed_at) AS failed_at \
          FROM outbox_failure "
     };
 }
 
-/// Dead letters, by position. Binds: type (NULL: any), key twice (NULL: any), from position,
-/// limit.
+/// Dead letters, by position. Binds: characters of each payload to read, type (NULL: any), key
+/// twice (NULL: any), from position, limit.
 pub(crate) const DEAD_LETTERS: &str = concat!(
     dead_letter_columns!(),
     "WHERE message_type = COALESCE(?, message_type) \
      AND (? IS NULL OR ordering_key = ?) AND id >= ? ORDER BY id LIMIT ?"
 );
 
-/// A dead letter by its message id (indexed). Binds: id.
+/// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
 pub(crate) const DEAD_BY_MESSAGE_ID: &str = concat!(dead_letter_columns!(), "WHERE message_id = ?");
 
 /// The positions of the dead letters of a type (NULL: every one), without their payloads.
@@ -935,13 +938,13 @@ mod tests {
             (LOCK_OWNED, 2),
             (COPY_TO_DEAD, 2),
             (DELETE_ONE, 1),
-            (PENDING, 5),
-            (PENDING_BY_KEY, 6),
-            (PENDING_BY_MESSAGE_ID, 1),
-            (DEAD_BY_MESSAGE_ID, 1),
+            (PENDING, 6),
+            (PENDING_BY_KEY, 7),
+            (PENDING_BY_MESSAGE_ID, 2),
+            (DEAD_BY_MESSAGE_ID, 2),
             (DEAD_POSITIONS, 1),
             (BLOCKED_KEYS, 1),
-            (DEAD_LETTERS, 5),
+            (DEAD_LETTERS, 6),
             (PURGE, 1),
             (INBOX_RECORD, 1),
             (INBOX_SWEEP, 2),

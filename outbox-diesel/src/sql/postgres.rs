@@ -281,7 +281,7 @@ pub(crate) const PROMOTE_STRANDED: &str = "WITH RECURSIVE parked_keys AS (\
 macro_rules! pending_columns {
     () => {
         "SELECT id, message_id::text AS message_id, message_type, \
-         payload::text AS payload, ordering_key, attempts, headers, \
+         left(payload::text, $1::int) AS payload, ordering_key, attempts, headers, \
          (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_at, \
          (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS next_attempt_at, \
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > now() THEN 1 ELSE 0 END \
@@ -293,27 +293,29 @@ macro_rules! pending_columns {
 
 /// Pending messages, by position: a page reads the primary key from its first position on,
 /// however deep it is (a type or attempts filter walks it until the page is full). Binds:
-/// type (NULL: any), least attempts, due only (0/1), from position, limit.
+/// characters of each payload to read, type (NULL: any), least attempts, due only (0/1), from
+/// position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
-    "WHERE message_type = COALESCE($1::text, message_type) AND attempts >= $2 \
-     AND ($3 = 0 OR (NOT parked AND next_attempt_at <= now())) \
-     AND id >= $4 ORDER BY id LIMIT $5"
+    "WHERE message_type = COALESCE($2::text, message_type) AND attempts >= $3 \
+     AND ($4 = 0 OR (NOT parked AND next_attempt_at <= now())) \
+     AND id >= $5 ORDER BY id LIMIT $6"
 );
 
 /// The pending messages of one ordering key, by position: the ordering index gives them in
-/// order. Binds: key, then as [`PENDING`].
+/// order. Binds: characters of each payload to read, key, then as [`PENDING`].
 pub(crate) const PENDING_BY_KEY: &str = concat!(
     pending_columns!(),
-    "WHERE ordering_key = $1 AND message_type = COALESCE($2::text, message_type) \
-     AND attempts >= $3 AND ($4 = 0 OR (NOT parked AND next_attempt_at <= now())) \
-     AND id >= $5 ORDER BY ordering_key, id LIMIT $6"
+    "WHERE ordering_key = $2 AND message_type = COALESCE($3::text, message_type) \
+     AND attempts >= $4 AND ($5 = 0 OR (NOT parked AND next_attempt_at <= now())) \
+     AND id >= $6 ORDER BY ordering_key, id LIMIT $7"
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
-/// would pay for one), so this reads the table, as only an operator's lookup does. Binds: id.
+/// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
+/// characters of its payload to read, id.
 pub(crate) const PENDING_BY_MESSAGE_ID: &str =
-    concat!(pending_columns!(), "WHERE message_id = $1::uuid");
+    concat!(pending_columns!(), "WHERE message_id = $2::uuid");
 
 /// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
 /// them, soonest retry first; with how many wait behind each (one probe of the ordering index
@@ -330,25 +332,25 @@ pub(crate) const BLOCKED_KEYS: &str = "SELECT h.ordering_key, h.id, \
 /// The columns of a dead letter as listed.
 macro_rules! dead_letter_columns {
     () => {
-        "SELECT id, message_id::text AS message_id, \
-         message_type, payload::text AS payload, ordering_key, attempts, headers, last_error, \
+        "SELECT id, message_id::text AS message_id, message_type, \
+         left(payload::text, $1::int) AS payload, ordering_key, attempts, headers, last_error, \
          (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_at, \
          (EXTRACT(EPOCH FROM failed_at) * 1000000)::BIGINT AS failed_at \
          FROM outbox_failure "
     };
 }
 
-/// Dead letters, by position. Binds: type (NULL: any), key twice (NULL: any), from position,
-/// limit.
+/// Dead letters, by position. Binds: characters of each payload to read, type (NULL: any), key
+/// twice (NULL: any), from position, limit.
 pub(crate) const DEAD_LETTERS: &str = concat!(
     dead_letter_columns!(),
-    "WHERE message_type = COALESCE($1::text, message_type) \
-     AND ($2::text IS NULL OR ordering_key = $3::text) AND id >= $4 ORDER BY id LIMIT $5"
+    "WHERE message_type = COALESCE($2::text, message_type) \
+     AND ($3::text IS NULL OR ordering_key = $4::text) AND id >= $5 ORDER BY id LIMIT $6"
 );
 
-/// A dead letter by its message id (indexed). Binds: id.
+/// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
 pub(crate) const DEAD_BY_MESSAGE_ID: &str =
-    concat!(dead_letter_columns!(), "WHERE message_id = $1::uuid");
+    concat!(dead_letter_columns!(), "WHERE message_id = $2::uuid");
 
 /// The positions of the dead letters of a type (NULL: every one), without their payloads.
 /// Binds: type.

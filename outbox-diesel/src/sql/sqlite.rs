@@ -210,7 +210,8 @@ pub(crate) const PROMOTE_STRANDED: &str = "UPDATE outbox_message SET parked = 0 
 macro_rules! pending_columns {
     () => {
         concat!(
-            "SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, ",
+            "SELECT id, message_id, message_type, substr(payload, 1, ?) AS payload, ordering_key, \
+             attempts, headers, ",
             micros_of!("created_at"),
             " AS created_at, ",
             micros_of!("next_attempt_at"),
@@ -224,7 +225,8 @@ macro_rules! pending_columns {
 
 /// Pending messages, by position: a page reads the primary key from its first position on,
 /// however deep it is (a type or attempts filter walks it until the page is full). Binds:
-/// type (NULL: any), least attempts, due only (0/1), from position, limit.
+/// characters of each payload to read, type (NULL: any), least attempts, due only (0/1), from
+/// position, limit.
 pub(crate) const PENDING: &str = concat!(
     pending_columns!(),
     "WHERE message_type = COALESCE(?, message_type) AND attempts >= ? \
@@ -233,7 +235,7 @@ pub(crate) const PENDING: &str = concat!(
 );
 
 /// The pending messages of one ordering key, by position: the ordering index gives them in
-/// order. Binds: key, then as [`PENDING`].
+/// order. Binds: characters of each payload to read, key, then as [`PENDING`].
 pub(crate) const PENDING_BY_KEY: &str = concat!(
     pending_columns!(),
     "WHERE ordering_key = ? AND message_type = COALESCE(?, message_type) AND attempts >= ? \
@@ -242,7 +244,8 @@ pub(crate) const PENDING_BY_KEY: &str = concat!(
 );
 
 /// A pending message by its message id: the outbox table has no index on it (every enqueue
-/// would pay for one), so this reads the table, as only an operator's lookup does. Binds: id.
+/// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
+/// characters of its payload to read, id.
 pub(crate) const PENDING_BY_MESSAGE_ID: &str = concat!(pending_columns!(), "WHERE message_id = ?");
 
 /// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
@@ -263,8 +266,8 @@ pub(crate) const BLOCKED_KEYS: &str = concat!(
 macro_rules! dead_letter_columns {
     () => {
         concat!(
-            "SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, \
-             last_error, ",
+            "SELECT id, message_id, message_type, substr(payload, 1, ?) AS payload, ordering_key, \
+             attempts, headers, last_error, ",
             micros_of!("created_at"),
             " AS created_at, ",
             micros_of!("failed_at"),
@@ -273,15 +276,15 @@ macro_rules! dead_letter_columns {
     };
 }
 
-/// Dead letters, by position. Binds: type (NULL: any), key twice (NULL: any), from position,
-/// limit.
+/// Dead letters, by position. Binds: characters of each payload to read, type (NULL: any), key
+/// twice (NULL: any), from position, limit.
 pub(crate) const DEAD_LETTERS: &str = concat!(
     dead_letter_columns!(),
     "WHERE message_type = COALESCE(?, message_type) \
      AND (? IS NULL OR ordering_key = ?) AND id >= ? ORDER BY id LIMIT ?"
 );
 
-/// A dead letter by its message id (indexed). Binds: id.
+/// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
 pub(crate) const DEAD_BY_MESSAGE_ID: &str = concat!(dead_letter_columns!(), "WHERE message_id = ?");
 
 /// The positions of the dead letters of a type (NULL: every one), without their payloads.
@@ -753,8 +756,8 @@ mod tests {
     fn fixed_statements_take_as_many_binds_as_they_say() {
         for (sql, binds) in [
             (INSERT_MESSAGE, NewMessage::BINDS + 1),
-            (PENDING_BY_MESSAGE_ID, 1),
-            (DEAD_BY_MESSAGE_ID, 1),
+            (PENDING_BY_MESSAGE_ID, 2),
+            (DEAD_BY_MESSAGE_ID, 2),
             (DEAD_POSITIONS, 1),
             (BLOCKED_KEYS, 1),
             (CANDIDATES, 1),
@@ -762,9 +765,9 @@ mod tests {
             (COPY_TO_DEAD, 3),
             (DELETE_OWNED, 2),
             (PROMOTE_STRANDED, 0),
-            (PENDING, 5),
-            (PENDING_BY_KEY, 6),
-            (DEAD_LETTERS, 5),
+            (PENDING, 6),
+            (PENDING_BY_KEY, 7),
+            (DEAD_LETTERS, 6),
             (PURGE, 1),
             (INBOX_RECORD, 1),
             (INBOX_SWEEP, 2),

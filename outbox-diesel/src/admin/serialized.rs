@@ -1,0 +1,167 @@
+//! The one JSON form of the records operators list: what the admin pages' JSON API and the
+//! CLI's `--json` print, so that a script written against one reads the other.
+//!
+//! Times are RFC 3339 in UTC to the microsecond (`2025-01-31T09:15:02.123456Z`); a payload
+//! that is JSON is written as JSON (as the stored text otherwise), under `payload` when it was
+//! read whole, and as the text of its first characters under `payload_preview` when a listing
+//! [read only those](super::ListOptions::payload_preview); `payload_truncated` says which.
+
+use std::time::SystemTime;
+
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value;
+
+use super::{BlockedKey, DeadLetter, DestinationStatus, PendingMessage, TypeStats};
+
+/// `time` as RFC 3339 in UTC, to the microsecond.
+fn timestamp(time: SystemTime) -> String {
+    humantime::format_rfc3339_micros(time).to_string()
+}
+
+/// A stored payload as JSON, or as a JSON string when the stored text is not JSON.
+fn payload_value(payload: &str) -> Value {
+    serde_json::from_str(payload).unwrap_or_else(|_| Value::String(payload.to_owned()))
+}
+
+fn payload_entries<M: SerializeMap>(
+    map: &mut M,
+    payload: &str,
+    truncated: bool,
+) -> Result<(), M::Error> {
+    map.serialize_entry("payload_truncated", &truncated)?;
+    if truncated {
+        map.serialize_entry("payload_preview", payload)
+    } else {
+        map.serialize_entry("payload", &payload_value(payload))
+    }
+}
+
+impl Serialize for PendingMessage {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("position", &self.position)?;
+        map.serialize_entry("message_id", &self.message_id.to_string())?;
+        map.serialize_entry("message_type", &self.message_type)?;
+        map.serialize_entry("ordering_key", &self.ordering_key)?;
+        map.serialize_entry("attempts", &self.attempts)?;
+        map.serialize_entry("in_flight", &self.in_flight)?;
+        map.serialize_entry("parked", &self.parked)?;
+        map.serialize_entry("created_at", &timestamp(self.created_at))?;
+        map.serialize_entry("next_attempt_at", &timestamp(self.next_attempt_at))?;
+        map.serialize_entry("last_error", &self.last_error)?;
+        map.serialize_entry("headers", &self.headers)?;
+        payload_entries(&mut map, &self.payload, self.payload_truncated)?;
+        map.end()
+    }
+}
+
+impl Serialize for DeadLetter {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("position", &self.position)?;
+        map.serialize_entry("message_id", &self.message_id.to_string())?;
+        map.serialize_entry("message_type", &self.message_type)?;
+        map.serialize_entry("ordering_key", &self.ordering_key)?;
+        map.serialize_entry("attempts", &self.attempts)?;
+        map.serialize_entry("created_at", &timestamp(self.created_at))?;
+        map.serialize_entry("failed_at", &timestamp(self.failed_at))?;
+        map.serialize_entry("last_error", &self.last_error)?;
+        map.serialize_entry("headers", &self.headers)?;
+        payload_entries(&mut map, &self.payload, self.payload_truncated)?;
+        map.end()
+    }
+}
+
+impl Serialize for BlockedKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("ordering_key", &self.ordering_key)?;
+        map.serialize_entry("position", &self.position)?;
+        map.serialize_entry("message_id", &self.message_id.to_string())?;
+        map.serialize_entry("message_type", &self.message_type)?;
+        map.serialize_entry("attempts", &self.attempts)?;
+        map.serialize_entry("last_error", &self.last_error)?;
+        map.serialize_entry("next_attempt_at", &timestamp(self.next_attempt_at))?;
+        map.serialize_entry("waiting", &self.waiting)?;
+        map.end()
+    }
+}
+
+impl Serialize for DestinationStatus {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("name", &self.name)?;
+        map.serialize_entry("kind", &self.kind)?;
+        map.serialize_entry("state", &self.state)?;
+        map.serialize_entry("consecutive_failures", &self.consecutive_failures)?;
+        map.serialize_entry("last_error", &self.last_error)?;
+        map.serialize_entry("next_probe_at", &self.next_probe_at.map(timestamp))?;
+        map.serialize_entry("disabled_reason", &self.disabled_reason)?;
+        map.serialize_entry("reported_at", &timestamp(self.reported_at))?;
+        map.end()
+    }
+}
+
+impl Serialize for TypeStats {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("message_type", &self.message_type)?;
+        map.serialize_entry("pending", &self.pending)?;
+        map.serialize_entry("in_flight", &self.in_flight)?;
+        map.serialize_entry("dead", &self.dead)?;
+        map.serialize_entry("oldest_pending", &self.oldest_pending.map(timestamp))?;
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use outbox_core::{Headers, MessageId};
+    use serde_json::json;
+
+    use super::*;
+
+    fn letter(payload: &str, truncated: bool) -> DeadLetter {
+        DeadLetter {
+            position: 7,
+            message_id: MessageId::new(),
+            message_type: "comment.thankYou".into(),
+            payload: payload.into(),
+            payload_truncated: truncated,
+            ordering_key: None,
+            attempts: 3,
+            last_error: "HTTP 500".into(),
+            created_at: UNIX_EPOCH + Duration::from_micros(1_738_314_902_123_456),
+            failed_at: UNIX_EPOCH,
+            headers: Headers::new(),
+        }
+    }
+
+    #[test]
+    fn times_are_rfc_3339_to_the_microsecond() {
+        let json = serde_json::to_value(letter("{}", false)).unwrap();
+        assert_eq!(json["created_at"], "2025-01-31T09:15:02.123456Z");
+        assert_eq!(json["failed_at"], "1970-01-01T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn whole_payloads_are_json_and_previews_text() {
+        let whole = serde_json::to_value(letter(r#"{"n":1}"#, false)).unwrap();
+        assert_eq!(whole["payload"], json!({ "n": 1 }));
+        assert_eq!(whole["payload_truncated"], false);
+        assert!(whole.get("payload_preview").is_none());
+
+        let not_json = serde_json::to_value(letter("not json {", false)).unwrap();
+        assert_eq!(not_json["payload"], "not json {");
+
+        let preview = serde_json::to_value(letter(r#"{"n":"#, true)).unwrap();
+        assert_eq!(preview["payload_preview"], r#"{"n":"#);
+        assert_eq!(preview["payload_truncated"], true);
+        assert!(
+            preview.get("payload").is_none(),
+            "a cut payload is not passed off as whole"
+        );
+    }
+}
