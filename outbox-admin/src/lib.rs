@@ -16,9 +16,12 @@
 //! - **JSON** (read-only, the same figures): see [`Admin::handle`] for the endpoints.
 //!
 //! **Security.** Everything needs the admin token: once through the sign-in form, which sets
-//! an `HttpOnly`, `SameSite=Strict` session cookie (signed with a key made at start-up, so
-//! sessions end when the process does), or as `Authorization: Bearer <token>` on the JSON
-//! endpoints. Every `POST` a browser sends on behalf of another site is refused (by
+//! an `HttpOnly`, `SameSite=Strict` session cookie, or as `Authorization: Bearer <token>` on
+//! the JSON endpoints. Cookies are signed with [`AdminBuilder::session_key`] (give every
+//! replica the same one) or, without it, a key made at start-up (sessions then end when the
+//! process does). Signing out ends the session everywhere: its id is kept in the database
+//! (`outbox_admin_revoked`) until the cookie would have expired, and a copy of the cookie is
+//! refused. Every `POST` a browser sends on behalf of another site is refused (by
 //! `Sec-Fetch-Site`, or `Origin` against `Host`). Pages carry a strict Content Security
 //! Policy and are never cached. Webhook secrets are never shown (they are not in the
 //! database); every action, and every failed sign-in, is logged with the `outbox_admin`
@@ -72,6 +75,7 @@ use diesel::r2d2::{ManageConnection, Pool};
 use outbox_diesel::{OutboxConnection, WorkerStats};
 
 pub use http::{Request, Response};
+pub use session::MIN_SESSION_KEY_BYTES;
 
 use chart::Samples;
 use session::Sessions;
@@ -97,6 +101,15 @@ pub enum AdminError {
     /// The operating system gave no randomness for the session key.
     #[error("no randomness for the session key: {0}")]
     Random(String),
+    /// The configured session key is too short to resist guessing.
+    #[error(
+        "the admin session key has {length} bytes; use at least {MIN_SESSION_KEY_BYTES} random \
+         ones (e.g. `openssl rand -base64 48`, kept with the application's other secrets)"
+    )]
+    SessionKeyTooShort {
+        /// Its length in bytes.
+        length: usize,
+    },
 }
 
 /// How [`Admin`] learns what a worker in this process has settled, for the throughput figure.
@@ -129,6 +142,7 @@ pub struct AdminBuilder<M: ManageConnection> {
     cookie_path: Option<String>,
     secure_cookie: bool,
     session_lifetime: Duration,
+    session_key: Option<Vec<u8>>,
     worker_stats: Option<StatsSource>,
     refresh: Duration,
 }
@@ -170,6 +184,15 @@ where
     /// How long a sign-in lasts (default 12 hours).
     pub fn session_lifetime(mut self, lifetime: Duration) -> Self {
         self.session_lifetime = lifetime;
+        self
+    }
+
+    /// The key session cookies are signed with (at least [`MIN_SESSION_KEY_BYTES`] bytes),
+    /// from the application's configuration: give every replica behind one address the same
+    /// key, or a sign-in on one is unknown to the next. Without it a key is drawn at start-up,
+    /// and a restart signs everyone out.
+    pub fn session_key(mut self, key: impl AsRef<[u8]>) -> Self {
+        self.session_key = Some(key.as_ref().to_vec());
         self
     }
 
@@ -218,6 +241,7 @@ where
         }
         let sessions = Sessions::new(
             token,
+            self.session_key.as_deref(),
             cookie_path,
             self.secure_cookie,
             self.session_lifetime,
@@ -255,16 +279,22 @@ where
             cookie_path: None,
             secure_cookie: false,
             session_lifetime: Duration::from_secs(12 * 3600),
+            session_key: None,
             worker_stats: None,
             refresh: Duration::from_secs(10),
         }
     }
 
-    /// Whether `request` carries a valid session cookie: for an application's own operator
-    /// pages (widen [`AdminBuilder::cookie_path`] for them to receive it). A request that is
-    /// not signed in can be sent to `{base_path}/login?next=/your/page`.
+    /// Whether `request` carries a valid session cookie of a session that has not signed
+    /// out: for an application's own operator pages (widen [`AdminBuilder::cookie_path`] for
+    /// them to receive it). A request that is not signed in can be sent to
+    /// `{base_path}/login?next=/your/page`. Reads the database (sign-outs are kept there); a
+    /// database that does not answer counts as not signed in.
     pub fn is_signed_in(&self, request: &Request) -> bool {
-        self.sessions.signed_in(request)
+        routes::signed_in(self, request).unwrap_or_else(|error| {
+            log::error!(target: "outbox_admin", "could not check a session: {error}");
+            false
+        })
     }
 
     /// Answers one request; `request`'s path is below the mount point (`/`, `/dead`, ...).

@@ -53,14 +53,14 @@ where
     match (method, segments.as_slice()) {
         ("GET", ["login"]) => return login_form(admin, request, None, 200),
         ("POST", ["login"]) => return login(admin, request),
-        ("POST", ["logout"]) => {
-            return Response::redirect(&format!("{}/login", admin.base_path()))
-                .set_cookie(admin.sessions.clear())
-        }
+        ("POST", ["logout"]) => return logout(admin, request),
         _ => {}
     }
     let api = segments.first() == Some(&"api");
-    let signed_in = admin.sessions.signed_in(request) || (api && admin.sessions.bearer(request));
+    let signed_in = match signed_in(admin, request) {
+        Ok(signed_in) => signed_in || (api && admin.sessions.bearer(request)),
+        Err(error) => return server_error(admin.base_path(), api, &error),
+    };
     if !signed_in {
         return if api {
             Response::json(
@@ -107,11 +107,7 @@ where
     };
     let response = outcome.unwrap_or_else(|error| {
         log::error!(target: "outbox_admin", "{} {}: {error}", method, request.path());
-        if api {
-            Response::json(500, &json!({ "error": error }))
-        } else {
-            Response::html(500, pages::problem(admin.base_path(), &error))
-        }
+        server_error(admin.base_path(), api, &error)
     });
     if flash.is_some() {
         response.set_cookie(flash_cookie(admin.base_path(), "", 0))
@@ -172,6 +168,38 @@ fn login_form<M: ManageConnection>(
     Response::html(status, pages::login(admin.base_path(), &next, error))
 }
 
+/// Whether the request's session cookie is authentic, unexpired and not signed out.
+pub(crate) fn signed_in<M>(admin: &Admin<M>, request: &Request) -> Result<bool, String>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let Some(session) = admin.sessions.session(request) else {
+        return Ok(false);
+    };
+    let revoked = admin::admin_session_revoked(&mut *connection(admin)?, &session.id).map_err(text)?;
+    Ok(!revoked)
+}
+
+/// Signs out: the cookie is cleared here and its session refused everywhere after.
+fn logout<M>(admin: &Admin<M>, request: &Request) -> Response
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    if let Some(session) = admin.sessions.session(request) {
+        let revoked = connection(admin).and_then(|mut conn| {
+            admin::revoke_admin_session(&mut *conn, &session.id, session.expires).map_err(text)
+        });
+        if let Err(error) = revoked {
+            // The cookie would stay valid elsewhere: say so rather than pretend.
+            return server_error(admin.base_path(), false, &format!("could not sign out: {error}"));
+        }
+        log::info!(target: "outbox_admin", "an operator signed out from {}", request.peer_or_unknown());
+    }
+    Response::redirect(&format!("{}/login", admin.base_path())).set_cookie(admin.sessions.clear())
+}
+
 fn login<M: ManageConnection>(admin: &Admin<M>, request: &Request) -> Response {
     let form = request.form();
     let next = safe_next(admin.base_path(), form.get("next"));
@@ -179,8 +207,12 @@ fn login<M: ManageConnection>(admin: &Admin<M>, request: &Request) -> Response {
         .sessions
         .is_token(form.get("token").unwrap_or_default())
     {
+        let cookie = match admin.sessions.issue() {
+            Ok(cookie) => cookie,
+            Err(error) => return server_error(admin.base_path(), false, &error.to_string()),
+        };
         log::info!(target: "outbox_admin", "an operator signed in from {}", request.peer_or_unknown());
-        Response::redirect(&next).set_cookie(admin.sessions.issue())
+        Response::redirect(&next).set_cookie(cookie)
     } else {
         log::warn!(
             target: "outbox_admin",
@@ -411,6 +443,14 @@ where
     let mut conn = connection(admin)?;
     let rows = load(&mut conn, &options).map_err(text)?;
     Ok(Ok(paged(rows, position)))
+}
+
+fn server_error(base: &str, api: bool, error: &str) -> Response {
+    if api {
+        Response::json(500, &json!({ "error": error }))
+    } else {
+        Response::html(500, pages::problem(base, error))
+    }
 }
 
 fn bad_request(base: &str, api: bool, error: &str) -> Response {

@@ -1,10 +1,13 @@
 //! Sign-in: the admin token, and the session cookie that stands for it.
 //!
-//! A session cookie is `{expiry}.{mac}`: the Unix second it expires and an HMAC-SHA256 of it
-//! under a key drawn at start-up. Nothing is stored: a cookie is valid while its MAC checks and
-//! its time has not come, and every session ends with the process (a new key). The token is
-//! compared the same way, through a MAC, so the comparison takes the same time whatever the
-//! guess.
+//! A session cookie is `{expiry}.{id}.{mac}`: the Unix second it expires, a random session id,
+//! and an HMAC-SHA256 of both under the session key: the application's
+//! ([`AdminBuilder::session_key`](crate::AdminBuilder::session_key), shared by its replicas) or
+//! one drawn at start-up (sessions then end with the process). A cookie is valid while its MAC
+//! checks, its time has not come and its id was not signed out: a sign-out records the id in
+//! the database until the cookie would have expired, so a copied cookie is refused by every
+//! replica. The token is compared through a MAC too, so the comparison takes the same time
+//! whatever the guess.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,25 +21,48 @@ use crate::AdminError;
 
 pub(crate) const COOKIE: &str = "outbox_admin";
 
+/// The shortest session key the pages accept, in bytes: HMAC-SHA256's block of entropy.
+pub const MIN_SESSION_KEY_BYTES: usize = 32;
+
 type HmacSha256 = Hmac<Sha256>;
 
 pub(crate) struct Sessions {
-    key: [u8; 32],
+    key: Vec<u8>,
     token_mac: Vec<u8>,
     cookie_path: String,
     secure: bool,
     lifetime: Duration,
 }
 
+/// A signed-in session, as its cookie says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub id: String,
+    pub expires: SystemTime,
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N], AdminError> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).map_err(|e| AdminError::Random(e.to_string()))?;
+    Ok(bytes)
+}
+
 impl Sessions {
+    /// Sessions signed with `key`, or with a key drawn now when there is none.
     pub fn new(
         token: &str,
+        key: Option<&[u8]>,
         cookie_path: String,
         secure: bool,
         lifetime: Duration,
     ) -> Result<Self, AdminError> {
-        let mut key = [0u8; 32];
-        getrandom::fill(&mut key).map_err(|e| AdminError::Random(e.to_string()))?;
+        let key = match key {
+            Some(key) if key.len() < MIN_SESSION_KEY_BYTES => {
+                return Err(AdminError::SessionKeyTooShort { length: key.len() })
+            }
+            Some(key) => key.to_vec(),
+            None => random_bytes::<32>()?.to_vec(),
+        };
         let mut sessions = Sessions {
             key,
             token_mac: Vec::new(),
@@ -49,8 +75,8 @@ impl Sessions {
     }
 
     fn hmac(&self, domain: &[u8], data: &[u8]) -> HmacSha256 {
-        // A 32-byte key is always accepted by HMAC; `new_from_slice` fails only on lengths
-        // the hash cannot take.
+        // HMAC takes a key of any length; `new_from_slice` fails only on lengths the hash
+        // cannot take.
         let mut mac = HmacSha256::new_from_slice(&self.key)
             .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
         mac.update(domain);
@@ -83,31 +109,31 @@ impl Sessions {
             .map_or(0, |d| d.as_secs())
     }
 
-    fn session_value(&self, expires: u64) -> String {
-        let expires = expires.to_string();
-        let mac = self.mac(b"session:", expires.as_bytes());
-        format!("{expires}.{}", URL_SAFE_NO_PAD.encode(mac))
+    fn session_value(&self, id: &str, expires: u64) -> String {
+        let signed = format!("{expires}.{id}");
+        let mac = self.mac(b"session:", signed.as_bytes());
+        format!("{signed}.{}", URL_SAFE_NO_PAD.encode(mac))
     }
 
-    /// Whether `value` is a session cookie this process issued that has not expired.
-    fn valid(&self, value: &str) -> bool {
-        let Some((expires, mac)) = value.split_once('.') else {
-            return false;
-        };
-        let Ok(mac) = URL_SAFE_NO_PAD.decode(mac) else {
-            return false;
-        };
-        let authentic = self
-            .hmac(b"session:", expires.as_bytes())
+    /// The session `value` stands for, if this key signed it and it has not expired (whether
+    /// it signed out is the database's to say).
+    fn valid(&self, value: &str) -> Option<Session> {
+        let (signed, mac) = value.rsplit_once('.')?;
+        let (expires, id) = signed.split_once('.')?;
+        let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
+        self.hmac(b"session:", signed.as_bytes())
             .verify_slice(&mac)
-            .is_ok();
-        authentic && expires.parse::<u64>().is_ok_and(|at| at > Self::now())
+            .ok()?;
+        let expires = expires.parse::<u64>().ok().filter(|at| *at > Self::now())?;
+        Some(Session {
+            id: id.to_owned(),
+            expires: UNIX_EPOCH + Duration::from_secs(expires),
+        })
     }
 
-    pub fn signed_in(&self, request: &Request) -> bool {
-        request
-            .cookie(COOKIE)
-            .is_some_and(|value| self.valid(value))
+    /// The session the request's cookie stands for, if it is authentic and unexpired.
+    pub fn session(&self, request: &Request) -> Option<Session> {
+        request.cookie(COOKIE).and_then(|value| self.valid(value))
     }
 
     fn cookie(&self, value: &str, max_age: u64) -> String {
@@ -119,10 +145,11 @@ impl Sessions {
     }
 
     /// The `Set-Cookie` value of a new session.
-    pub fn issue(&self) -> String {
+    pub fn issue(&self) -> Result<String, AdminError> {
+        let id = URL_SAFE_NO_PAD.encode(random_bytes::<16>()?);
         let lifetime = self.lifetime.as_secs().max(1);
-        let value = self.session_value(Self::now().saturating_add(lifetime));
-        self.cookie(&value, lifetime)
+        let value = self.session_value(&id, Self::now().saturating_add(lifetime));
+        Ok(self.cookie(&value, lifetime))
     }
 
     /// The `Set-Cookie` value that ends the session in this browser.
@@ -138,6 +165,7 @@ mod tests {
     fn sessions() -> Sessions {
         Sessions::new(
             "correct-horse-battery",
+            None,
             "/outbox".to_owned(),
             false,
             Duration::from_secs(60),
@@ -162,33 +190,36 @@ mod tests {
     #[test]
     fn an_issued_cookie_is_http_only_strict_and_valid() {
         let s = sessions();
-        let set = s.issue();
+        let set = s.issue().unwrap();
         assert!(set.contains("; HttpOnly"), "{set}");
         assert!(set.contains("; SameSite=Strict"), "{set}");
         assert!(set.contains("; Path=/outbox;"), "{set}");
         assert!(!set.contains("Secure"), "{set}");
-        assert!(s.signed_in(&with_cookie(&set)));
+        assert!(s.session(&with_cookie(&set)).is_some());
     }
 
     #[test]
     fn forged_expired_and_foreign_cookies_are_refused() {
         let s = sessions();
-        let set = s.issue();
+        let set = s.issue().unwrap();
         let value = set
             .split(';')
             .next()
             .unwrap()
             .trim_start_matches("outbox_admin=");
-        let (expires, mac) = value.split_once('.').unwrap();
-        // A later expiry with the old MAC.
+        let (expires, rest) = value.split_once('.').unwrap();
+        let (id, mac) = rest.split_once('.').unwrap();
+        assert_eq!(s.valid(value).unwrap().id, id);
+        // A later expiry, or another id, with the old MAC.
         let later: u64 = expires.parse::<u64>().unwrap() + 3600;
-        assert!(!s.valid(&format!("{later}.{mac}")));
+        assert!(s.valid(&format!("{later}.{id}.{mac}")).is_none());
+        assert!(s.valid(&format!("{expires}.another-id.{mac}")).is_none());
         // A correctly signed but expired one.
-        assert!(!s.valid(&s.session_value(Sessions::now() - 1)));
+        assert!(s.valid(&s.session_value(id, Sessions::now() - 1)).is_none());
         // One from another process (another key).
-        assert!(!sessions().valid(value));
-        for nonsense in ["", ".", "abc", "1.", ".abc", "99999999999.!!!"] {
-            assert!(!s.valid(nonsense), "{nonsense}");
+        assert!(sessions().valid(value).is_none());
+        for nonsense in ["", ".", "..", "abc", "1.", ".abc", "1.a.", "99999999999.!!!", "9.x.!!!"] {
+            assert!(s.valid(nonsense).is_none(), "{nonsense}");
         }
     }
 
@@ -204,9 +235,35 @@ mod tests {
 
     #[test]
     fn a_secure_cookie_says_so_and_clearing_expires_it() {
-        let s = Sessions::new("correct-horse-battery", "/".into(), true, Duration::ZERO).unwrap();
-        assert!(s.issue().ends_with("; Secure"));
-        assert!(s.issue().contains("Max-Age=1;"));
+        let s = Sessions::new("correct-horse-battery", None, "/".into(), true, Duration::ZERO)
+            .unwrap();
+        assert!(s.issue().unwrap().ends_with("; Secure"));
+        assert!(s.issue().unwrap().contains("Max-Age=1;"));
         assert!(s.clear().starts_with("outbox_admin=; Path=/; Max-Age=0;"));
+    }
+
+    #[test]
+    fn replicas_with_one_configured_key_accept_each_others_cookies() {
+        let key = [7u8; 48];
+        let replica = |key: Option<&[u8]>| {
+            Sessions::new("correct-horse-battery", key, "/".into(), false, Duration::from_secs(60))
+                .unwrap()
+        };
+        let (a, b) = (replica(Some(&key)), replica(Some(&key)));
+        let set = a.issue().unwrap();
+        assert_eq!(
+            a.session(&with_cookie(&set)),
+            b.session(&with_cookie(&set)),
+            "one session on both"
+        );
+        assert!(b.session(&with_cookie(&set)).is_some());
+        assert!(replica(None).session(&with_cookie(&set)).is_none());
+        // Two sign-ins are two sessions: one can sign out alone.
+        assert_ne!(
+            a.session(&with_cookie(&a.issue().unwrap())).unwrap().id,
+            a.session(&with_cookie(&set)).unwrap().id
+        );
+        let short = Sessions::new("correct-horse-battery", Some(&[1; 31]), "/".into(), false, Duration::ZERO);
+        assert!(matches!(short, Err(AdminError::SessionKeyTooShort { length: 31 })));
     }
 }

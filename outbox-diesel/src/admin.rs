@@ -549,6 +549,31 @@ pub fn enable_destination<C: OutboxConnection>(conn: &mut C, name: &str) -> Resu
     }
     Ok(changed > 0)
 }
+/// Ends an admin session for every process that shares the database: the admin pages refuse
+/// a session recorded here (a copied cookie after sign-out) until `expires`, when its cookie
+/// would have expired anyway. Forgets the sessions that have since expired.
+pub fn revoke_admin_session<C: OutboxConnection>(
+    conn: &mut C,
+    session_id: &str,
+    expires: SystemTime,
+) -> Result<()> {
+    let unix = |time: SystemTime| {
+        time.duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    };
+    with_backend!(conn.backend_connection(), c => c.revoke_session(session_id, unix(expires)))?;
+    with_backend!(
+        conn.backend_connection(),
+        c => c.forget_revoked_sessions(unix(SystemTime::now()))
+    )?;
+    Ok(())
+}
+
+/// Whether an admin session was ended by [`revoke_admin_session`].
+pub fn admin_session_revoked<C: OutboxConnection>(conn: &mut C, session_id: &str) -> Result<bool> {
+    Ok(with_backend!(conn.backend_connection(), c => c.session_revoked(session_id))?)
+}
+
 
 /// Disables a destination for every worker that delivers to it, as a `410 Gone` does: within
 /// a few seconds its deliveries stop and their messages are dead-lettered with `reason`, until

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use diesel::r2d2::Pool;
-use outbox_diesel::destination::{Destination, DestinationOptions};
+use outbox_diesel::destination::Destination;
 use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{Backend, DieselStore, OutboxManager, RetryPolicy, Worker};
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
@@ -52,11 +52,9 @@ fn run<C: TestConnection>(url: &str) -> ! {
             .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
             .build()
             .expect("an endpoint");
-        // The receiver drill answers 429 by turns, as a fault, not as a rate: learning a rate
-        // from it holds the drill's deliveries near ten a second (the flow-control tests cover
-        // learning; see the notes of issue 24).
-        builder =
-            builder.destination_with(HOOK, endpoint, DestinationOptions::new().learn_rate(false));
+        // Default options: the receiver drill's 429s come one in twenty, as faults, and must
+        // not teach a rate (they held the drill near ten deliveries a second when they did).
+        builder = builder.destination(HOOK, endpoint);
     }
     if let Ok(destination) = std::env::var("OUTBOX_WORKER_DESTINATION") {
         builder = builder.destination(RELAY, relay_destination(&destination, timeout));

@@ -361,7 +361,10 @@ fn the_pages_need_the_token_and_refuse_cross_site_posts<C: TestConnection>(db: &
     assert!(out.header("set-cookie").unwrap().contains("Max-Age=0"));
     let other = pages(&pool);
     assert_eq!(get(&other, &cookie, "/").status, 401);
-    assert!(admin.is_signed_in(&Request::new("GET", "/x").header("cookie", &cookie)));
+    assert!(
+        !admin.is_signed_in(&Request::new("GET", "/x").header("cookie", &cookie)),
+        "signing out ended the session, not only this browser's copy of the cookie"
+    );
 }
 
 fn bulk_actions_do_only_the_count_the_operator_confirmed<C: TestConnection>(db: &TestDb) {
@@ -723,7 +726,55 @@ fn listings_read_payload_previews_and_a_message_its_whole_payload<C: TestConnect
     );
 }
 
+/// Issue 25, item 15: a copied cookie stayed valid for 12 hours after sign-out, and each
+/// replica signed cookies with a key of its own.
+fn signing_out_ends_the_session_on_every_replica<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(5);
+    let key = "a session key from the configuration, 48 bytes..";
+    let replica = || {
+        Admin::builder(pool.clone(), TOKEN)
+            .base_path("/ops/outbox")
+            .session_key(key)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (replica(), replica());
+    let cookie = sign_in(&a);
+    let copied = cookie.clone();
+    assert_eq!(get(&a, &cookie, "/api/overview").status, 200);
+    assert_eq!(get(&b, &cookie, "/api/overview").status, 200, "one key: one session");
+    assert_eq!(
+        get(&pages(&pool), &cookie, "/api/overview").status,
+        401,
+        "a replica without the key does not know the session"
+    );
+    let other = sign_in(&a);
+
+    let out = post(&a, &cookie, "/logout", "");
+    assert_eq!(out.status, 303, "{}", out.text());
+    assert!(out.header("set-cookie").unwrap().contains("Max-Age=0"));
+    for replica in [&a, &b] {
+        assert_eq!(get(replica, &copied, "/api/overview").status, 401, "the copy is refused");
+        assert_eq!(get(replica, &copied, "/dead").status, 401);
+        assert_eq!(get(replica, &other, "/api/overview").status, 200, "other sessions stay");
+    }
+    assert!(!b.is_signed_in(&Request::new("GET", "/").header("cookie", &copied)));
+    assert!(b.is_signed_in(&Request::new("GET", "/").header("cookie", &other)));
+
+    // Signing out twice, or with a forged cookie, changes nothing and fails nothing.
+    assert_eq!(post(&b, &copied, "/logout", "").status, 303);
+    assert_eq!(post(&b, "outbox_admin=1.x.y", "/logout", "").status, 303);
+    assert_eq!(get(&b, &other, "/api/overview").status, 200);
+
+    let short = Admin::builder(pool.clone(), TOKEN).session_key([0u8; 16]).build();
+    assert!(
+        matches!(short, Err(outbox_admin::AdminError::SessionKeyTooShort { length: 16 })),
+        "{short:?}"
+    );
+}
+
 backend_tests!(
+    signing_out_ends_the_session_on_every_replica,
     listings_read_payload_previews_and_a_message_its_whole_payload,
     listings_filter_and_page_by_position_covering_every_message_once,
     the_pages_need_the_token_and_refuse_cross_site_posts,

@@ -6,13 +6,17 @@
 //!   shared by every handler thread of the process. A delivery over the limit waits for its turn
 //!   when the turn is near (a quarter of a second at most: a handler thread is not held longer)
 //!   and is otherwise deferred to it, **without counting an attempt**.
-//! - **A learned limit**, by default on every destination: a push-back (a webhook's `429`, or
-//!   `503` with `Retry-After`: [`DeliveryError::push_back`](super::DeliveryError::push_back)) holds the destination for the time asked (see
-//!   [`health`](super::health)) and sets the rate to nine tenths of what the destination
-//!   accepted in the second before; every second of deliveries then raises it by 1 % (at least one
-//!   more a second), until the next push-back. A destination that never pushes back is never
-//!   paced. Turn it off with
-//!   [`DestinationOptions::learn_rate`](super::DestinationOptions::learn_rate).
+//! - **A learned limit**, by default on every destination. Every push-back (a webhook's `429`,
+//!   or `503` with `Retry-After`:
+//!   [`DeliveryError::push_back`](super::DeliveryError::push_back)) holds the destination for
+//!   the time asked (see [`health`](super::health)). Push-back twice in a row, with nothing
+//!   accepted in between, says the rate is too high: it is set to nine tenths of what the
+//!   destination accepted in the second before, and every second of deliveries then raises it
+//!   by 1 % (at least one more a second), until the next such push-back. A lone push-back
+//!   between accepted deliveries (a receiver that refuses now and then, whatever the rate)
+//!   changes no rate: cutting the rate for it would only slow every delivery, since the hold
+//!   already spaces them. A destination that never pushes back is never paced. Turn it off
+//!   with [`DestinationOptions::learn_rate`](super::DestinationOptions::learn_rate).
 //!
 //! Both are per process. Several worker processes share a destination's static limit only if
 //! each is given its share (the limit divided by the processes); learned limits need no such
@@ -134,6 +138,8 @@ struct State {
     dropped: Option<Instant>,
     /// When deliveries were accepted, over the last [`WINDOW`].
     accepted: VecDeque<Instant>,
+    /// Push-backs since the last accepted delivery.
+    pushed_in_a_row: u32,
 }
 
 impl Pacer {
@@ -148,6 +154,7 @@ impl Pacer {
                 raised: now,
                 dropped: None,
                 accepted: VecDeque::new(),
+                pushed_in_a_row: 0,
             }),
         }
     }
@@ -201,6 +208,7 @@ impl Pacer {
         let mut state = self.state();
         forget_before(&mut state.accepted, now);
         state.accepted.push_back(now);
+        state.pushed_in_a_row = 0;
         if let Some(rate) = state.learned {
             let seconds = now.saturating_duration_since(state.raised).as_secs_f64();
             if seconds >= 1.0 {
@@ -210,13 +218,17 @@ impl Pacer {
         }
     }
 
-    /// The destination pushed back: the learned rate drops to a share of what it accepted in
-    /// the last second.
+    /// The destination pushed back: the second push-back in a row drops the learned rate to a
+    /// share of what it accepted in the last second.
     pub fn pushed_back(&self, now: Instant) {
         if !self.learns {
             return;
         }
         let mut state = self.state();
+        state.pushed_in_a_row = state.pushed_in_a_row.saturating_add(1);
+        if state.pushed_in_a_row < 2 {
+            return;
+        }
         if state
             .dropped
             .is_some_and(|at| now.saturating_duration_since(at) < WINDOW)
@@ -311,6 +323,8 @@ mod tests {
         }
         let pushed = t0 + Duration::from_millis(600);
         pacer.pushed_back(pushed);
+        assert_eq!(pacer.rate(), None, "a lone push-back changes no rate");
+        pacer.pushed_back(pushed);
         assert_eq!(pacer.rate(), Some(90.0));
         // A second of deliveries later: one more a second (1 % of 90 is less).
         pacer.accepted(pushed + Duration::from_secs(1));
@@ -340,11 +354,37 @@ mod tests {
             pacer.accepted(t0 + Duration::from_millis(i));
         }
         pacer.pushed_back(t0 + Duration::from_millis(100));
+        pacer.pushed_back(t0 + Duration::from_millis(100));
         assert_eq!(pacer.rate(), Some(4.5), "nine tenths of the limit in force");
 
         let fixed = Pacer::new(Some(RateLimit::per_second(5)), false, t0);
         fixed.pushed_back(t0);
+        fixed.pushed_back(t0);
         assert_eq!(fixed.rate(), Some(5.0));
+    }
+
+    /// CI's receiver drill: a receiver that answers one request in twenty 429 with
+    /// `Retry-After`, whatever the rate. Each push-back held the destination, and each also cut
+    /// the rate to nine tenths of the last second's deliveries, themselves cut short by the
+    /// hold: the rate sank to about ten a second, the drill past its patience.
+    #[test]
+    fn push_back_now_and_then_between_deliveries_changes_no_rate() {
+        let t0 = Instant::now();
+        let pacer = Pacer::new(None, true, t0);
+        for n in 0..2_000u64 {
+            let at = t0 + Duration::from_millis(n * 5);
+            if n % 20 == 3 {
+                pacer.pushed_back(at);
+            } else {
+                pacer.accepted(at);
+            }
+        }
+        assert_eq!(pacer.rate(), None);
+        // Refused twice running: that is a rate.
+        let later = t0 + Duration::from_secs(20);
+        pacer.pushed_back(later);
+        pacer.pushed_back(later);
+        assert!(pacer.rate().is_some());
     }
 
     #[test]

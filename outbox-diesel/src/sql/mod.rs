@@ -87,6 +87,21 @@ macro_rules! fixed_statement_methods {
             Ok(run(self, INBOX_RECORD, &[Bind::Text(id)])? == 1)
         }
 
+        fn revoke_session(&mut self, session_id: &str, expires_unix: i64) -> QueryResult<()> {
+            let binds = [Bind::Text(session_id), Bind::BigInt(expires_unix)];
+            run(self, REVOKE_SESSION, &binds).map(drop)
+        }
+
+        fn session_revoked(&mut self, session_id: &str) -> QueryResult<bool> {
+            let rows: Vec<FoundRow> =
+                Prepared::new(SESSION_REVOKED, STYLE, &[Bind::Text(session_id)]).load(self)?;
+            Ok(rows.first().is_some_and(|row| row.found > 0))
+        }
+
+        fn forget_revoked_sessions(&mut self, now_unix: i64) -> QueryResult<usize> {
+            run(self, FORGET_REVOKED, &[Bind::BigInt(now_unix)])
+        }
+
         fn inbox_sweep(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize> {
             let binds = [Bind::BigInt(older_than_micros), Bind::BigInt(limit)];
             run(self, INBOX_SWEEP, &binds)
@@ -244,6 +259,13 @@ pub(crate) struct DeadLetterRow {
     pub(crate) created_at: i64,
     #[diesel(sql_type = BigInt)]
     pub(crate) failed_at: i64,
+}
+
+/// A count of rows found.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct FoundRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) found: i64,
 }
 
 /// One line of the stats: counts of one message type.
@@ -673,6 +695,15 @@ pub(crate) trait Statements: Sized {
     /// Records a received webhook id unless recorded; whether it was new.
     #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
     fn inbox_record(&mut self, id: &str) -> QueryResult<bool>;
+
+    /// Records an admin session as signed out until `expires_unix`.
+    fn revoke_session(&mut self, session_id: &str, expires_unix: i64) -> QueryResult<()>;
+
+    /// Whether an admin session signed out.
+    fn session_revoked(&mut self, session_id: &str) -> QueryResult<bool>;
+
+    /// Forgets signed-out sessions that expired before `now_unix`; returns how many.
+    fn forget_revoked_sessions(&mut self, now_unix: i64) -> QueryResult<usize>;
 
     /// Deletes up to `limit` inbox ids received more than `older_than_micros` ago; returns
     /// how many.

@@ -10,7 +10,7 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, HorizonRow, IdRow, MessageIdRow, PendingRow,
+    DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, PendingRow,
     Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
@@ -425,6 +425,18 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
 /// A received webhook id recorded unless recorded. Binds: id.
 pub(crate) const INBOX_RECORD: &str =
     "INSERT IGNORE INTO outbox_inbox (webhook_id, received_at) VALUES (?, UTC_TIMESTAMP(6))";
+
+/// An admin session ended by a sign-out, until it would have expired. Binds: session id,
+/// expiry (Unix seconds).
+pub(crate) const REVOKE_SESSION: &str =
+    "INSERT IGNORE INTO outbox_admin_revoked (session_id, expires_at) VALUES (?, ?)";
+
+/// Whether an admin session signed out (1) or not (0). Binds: session id.
+pub(crate) const SESSION_REVOKED: &str =
+    "SELECT COUNT(*) AS found FROM outbox_admin_revoked WHERE session_id = ?";
+
+/// Revoked admin sessions that have expired anyway, forgotten. Binds: now (Unix seconds).
+pub(crate) const FORGET_REVOKED: &str = "DELETE FROM outbox_admin_revoked WHERE expires_at < ?";
 
 /// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
 pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox \
@@ -947,6 +959,9 @@ mod tests {
             (DEAD_LETTERS, 6),
             (PURGE, 1),
             (INBOX_RECORD, 1),
+            (REVOKE_SESSION, 2),
+            (SESSION_REVOKED, 1),
+            (FORGET_REVOKED, 1),
             (INBOX_SWEEP, 2),
             (PRUNE_DEAD_LETTERS, 2),
             (BACKLOG, 0),

@@ -12,7 +12,7 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, HorizonRow, IdRow, MessageIdRow, MessageRow,
+    DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, MessageRow,
     PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
 };
 use crate::enqueue::NewMessage;
@@ -399,6 +399,18 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
 /// A received webhook id recorded unless recorded. Binds: id.
 pub(crate) const INBOX_RECORD: &str =
     "INSERT INTO outbox_inbox (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING";
+
+/// An admin session ended by a sign-out, until it would have expired. Binds: session id,
+/// expiry (Unix seconds).
+pub(crate) const REVOKE_SESSION: &str = "INSERT INTO outbox_admin_revoked (session_id, expires_at) \
+     VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+/// Whether an admin session signed out (1) or not (0). Binds: session id.
+pub(crate) const SESSION_REVOKED: &str =
+    "SELECT COUNT(*) AS found FROM outbox_admin_revoked WHERE session_id = $1";
+
+/// Revoked admin sessions that have expired anyway, forgotten. Binds: now (Unix seconds).
+pub(crate) const FORGET_REVOKED: &str = "DELETE FROM outbox_admin_revoked WHERE expires_at < $1";
 
 /// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
 pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox WHERE webhook_id IN (\
@@ -824,6 +836,9 @@ mod tests {
             REQUEUE,
             PURGE,
             INBOX_RECORD,
+            REVOKE_SESSION,
+            SESSION_REVOKED,
+            FORGET_REVOKED,
             INBOX_SWEEP,
             PRUNE_DEAD_LETTERS,
             BACKLOG,
