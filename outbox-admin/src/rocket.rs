@@ -75,14 +75,20 @@ pub fn request_of(request: &rocket::Request<'_>, base_path: &str) -> Request {
     }
 }
 
-/// Whether a Rocket request carries `admin`'s session cookie: for the application's own
-/// operator pages (see [`AdminBuilder::cookie_path`](crate::AdminBuilder::cookie_path)).
-pub fn is_signed_in<M>(admin: &Admin<M>, request: &rocket::Request<'_>) -> bool
+/// Whether a Rocket request carries `admin`'s session cookie of a session that has not signed
+/// out: for the application's own operator pages (see
+/// [`AdminBuilder::cookie_path`](crate::AdminBuilder::cookie_path)). The sign-outs are in the
+/// database, so this reads it on a blocking thread.
+pub async fn is_signed_in<M>(admin: &Arc<Admin<M>>, request: &rocket::Request<'_>) -> bool
 where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    admin.is_signed_in(&request_of(request, admin.base_path()))
+    let neutral = request_of(request, admin.base_path());
+    let admin = Arc::clone(admin);
+    rocket::tokio::task::spawn_blocking(move || admin.is_signed_in(&neutral))
+        .await
+        .unwrap_or(false)
 }
 
 struct Serve<M: ManageConnection>(Arc<Admin<M>>);

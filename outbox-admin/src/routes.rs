@@ -177,7 +177,8 @@ where
     let Some(session) = admin.sessions.session(request) else {
         return Ok(false);
     };
-    let revoked = admin::admin_session_revoked(&mut *connection(admin)?, &session.id).map_err(text)?;
+    let revoked =
+        admin::admin_session_revoked(&mut *connection(admin)?, &session.id).map_err(text)?;
     Ok(!revoked)
 }
 
@@ -193,7 +194,11 @@ where
         });
         if let Err(error) = revoked {
             // The cookie would stay valid elsewhere: say so rather than pretend.
-            return server_error(admin.base_path(), false, &format!("could not sign out: {error}"));
+            return server_error(
+                admin.base_path(),
+                false,
+                &format!("could not sign out: {error}"),
+            );
         }
         log::info!(target: "outbox_admin", "an operator signed out from {}", request.peer_or_unknown());
     }

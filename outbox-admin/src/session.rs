@@ -218,7 +218,17 @@ mod tests {
         assert!(s.valid(&s.session_value(id, Sessions::now() - 1)).is_none());
         // One from another process (another key).
         assert!(sessions().valid(value).is_none());
-        for nonsense in ["", ".", "..", "abc", "1.", ".abc", "1.a.", "99999999999.!!!", "9.x.!!!"] {
+        for nonsense in [
+            "",
+            ".",
+            "..",
+            "abc",
+            "1.",
+            ".abc",
+            "1.a.",
+            "99999999999.!!!",
+            "9.x.!!!",
+        ] {
             assert!(s.valid(nonsense).is_none(), "{nonsense}");
         }
     }
@@ -235,8 +245,14 @@ mod tests {
 
     #[test]
     fn a_secure_cookie_says_so_and_clearing_expires_it() {
-        let s = Sessions::new("correct-horse-battery", None, "/".into(), true, Duration::ZERO)
-            .unwrap();
+        let s = Sessions::new(
+            "correct-horse-battery",
+            None,
+            "/".into(),
+            true,
+            Duration::ZERO,
+        )
+        .unwrap();
         assert!(s.issue().unwrap().ends_with("; Secure"));
         assert!(s.issue().unwrap().contains("Max-Age=1;"));
         assert!(s.clear().starts_with("outbox_admin=; Path=/; Max-Age=0;"));
@@ -246,8 +262,14 @@ mod tests {
     fn replicas_with_one_configured_key_accept_each_others_cookies() {
         let key = [7u8; 48];
         let replica = |key: Option<&[u8]>| {
-            Sessions::new("correct-horse-battery", key, "/".into(), false, Duration::from_secs(60))
-                .unwrap()
+            Sessions::new(
+                "correct-horse-battery",
+                key,
+                "/".into(),
+                false,
+                Duration::from_secs(60),
+            )
+            .unwrap()
         };
         let (a, b) = (replica(Some(&key)), replica(Some(&key)));
         let set = a.issue().unwrap();
@@ -263,7 +285,16 @@ mod tests {
             a.session(&with_cookie(&a.issue().unwrap())).unwrap().id,
             a.session(&with_cookie(&set)).unwrap().id
         );
-        let short = Sessions::new("correct-horse-battery", Some(&[1; 31]), "/".into(), false, Duration::ZERO);
-        assert!(matches!(short, Err(AdminError::SessionKeyTooShort { length: 31 })));
+        let short = Sessions::new(
+            "correct-horse-battery",
+            Some(&[1; 31]),
+            "/".into(),
+            false,
+            Duration::ZERO,
+        );
+        assert!(matches!(
+            short,
+            Err(AdminError::SessionKeyTooShort { length: 31 })
+        ));
     }
 }

@@ -574,7 +574,6 @@ pub fn admin_session_revoked<C: OutboxConnection>(conn: &mut C, session_id: &str
     Ok(with_backend!(conn.backend_connection(), c => c.session_revoked(session_id))?)
 }
 
-
 /// Disables a destination for every worker that delivers to it, as a `410 Gone` does: within
 /// a few seconds its deliveries stop and their messages are dead-lettered with `reason`, until
 /// [`enable_destination`]. Returns `false` if no worker has reported a destination of that name.

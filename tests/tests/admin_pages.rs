@@ -742,7 +742,11 @@ fn signing_out_ends_the_session_on_every_replica<C: TestConnection>(db: &TestDb)
     let cookie = sign_in(&a);
     let copied = cookie.clone();
     assert_eq!(get(&a, &cookie, "/api/overview").status, 200);
-    assert_eq!(get(&b, &cookie, "/api/overview").status, 200, "one key: one session");
+    assert_eq!(
+        get(&b, &cookie, "/api/overview").status,
+        200,
+        "one key: one session"
+    );
     assert_eq!(
         get(&pages(&pool), &cookie, "/api/overview").status,
         401,
@@ -754,9 +758,17 @@ fn signing_out_ends_the_session_on_every_replica<C: TestConnection>(db: &TestDb)
     assert_eq!(out.status, 303, "{}", out.text());
     assert!(out.header("set-cookie").unwrap().contains("Max-Age=0"));
     for replica in [&a, &b] {
-        assert_eq!(get(replica, &copied, "/api/overview").status, 401, "the copy is refused");
+        assert_eq!(
+            get(replica, &copied, "/api/overview").status,
+            401,
+            "the copy is refused"
+        );
         assert_eq!(get(replica, &copied, "/dead").status, 401);
-        assert_eq!(get(replica, &other, "/api/overview").status, 200, "other sessions stay");
+        assert_eq!(
+            get(replica, &other, "/api/overview").status,
+            200,
+            "other sessions stay"
+        );
     }
     assert!(!b.is_signed_in(&Request::new("GET", "/").header("cookie", &copied)));
     assert!(b.is_signed_in(&Request::new("GET", "/").header("cookie", &other)));
@@ -766,9 +778,14 @@ fn signing_out_ends_the_session_on_every_replica<C: TestConnection>(db: &TestDb)
     assert_eq!(post(&b, "outbox_admin=1.x.y", "/logout", "").status, 303);
     assert_eq!(get(&b, &other, "/api/overview").status, 200);
 
-    let short = Admin::builder(pool.clone(), TOKEN).session_key([0u8; 16]).build();
+    let short = Admin::builder(pool.clone(), TOKEN)
+        .session_key([0u8; 16])
+        .build();
     assert!(
-        matches!(short, Err(outbox_admin::AdminError::SessionKeyTooShort { length: 16 })),
+        matches!(
+            short,
+            Err(outbox_admin::AdminError::SessionKeyTooShort { length: 16 })
+        ),
         "{short:?}"
     );
 }

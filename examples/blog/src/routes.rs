@@ -281,7 +281,7 @@ impl<'r> FromRequest<'r> for Admin {
         let Some(app) = request.rocket().state::<App>() else {
             return Outcome::Error((Status::InternalServerError, ()));
         };
-        if outbox_admin::rocket::is_signed_in(&app.admin, request) {
+        if outbox_admin::rocket::is_signed_in(&app.admin, request).await {
             Outcome::Success(Admin)
         } else {
             Outcome::Forward(Status::Unauthorized)

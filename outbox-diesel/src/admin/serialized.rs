@@ -8,6 +8,7 @@
 
 use std::time::SystemTime;
 
+use outbox_core::{Headers, MessageId};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
@@ -23,11 +24,30 @@ fn payload_value(payload: &str) -> Value {
     serde_json::from_str(payload).unwrap_or_else(|_| Value::String(payload.to_owned()))
 }
 
-fn payload_entries<M: SerializeMap>(
+/// What a pending message and a dead letter share, first: where it is and what it is.
+fn message_entries<M: SerializeMap>(
     map: &mut M,
+    position: i64,
+    message_id: &MessageId,
+    message_type: &str,
+    ordering_key: Option<&str>,
+    attempts: u32,
+) -> Result<(), M::Error> {
+    map.serialize_entry("position", &position)?;
+    map.serialize_entry("message_id", &message_id.to_string())?;
+    map.serialize_entry("message_type", message_type)?;
+    map.serialize_entry("ordering_key", &ordering_key)?;
+    map.serialize_entry("attempts", &attempts)
+}
+
+/// What a pending message and a dead letter share, last: what it carries.
+fn content_entries<M: SerializeMap>(
+    map: &mut M,
+    headers: &Headers,
     payload: &str,
     truncated: bool,
 ) -> Result<(), M::Error> {
+    map.serialize_entry("headers", headers)?;
     map.serialize_entry("payload_truncated", &truncated)?;
     if truncated {
         map.serialize_entry("payload_preview", payload)
@@ -39,18 +59,26 @@ fn payload_entries<M: SerializeMap>(
 impl Serialize for PendingMessage {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("position", &self.position)?;
-        map.serialize_entry("message_id", &self.message_id.to_string())?;
-        map.serialize_entry("message_type", &self.message_type)?;
-        map.serialize_entry("ordering_key", &self.ordering_key)?;
-        map.serialize_entry("attempts", &self.attempts)?;
+        let key = self.ordering_key.as_deref();
+        message_entries(
+            &mut map,
+            self.position,
+            &self.message_id,
+            &self.message_type,
+            key,
+            self.attempts,
+        )?;
         map.serialize_entry("in_flight", &self.in_flight)?;
         map.serialize_entry("parked", &self.parked)?;
         map.serialize_entry("created_at", &timestamp(self.created_at))?;
         map.serialize_entry("next_attempt_at", &timestamp(self.next_attempt_at))?;
         map.serialize_entry("last_error", &self.last_error)?;
-        map.serialize_entry("headers", &self.headers)?;
-        payload_entries(&mut map, &self.payload, self.payload_truncated)?;
+        content_entries(
+            &mut map,
+            &self.headers,
+            &self.payload,
+            self.payload_truncated,
+        )?;
         map.end()
     }
 }
@@ -58,16 +86,24 @@ impl Serialize for PendingMessage {
 impl Serialize for DeadLetter {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("position", &self.position)?;
-        map.serialize_entry("message_id", &self.message_id.to_string())?;
-        map.serialize_entry("message_type", &self.message_type)?;
-        map.serialize_entry("ordering_key", &self.ordering_key)?;
-        map.serialize_entry("attempts", &self.attempts)?;
+        let key = self.ordering_key.as_deref();
+        message_entries(
+            &mut map,
+            self.position,
+            &self.message_id,
+            &self.message_type,
+            key,
+            self.attempts,
+        )?;
         map.serialize_entry("created_at", &timestamp(self.created_at))?;
         map.serialize_entry("failed_at", &timestamp(self.failed_at))?;
         map.serialize_entry("last_error", &self.last_error)?;
-        map.serialize_entry("headers", &self.headers)?;
-        payload_entries(&mut map, &self.payload, self.payload_truncated)?;
+        content_entries(
+            &mut map,
+            &self.headers,
+            &self.payload,
+            self.payload_truncated,
+        )?;
         map.end()
     }
 }
@@ -118,7 +154,6 @@ impl Serialize for TypeStats {
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
-    use outbox_core::{Headers, MessageId};
     use serde_json::json;
 
     use super::*;

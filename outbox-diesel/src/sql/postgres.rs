@@ -12,8 +12,8 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, MessageRow,
-    PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
+    DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow,
+    MessageRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
 };
 use crate::enqueue::NewMessage;
 
@@ -402,7 +402,8 @@ pub(crate) const INBOX_RECORD: &str =
 
 /// An admin session ended by a sign-out, until it would have expired. Binds: session id,
 /// expiry (Unix seconds).
-pub(crate) const REVOKE_SESSION: &str = "INSERT INTO outbox_admin_revoked (session_id, expires_at) \
+pub(crate) const REVOKE_SESSION: &str =
+    "INSERT INTO outbox_admin_revoked (session_id, expires_at) \
      VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
 /// Whether an admin session signed out (1) or not (0). Binds: session id.

@@ -10,8 +10,8 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow, PendingRow, Selection,
-    Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
+    DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow, PendingRow,
+    Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
