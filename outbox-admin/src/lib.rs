@@ -319,7 +319,7 @@ where
     ///
     /// The records (messages, dead letters, blocked keys, destinations, types) have one JSON
     /// form, the one `outbox … --json` prints (see
-    /// [`outbox_diesel::admin`](outbox_diesel::admin)): times in RFC 3339, payloads as JSON. A
+    /// [`outbox_diesel::admin`]): times in RFC 3339, payloads as JSON. A
     /// listing carries each payload's first [`PREVIEW_CHARS`](outbox_diesel::admin::PREVIEW_CHARS)
     /// characters (`payload_preview` when cut, `payload_truncated`); a message's own
     /// `/api/messages/{id}` carries it whole. Pages hold at most 50 records.
