@@ -15,6 +15,9 @@ pub enum FailureKind {
     /// message waits for [`retry_after`](ProcessError::retry_after) without the attempt being
     /// counted, so an outage, however long, does not use up its attempts.
     Deferred,
+    /// Not attempted: an operator paused the destination (or the message's type). The message
+    /// waits, without the attempt being counted, until the pause ends.
+    Paused,
 }
 
 /// Why [`Handler::process`](crate::Handler::process) did not complete.
@@ -55,6 +58,16 @@ impl ProcessError {
             kind: FailureKind::Deferred,
             reason: reason.to_string(),
             retry_after: Some(delay),
+        }
+    }
+
+    /// The message was not attempted because an operator paused its destination: it waits,
+    /// its attempt not counted, until the destination is resumed.
+    pub(crate) fn paused(reason: impl fmt::Display) -> Self {
+        ProcessError {
+            kind: FailureKind::Paused,
+            reason: reason.to_string(),
+            retry_after: None,
         }
     }
 

@@ -8,7 +8,7 @@
 //!
 //! | Name | Kind | Labels | What |
 //! |---|---|---|---|
-//! | [`MESSAGES_PROCESSED`] | counter | `type`, `outcome` | messages settled, by outcome: `succeeded`, `retried`, `dead_lettered`, `released`, `deferred`, `fenced`, `abandoned` |
+//! | [`MESSAGES_PROCESSED`] | counter | `type`, `outcome` | messages settled, by outcome: `succeeded`, `retried`, `dead_lettered`, `released`, `deferred`, `paused`, `fenced`, `abandoned` |
 //! | [`ATTEMPT_DURATION`] | histogram (s) | `type` | how long handlers ran |
 //! | [`DELIVERY_LAG`] | histogram (s) | `type` | from enqueue to the settlement of a success (a delayed message counts its delay) |
 //! | [`HANDLER_TIMEOUTS`] | counter | `type` | attempts the watchdog counted as timed out |
@@ -22,9 +22,10 @@
 //! | [`CLAIM_DURATION`] | histogram (s) | | how long claims took (one round trip and its statement: it grows with what the claim must walk past) |
 //! | [`OLDEST_TRANSACTION_AGE`] | gauge (s) | | how long the oldest transaction keeping the database from cleaning up has been open, sampled with the backlog (PostgreSQL, MySQL) |
 //! | [`DEAD_ROWS`] | gauge | | rows the database cannot clean up yet: PostgreSQL's dead tuples in the outbox table, MySQL's undo history list; sampled with the backlog |
-//! | [`DESTINATION_ATTEMPTS`] | counter | `destination`, `outcome` | deliveries to a destination: `delivered`, `failed` (retryable), `rejected` (permanent), `pushed_back`, and those not sent: `waited` (paused or held), `paced` (over its rate: deferred to its turn), `refused` (disabled) |
+//! | [`DESTINATION_ATTEMPTS`] | counter | `destination`, `outcome` | deliveries to a destination: `delivered`, `failed` (retryable), `rejected` (permanent), `pushed_back`, and those not sent: `waited` (paused or held), `paced` (over its rate: deferred to its turn), `refused` (disabled), `paused` (an operator paused it) |
 //! | [`DESTINATION_DURATION`] | histogram (s) | `destination` | how long deliveries took |
 //! | [`DESTINATION_STATE`] | gauge | `destination`, `kind`, `state` | 1 for the state a destination is in (`healthy`, `held`, `paused`, `disabled`), 0 for the others; set for every destination when the worker starts |
+//! | [`OPERATOR_PAUSED`] | gauge | `kind`, `name` | 1 while an operator has paused the message type (`kind="type"`) or destination (`kind="destination"`) `name`, 0 otherwise; set for each of the worker's types and destinations every few seconds |
 //!
 //! The two sampled gauges come from one query the worker runs at start and then every
 //! [`WorkerBuilder::backlog_interval`](crate::WorkerBuilder::backlog_interval) (15 s by
@@ -71,6 +72,11 @@ pub const DESTINATION_DURATION: &str = "outbox_destination_duration_seconds";
 /// 1 for the state each destination is in, 0 for the others, by `destination`, `kind` and
 /// `state` (gauge). Alert on `outbox_destination_state{state=~"paused|disabled"} == 1`.
 pub const DESTINATION_STATE: &str = "outbox_destination_state";
+
+/// 1 while an operator has paused a message type or destination, 0 otherwise, by `kind`
+/// (`type` or `destination`) and `name` (gauge). Alert when one stays paused longer than
+/// planned: `outbox_paused == 1` for an hour.
+pub const OPERATOR_PAUSED: &str = "outbox_paused";
 
 /// The `type` label of messages no handler of this worker serves: unbounded strings from the
 /// database never become label values.
@@ -157,6 +163,11 @@ pub(crate) fn describe() {
         Unit::Count,
         "1 for the state an outbox destination is in (healthy, held, paused, disabled), 0 for the others"
     );
+    describe_gauge!(
+        OPERATOR_PAUSED,
+        Unit::Count,
+        "1 while an operator has paused an outbox message type or destination, 0 otherwise"
+    );
 }
 
 pub(crate) fn processed(message_type: &str, outcome: &'static str) {
@@ -217,6 +228,15 @@ pub(crate) fn destination_state(destination: &str, kind: &'static str, state: &'
         )
         .set(value);
     }
+}
+
+/// Records whether an operator paused message type (`kind` `type`) or destination `name`.
+pub(crate) fn operator_paused(kind: &'static str, name: &str, paused: bool) {
+    ::metrics::gauge!(OPERATOR_PAUSED, "kind" => kind, "name" => name.to_owned()).set(if paused {
+        1.0
+    } else {
+        0.0
+    });
 }
 
 pub(crate) fn backlog(backlog: &crate::store::Backlog) {

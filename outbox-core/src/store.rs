@@ -5,6 +5,7 @@
 //! on demand.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -139,6 +140,13 @@ pub enum Settlement {
         /// Why, stored as the message's last error.
         reason: String,
     },
+    /// Not processed: an operator paused its message type or its destination. Give it back
+    /// without counting the attempt, keeping `reason` as its last error, and keep it out of
+    /// claims until [`Store::release_paused`] makes it due again.
+    Pause {
+        /// Why, stored as the message's last error.
+        reason: String,
+    },
 }
 
 impl Settlement {
@@ -146,7 +154,7 @@ impl Settlement {
     pub fn text(&self) -> Option<&str> {
         match self {
             Settlement::Retry { error, .. } | Settlement::DeadLetter { error } => Some(error),
-            Settlement::Defer { reason, .. } => Some(reason),
+            Settlement::Defer { reason, .. } | Settlement::Pause { reason } => Some(reason),
             Settlement::Done | Settlement::Release => None,
         }
     }
@@ -163,6 +171,7 @@ impl Settlement {
                 delay: *delay,
                 reason: text,
             },
+            Settlement::Pause { .. } => Settlement::Pause { reason: text },
             other => other.clone(),
         }
     }
@@ -326,6 +335,21 @@ pub trait Store: Send + Sync + 'static {
         reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
     ) -> Result<(), StoreError>;
 
+    /// The message types and destinations an operator paused, which the worker reads every few
+    /// seconds: it settles a claimed message of a paused type, or for a paused destination, as
+    /// [`Settlement::Pause`]. A store that keeps no pauses returns none (the default).
+    fn paused(&self) -> Result<Paused, StoreError> {
+        Ok(Paused::default())
+    }
+
+    /// Makes every message settled [`Settlement::Pause`] due at once, except those of a message
+    /// type that is still paused (a message for a paused destination is paused again by the
+    /// next worker that claims it); returns how many. Resuming runs it, and so does every
+    /// worker when it sees a pause end, which catches a settlement that raced the resume.
+    fn release_paused(&self) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+
     /// Whether [`listen`](Store::listen) gives a listener, which then holds a connection of its
     /// own (counted by the worker before it calls [`check`](Store::check)).
     fn listens(&self) -> bool {
@@ -343,6 +367,45 @@ pub trait Store: Send + Sync + 'static {
     /// comes before the commit and would only cost an empty claim.
     fn wants_local_wakeups(&self) -> bool {
         true
+    }
+}
+
+/// What an operator paused: [`Store::paused`]. Each is a name with the operator's reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Paused {
+    /// Paused message types, by type string.
+    pub message_types: BTreeMap<String, String>,
+    /// Paused destinations, by name.
+    pub destinations: BTreeMap<String, String>,
+}
+
+impl Paused {
+    /// Nothing paused.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same, with `message_type` paused for `reason`.
+    pub fn message_type(
+        mut self,
+        message_type: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        self.message_types
+            .insert(message_type.into(), reason.into());
+        self
+    }
+
+    /// The same, with destination `name` paused for `reason`.
+    pub fn destination(mut self, name: impl Into<String>, reason: impl Into<String>) -> Self {
+        self.destinations.insert(name.into(), reason.into());
+        self
+    }
+
+    /// Whether nothing is paused.
+    pub fn is_empty(&self) -> bool {
+        self.message_types.is_empty() && self.destinations.is_empty()
     }
 }
 

@@ -31,13 +31,13 @@
 //! # Ok::<(), outbox_core::store::StoreError>(())
 //! ```
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::message::{Message, MessageId};
 use crate::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Outcome, Settlement, Store,
+    ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Outcome, Paused, Settlement, Store,
     StoreError, StoredDestination, SyncedDestination,
 };
 
@@ -101,9 +101,32 @@ struct State {
     rows: BTreeMap<i64, MemoryRow>,
     dead: BTreeMap<i64, MemoryDeadLetter>,
     destinations: BTreeMap<String, (StoredDestination, Option<DestinationReport>)>,
+    /// What an operator paused, and the rows settled as paused.
+    paused: Paused,
+    paused_rows: BTreeSet<i64>,
     next_position: i64,
     faults: Faults,
     calls: u64,
+}
+
+/// Makes due the rows settled as paused whose type is not paused; how many.
+fn release_paused(state: &mut State) -> usize {
+    let now = state.now();
+    let positions: Vec<i64> = state.paused_rows.iter().copied().collect();
+    let mut released = 0;
+    for position in positions {
+        let Some(row) = state.rows.get_mut(&position) else {
+            state.paused_rows.remove(&position);
+            continue;
+        };
+        if state.paused.message_types.contains_key(&row.message_type) {
+            continue;
+        }
+        row.due = now;
+        state.paused_rows.remove(&position);
+        released += 1;
+    }
+    released
 }
 
 /// The store in memory; clones share it. See the [module documentation](self).
@@ -125,6 +148,8 @@ impl MemoryStore {
                 rows: BTreeMap::new(),
                 dead: BTreeMap::new(),
                 destinations: BTreeMap::new(),
+                paused: Paused::default(),
+                paused_rows: BTreeSet::new(),
                 next_position: 1,
                 faults: Faults::default(),
                 calls: 0,
@@ -255,6 +280,15 @@ impl MemoryStore {
     /// Only this many connections can be lent ([`check`](Store::check) fails beyond).
     pub fn set_max_connections(&self, max: Option<usize>) {
         self.state().faults.max_connections = max;
+    }
+
+    /// What an operator paused, as [`Store::paused`] reports it from now on. Resuming (pausing
+    /// less) also makes due the paused messages that may run now, as the database stores' resume
+    /// does.
+    pub fn set_paused(&self, paused: Paused) {
+        let mut state = self.state();
+        state.paused = paused;
+        release_paused(&mut state);
     }
 
     /// Every call takes this long (real time).
@@ -427,6 +461,12 @@ impl Store for MemoryStore {
                     row.attempts = row.attempts.saturating_sub(1);
                     row.last_error = Some(reason.clone());
                 }
+                Settlement::Pause { reason } => {
+                    row.due = Duration::MAX;
+                    row.attempts = row.attempts.saturating_sub(1);
+                    row.last_error = Some(reason.clone());
+                    state.paused_rows.insert(row.position);
+                }
             }
             row.locked_by = None;
             state.rows.insert(row.position, row);
@@ -453,6 +493,15 @@ impl Store for MemoryStore {
 
     fn ping(&self) -> Result<(), StoreError> {
         self.call("checking the store").map(|_| ())
+    }
+
+    fn paused(&self) -> Result<Paused, StoreError> {
+        Ok(self.call("reading pauses")?.paused.clone())
+    }
+
+    fn release_paused(&self) -> Result<usize, StoreError> {
+        let mut state = self.call("releasing paused messages")?;
+        Ok(release_paused(&mut state))
     }
 
     fn promote_stranded(&self) -> Result<usize, StoreError> {

@@ -590,6 +590,154 @@ pub fn disable_destination<C: OutboxConnection>(
     Ok(changed > 0)
 }
 
+/// What an operator pauses: a message type or a destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PauseKind {
+    /// A message type: no worker processes its messages (whatever their destination).
+    MessageType,
+    /// A destination: no worker delivers to it (whatever the message type).
+    Destination,
+}
+
+impl PauseKind {
+    /// How the kind is stored and printed: `type` or `destination`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseKind::MessageType => "type",
+            PauseKind::Destination => "destination",
+        }
+    }
+
+    fn from_stored(kind: &str) -> Option<Self> {
+        match kind {
+            "type" => Some(PauseKind::MessageType),
+            "destination" => Some(PauseKind::Destination),
+            _ => None,
+        }
+    }
+}
+
+/// A message type or destination an operator paused: [`pauses`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pause {
+    /// What is paused.
+    pub kind: PauseKind,
+    /// The message type or the destination's name.
+    pub name: String,
+    /// Why, as the operator said.
+    pub reason: String,
+    /// Since when.
+    pub paused_at: SystemTime,
+}
+
+/// The longest name a pause takes, in characters (the outbox's type and name columns).
+const MAX_PAUSE_NAME_CHARS: usize = 255;
+
+/// Pauses a message type or a destination for every worker on the database: within a few
+/// seconds (each worker's next read of the pauses) no worker processes a message of that type,
+/// or delivers to that destination. Its messages stay pending, their attempts not counted, and
+/// are never dead-lettered for the pause; they are delivered again after [`resume`]. A
+/// message a worker holds when the pause begins still finishes. Returns `false` if it was
+/// paused already (the first reason stays).
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let mut conn = SqliteConnection::establish(":memory:")?;
+/// # outbox_diesel::run_migrations(&mut conn)?;
+/// use outbox_diesel::admin::{self, PauseKind};
+///
+/// admin::pause(&mut conn, PauseKind::MessageType, "comment.thankYou", "mail provider incident")?;
+/// assert_eq!(admin::pauses(&mut conn)?[0].name, "comment.thankYou");
+/// // ... later: its messages are delivered again.
+/// let released = admin::resume(&mut conn, PauseKind::MessageType, "comment.thankYou")?;
+/// assert_eq!(released, Some(0));
+/// # Ok(())
+/// # }
+/// ```
+pub fn pause<C: OutboxConnection>(
+    conn: &mut C,
+    kind: PauseKind,
+    name: &str,
+    reason: &str,
+) -> Result<bool> {
+    check_pause_name(name)?;
+    let added =
+        with_backend!(conn.backend_connection(), c => c.pause(kind.as_str(), name, reason))?;
+    if added > 0 {
+        log::warn!(
+            "outbox: {} {name} paused by an operator: {reason}",
+            kind.as_str()
+        );
+    }
+    Ok(added > 0)
+}
+
+/// Ends a [`pause`]: the paused messages are due at once (those of a type still paused
+/// stay), and every worker follows within a few seconds. Returns `None` if it was not paused,
+/// or how many paused messages were made due.
+pub fn resume<C: OutboxConnection>(
+    conn: &mut C,
+    kind: PauseKind,
+    name: &str,
+) -> Result<Option<usize>> {
+    check_pause_name(name)?;
+    // The pause ends first, in its own statement: a worker that pauses a message after this
+    // commits reads it as ended. One that paused a message just before is caught by the
+    // release below, or by its own release when it sees the pause end.
+    let removed = with_backend!(conn.backend_connection(), c => c.resume(kind.as_str(), name))?;
+    if removed == 0 {
+        return Ok(None);
+    }
+    let released = with_backend!(conn.backend_connection(), c => c.release_paused())?;
+    log::warn!(
+        "outbox: {} {name} resumed by an operator; {released} paused messages due again",
+        kind.as_str()
+    );
+    Ok(Some(released))
+}
+
+/// Every message type and destination paused, by kind and name.
+pub fn pauses<C: OutboxConnection>(conn: &mut C) -> Result<Vec<Pause>> {
+    let rows = with_backend!(conn.backend_connection(), c => c.pauses())?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| {
+            Some(Pause {
+                kind: PauseKind::from_stored(&row.kind)?,
+                name: row.name,
+                reason: row.reason,
+                paused_at: time_from_micros(row.paused_at),
+            })
+        })
+        .collect())
+}
+
+/// The pauses as the worker follows them.
+pub(crate) fn paused_from_rows(rows: Vec<crate::sql::PauseRow>) -> outbox_core::store::Paused {
+    let mut paused = outbox_core::store::Paused::new();
+    for row in rows {
+        match PauseKind::from_stored(&row.kind) {
+            Some(PauseKind::MessageType) => paused = paused.message_type(row.name, row.reason),
+            Some(PauseKind::Destination) => paused = paused.destination(row.name, row.reason),
+            None => {}
+        }
+    }
+    paused
+}
+
+fn check_pause_name(name: &str) -> Result<()> {
+    let chars = name.chars().count();
+    if chars == 0 || chars > MAX_PAUSE_NAME_CHARS || name.chars().any(char::is_control) {
+        return Err(Error::InvalidPauseName {
+            name: name.chars().take(80).collect(),
+        });
+    }
+    Ok(())
+}
+
 /// Counts of one message type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

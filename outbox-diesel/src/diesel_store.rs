@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
 use diesel::{Connection, QueryResult};
 use outbox_core::store::{
-    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Outcome, Pruned,
-    SettleTarget, Settlement, Store, StoreError, StoreErrorKind, StoredDestination, SuccessorLease,
-    SyncedDestination,
+    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Outcome, Paused,
+    Pruned, SettleTarget, Settlement, Store, StoreError, StoreErrorKind, StoredDestination,
+    SuccessorLease, SyncedDestination,
 };
 use outbox_core::{Headers, MessageId, ProcessError};
 
@@ -361,6 +361,27 @@ where
         )
     }
 
+    fn paused(&self) -> Result<Paused, StoreError> {
+        let rows = self.with_held(
+            &self.chores_connection,
+            "reading pauses",
+            |conn| with_backend!(conn.backend_connection(), c => c.pauses()),
+        )?;
+        Ok(crate::admin::paused_from_rows(rows))
+    }
+
+    fn release_paused(&self) -> Result<usize, StoreError> {
+        let released = self.with_held(
+            &self.chores_connection,
+            "making resumed messages due again",
+            |conn| with_backend!(conn.backend_connection(), c => c.release_paused()),
+        )?;
+        // A resume makes its messages due at its transaction's clock, which claims may have
+        // passed since: the next claim reads from the start of the due index.
+        self.claim_cursor.rewind(0);
+        Ok(released)
+    }
+
     fn prune(&self) -> Result<Pruned, StoreError> {
         let mut cursor = self
             .idempotency_sweep
@@ -427,7 +448,8 @@ where
         }
         let mut conn = self.connection()?;
         // The newest table and column: a schema that has them is current.
-        execute_batch(&mut *conn, "SELECT parked FROM outbox_message WHERE 1 = 0")
+        execute_batch(&mut *conn, "SELECT paused FROM outbox_message WHERE 1 = 0")
+            .and_then(|_| execute_batch(&mut *conn, "SELECT 1 FROM outbox_pause WHERE 1 = 0"))
             .and_then(|_| execute_batch(&mut *conn, "SELECT 1 FROM outbox_failure WHERE 1 = 0"))
             .and_then(|_| {
                 execute_batch(

@@ -113,6 +113,18 @@ pub enum Error {
     )]
     InvalidOrderingKey,
 
+    /// A message type or destination name to pause or resume that is empty, longer than 255
+    /// characters or holds control characters: no message type or destination is named so.
+    #[error(
+        "cannot pause or resume `{name}`: a message type or destination name is 1 to 255 \
+         characters without control characters (copy it from `outbox stats` or `outbox \
+         destinations`)"
+    )]
+    InvalidPauseName {
+        /// The name given (its first 80 characters).
+        name: String,
+    },
+
     /// The database URL's scheme names no backend the outbox supports.
     #[error(
         "unsupported database URL `{0}`: use postgres://, postgresql://, mysql://, sqlite://PATH, \

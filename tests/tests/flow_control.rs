@@ -1,13 +1,19 @@
 //! Pacing destinations, against real receivers on 127.0.0.1 on every backend: a receiver that
 //! rate-limits (`429` with `Retry-After`) gets everything at about the rate it allows, with few
 //! requests over it and no attempt spent; a static rate limit holds in every second; a limit of
-//! nothing is refused at spawn.
+//! nothing is refused at spawn. Operators pause and resume message types and destinations:
+//! their messages stay pending without spending attempts, per-key order holds across a pause,
+//! and a resume racing the workers strands nothing.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use outbox_diesel::admin::{self, PauseKind};
 use outbox_diesel::destination::{DestinationOptions, RateLimit};
-use outbox_diesel::{outbox_handler, Batch, DieselStore, Worker, WorkerError};
+use outbox_diesel::{
+    outbox_handler, Batch, Context, DieselStore, EnqueueOptions, Handler, ProcessError, Worker,
+    WorkerError,
+};
 use outbox_testkit::http::{Receiver, Reply, Request};
 use outbox_testkit::outbox::{dead, endpoint, pending};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb};
@@ -20,6 +26,46 @@ const PATIENCE: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Paced {
     n: u32,
+}
+
+/// Routed to the same destination as [`Paced`]: the type an operator pauses.
+#[outbox_handler("test.pausable", deliver_to = "paced")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Pausable {
+    n: u32,
+}
+
+/// Delivered by handler code to a destination of its own, which an operator pauses (a route
+/// would make every worker of this file name that destination).
+#[outbox_handler("test.elsewhere")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Elsewhere {
+    n: u32,
+}
+
+impl Handler for Elsewhere {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        ctx.destination("elsewhere")?.deliver(&self)
+    }
+}
+
+/// How long a worker may take to follow a pause or a resume: it reads them every 5 s.
+const FOLLOWS_WITHIN: Duration = Duration::from_secs(6);
+
+/// The `(type, n)` of each request the receiver accepted, in arrival order.
+fn accepted(receiver: &Receiver) -> Vec<(String, u64)> {
+    receiver
+        .requests()
+        .iter()
+        .filter(|r| r.answered == 200)
+        .map(|r| {
+            let body = r.json();
+            (
+                body["type"].as_str().unwrap_or_default().to_owned(),
+                body["data"]["n"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect()
 }
 
 fn enqueue<C: TestConnection>(pool: &outbox_testkit::TestPool<C>, count: u32) {
@@ -157,7 +203,258 @@ fn a_rate_limit_of_nothing_is_refused_at_spawn<C: TestConnection>(db: &TestDb) {
     );
 }
 
+fn a_paused_type_waits_without_spending_attempts_and_keeps_its_keys_in_order<C: TestConnection>(
+    db: &TestDb,
+) {
+    let receiver = Receiver::ok();
+    let pool = db.pool::<C>(6);
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .destination(
+            "paced",
+            endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .unwrap();
+    let mut conn = pool.get().unwrap();
+    assert!(admin::pause(
+        &mut conn,
+        PauseKind::MessageType,
+        "test.pausable",
+        "incident 7"
+    )
+    .unwrap());
+    assert!(
+        !admin::pause(&mut conn, PauseKind::MessageType, "test.pausable", "again").unwrap(),
+        "a second pause changes nothing"
+    );
+    let pauses = admin::pauses(&mut conn).unwrap();
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(
+        (pauses[0].kind, pauses[0].reason.as_str()),
+        (PauseKind::MessageType, "incident 7")
+    );
+    // The running worker follows within a few seconds.
+    std::thread::sleep(FOLLOWS_WITHIN);
+
+    // 40 of the paused type, 40 of another type; and on one key, a paused message with one of
+    // the other type behind it: the key waits for its head, so order holds.
+    let mut batch = Batch::new();
+    for n in 0..40 {
+        batch.push(&Pausable { n }).unwrap();
+        batch.push(&Paced { n }).unwrap();
+    }
+    let keyed = EnqueueOptions::new().ordering_key("k");
+    batch.push_with(&Pausable { n: 1000 }, &keyed).unwrap();
+    batch.push_with(&Paced { n: 1001 }, &keyed).unwrap();
+    batch.enqueue(&mut conn).unwrap();
+
+    assert!(
+        receiver.wait_until(PATIENCE, |requests| requests.len() >= 40),
+        "the type that is not paused is delivered"
+    );
+    // Every message of the paused type has been claimed and paused by now, or waits behind
+    // its key: none is ever sent, attempted or dead-lettered.
+    std::thread::sleep(Duration::from_secs(2));
+    let delivered = accepted(&receiver);
+    assert_eq!(delivered.len(), 40, "{delivered:?}");
+    assert!(
+        delivered.iter().all(|(t, n)| t == "test.paced" && *n < 40),
+        "{delivered:?}"
+    );
+    let waiting = pending(&pool);
+    assert_eq!(waiting.len(), 42, "{waiting:?}");
+    assert!(waiting.iter().all(|m| m.attempts == 0), "{waiting:?}");
+    assert!(dead(&pool).is_empty());
+    let paused_one = waiting
+        .iter()
+        .find(|m| m.message_type == "test.pausable" && m.ordering_key.is_none())
+        .unwrap();
+    assert!(
+        paused_one
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("paused by an operator (incident 7)"),
+        "{paused_one:?}"
+    );
+
+    let released = admin::resume(&mut conn, PauseKind::MessageType, "test.pausable").unwrap();
+    assert!(
+        matches!(released, Some(n) if (40..=41).contains(&n)),
+        "the paused messages are due again at once: {released:?}"
+    );
+    assert_eq!(
+        admin::resume(&mut conn, PauseKind::MessageType, "test.pausable").unwrap(),
+        None
+    );
+    assert!(admin::pauses(&mut conn).unwrap().is_empty());
+    assert!(
+        eventually(PATIENCE, || pending(&pool).is_empty()),
+        "{:?} still pending",
+        pending(&pool)
+    );
+    let stats = worker.shutdown(PATIENCE).unwrap();
+    assert!(dead(&pool).is_empty(), "{:?}", dead(&pool));
+    assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+    assert!(stats.paused >= 40, "{stats:?}");
+    let delivered = accepted(&receiver);
+    assert_eq!(delivered.len(), 82, "each delivered once: {delivered:?}");
+    let key_order: Vec<u64> = delivered
+        .iter()
+        .map(|(_, n)| *n)
+        .filter(|n| *n >= 1000)
+        .collect();
+    assert_eq!(
+        key_order,
+        [1000, 1001],
+        "the key's order held across the pause"
+    );
+}
+
+fn a_paused_destination_gets_nothing_until_resumed<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let other = Receiver::ok();
+    let pool = db.pool::<C>(6);
+    let mut conn = pool.get().unwrap();
+    // Paused before the worker starts: it reads the pauses before its first claim.
+    assert!(admin::pause(&mut conn, PauseKind::Destination, "elsewhere", "migrating").unwrap());
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .destination("paced", endpoint(&other.url("/in"), Duration::from_secs(5)))
+        .destination(
+            "elsewhere",
+            endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .unwrap();
+    let mut batch = Batch::new();
+    for n in 0..30 {
+        batch.push(&Elsewhere { n }).unwrap();
+        batch.push(&Paced { n }).unwrap();
+    }
+    batch.enqueue(&mut conn).unwrap();
+    assert!(
+        other.wait_unique(30, PATIENCE),
+        "the other destination gets its messages"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        receiver.count(),
+        0,
+        "nothing is sent to a paused destination"
+    );
+    let waiting = pending(&pool);
+    assert_eq!(waiting.len(), 30, "{waiting:?}");
+    assert!(waiting
+        .iter()
+        .all(|m| m.attempts == 0 && m.message_type == "test.elsewhere"));
+
+    // Resumed while the worker runs: it follows within a few seconds.
+    assert!(
+        admin::resume(&mut conn, PauseKind::Destination, "elsewhere")
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        receiver.wait_unique(30, PATIENCE + FOLLOWS_WITHIN),
+        "{} delivered",
+        receiver.unique()
+    );
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    let stats = worker.shutdown(PATIENCE).unwrap();
+    assert!(dead(&pool).is_empty(), "{:?}", dead(&pool));
+    assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+}
+
+fn pauses_and_resumes_racing_two_workers_strand_nothing<C: TestConnection>(db: &TestDb) {
+    const MESSAGES: u32 = 400;
+    let receiver = Receiver::ok();
+    let pool = db.pool::<C>(12);
+    let spawn = || {
+        Worker::builder(DieselStore::new(pool.clone()))
+            .poll_interval(Duration::from_millis(20))
+            .batch_size(8)
+            .destination(
+                "paced",
+                endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+            )
+            .spawn()
+            .unwrap()
+    };
+    let workers = [spawn(), spawn()];
+    let mut conn = pool.get().unwrap();
+    // Pauses and resumes far faster than the workers read them (every 5 s), while messages
+    // arrive: workers pause messages after the resume that would have released them, and
+    // settle pauses while a resume commits.
+    for round in 0..MESSAGES / 20 {
+        let mut batch = Batch::new();
+        for n in round * 20..(round + 1) * 20 {
+            batch.push(&Pausable { n }).unwrap();
+        }
+        batch.enqueue(&mut conn).unwrap();
+        if round % 2 == 0 {
+            admin::pause(
+                &mut conn,
+                PauseKind::MessageType,
+                "test.pausable",
+                "flapping",
+            )
+            .unwrap();
+        } else {
+            admin::resume(&mut conn, PauseKind::MessageType, "test.pausable").unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(if round % 7 == 0 {
+            5_300
+        } else {
+            150
+        }));
+    }
+    admin::resume(&mut conn, PauseKind::MessageType, "test.pausable").unwrap();
+    assert!(
+        eventually(PATIENCE, || pending(&pool).is_empty()),
+        "stranded: {:?}",
+        pending(&pool)
+            .iter()
+            .map(|m| (m.position, m.last_error.clone()))
+            .collect::<Vec<_>>()
+    );
+    let mut paused = 0;
+    for worker in workers {
+        let stats = worker.shutdown(PATIENCE).unwrap();
+        assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+        paused += stats.paused;
+    }
+    assert!(paused > 0, "the workers did pause messages");
+    assert!(dead(&pool).is_empty());
+    assert_eq!(receiver.unique(), u64::from(MESSAGES));
+}
+
+fn names_no_type_or_destination_could_have_are_refused<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(2);
+    let mut conn = pool.get().unwrap();
+    for name in ["", "a\nb", &"x".repeat(256)] {
+        let refused = admin::pause(&mut conn, PauseKind::MessageType, name, "why").unwrap_err();
+        assert!(
+            matches!(refused, outbox_diesel::Error::InvalidPauseName { .. }),
+            "{refused}"
+        );
+    }
+    // 255 characters of four bytes each: the longest name a type may have.
+    let longest = "\u{1F600}".repeat(255);
+    assert!(admin::pause(&mut conn, PauseKind::Destination, &longest, "why").unwrap());
+    assert_eq!(admin::pauses(&mut conn).unwrap()[0].name, longest);
+    assert_eq!(
+        admin::resume(&mut conn, PauseKind::Destination, &longest).unwrap(),
+        Some(0)
+    );
+}
+
 backend_tests!(
+    a_paused_type_waits_without_spending_attempts_and_keeps_its_keys_in_order,
+    a_paused_destination_gets_nothing_until_resumed,
+    pauses_and_resumes_racing_two_workers_strand_nothing,
+    names_no_type_or_destination_could_have_are_refused,
     a_receiver_that_rate_limits_gets_everything_without_spent_attempts,
     a_static_rate_limit_holds_in_every_second,
     a_rate_limit_of_nothing_is_refused_at_spawn,

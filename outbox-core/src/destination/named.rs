@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -77,6 +77,8 @@ pub(crate) struct Registered {
     destination: Arc<dyn Destination>,
     health: Health,
     pacer: Pacer,
+    /// Why an operator paused it, while paused (read from the store every few seconds).
+    operator_pause: Mutex<Option<String>>,
 }
 
 impl fmt::Debug for Registered {
@@ -99,6 +101,7 @@ impl Registered {
             destination,
             health: Health::new(options.health_policy),
             pacer: Pacer::new(options.rate_limit, options.learn_rate, Instant::now()),
+            operator_pause: Mutex::new(None),
         }
     }
 
@@ -118,10 +121,34 @@ impl Registered {
         self.health.state(Instant::now())
     }
 
-    /// Delivers `envelope` through the gate: a paused, held or disabled destination is not
-    /// called; what the destination answers is counted, timed, and told to its health.
+    /// Why an operator paused this destination, if one did.
+    pub fn operator_pause(&self) -> Option<String> {
+        self.operator_pause
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Follows an operator's pause (`Some(reason)`) or resume (`None`).
+    pub fn set_operator_pause(&self, reason: Option<String>) {
+        *self
+            .operator_pause
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = reason;
+    }
+
+    /// Delivers `envelope` through the gate: a destination an operator paused, or one that is
+    /// paused, held or disabled is not called; what the destination answers is counted, timed,
+    /// and told to its health.
     pub fn send(&self, envelope: &Envelope) -> Result<(), ProcessError> {
         let name = &self.name;
+        if let Some(reason) = self.operator_pause() {
+            metrics::destination_attempt(name, "paused");
+            return Err(ProcessError::paused(format!(
+                "not sent: destination {name} is paused by an operator ({reason}); it waits \
+                 until resumed (`outbox resume --destination {name}`, or the admin pages)"
+            )));
+        }
         let probe = match self.health.gate(Instant::now()) {
             Gate::Send => {
                 self.take_turn()?;
@@ -415,6 +442,14 @@ impl Destinations {
         })?;
         self.publish_states();
         Ok(())
+    }
+
+    /// Follows the operator's pauses of destinations (by name, with the reason): each of this
+    /// worker's destinations is paused or resumed to match.
+    pub fn follow_pauses(&self, paused: &BTreeMap<String, String>) {
+        for destination in self.iter() {
+            destination.set_operator_pause(paused.get(destination.name()).cloned());
+        }
     }
 }
 

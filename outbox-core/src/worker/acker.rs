@@ -559,6 +559,7 @@ impl Settler {
                     Settlement::DeadLetter { .. } => (&counters.dead_lettered, "dead_lettered"),
                     Settlement::Release => (&counters.released, "released"),
                     Settlement::Defer { .. } => (&counters.deferred, "deferred"),
+                    Settlement::Pause { .. } => (&counters.paused, "paused"),
                 }
             };
             Counters::add(counter, 1);

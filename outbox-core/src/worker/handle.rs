@@ -29,6 +29,9 @@ pub struct WorkerStats {
     /// Messages given back for later without counting an attempt (no handler for their type
     /// yet).
     pub deferred: u64,
+    /// Messages given back without counting an attempt because an operator paused their type
+    /// or destination: each waits until resumed.
+    pub paused: u64,
     /// Outcomes dropped because the lease had passed to another claim.
     pub fenced: u64,
     /// Attempts the watchdog counted as timed out (the handler ran past its timeout).
@@ -46,6 +49,7 @@ pub(crate) struct Counters {
     pub dead_lettered: AtomicU64,
     pub released: AtomicU64,
     pub deferred: AtomicU64,
+    pub paused: AtomicU64,
     pub fenced: AtomicU64,
     pub timed_out: AtomicU64,
     pub abandoned_outcomes: AtomicU64,
@@ -65,6 +69,7 @@ impl Counters {
             dead_lettered: get(&self.dead_lettered),
             released: get(&self.released),
             deferred: get(&self.deferred),
+            paused: get(&self.paused),
             fenced: get(&self.fenced),
             timed_out: get(&self.timed_out),
             abandoned_outcomes: get(&self.abandoned_outcomes),

@@ -67,6 +67,11 @@ pub(crate) fn settle_attempt(n: u32, attempt: Attempt, policy: &RetryPolicy) -> 
                 reason: storable(failure.reason().to_owned()),
             };
         }
+        Attempt::Failed(failure) if failure.kind() == FailureKind::Paused => {
+            return Settlement::Pause {
+                reason: storable(failure.reason().to_owned()),
+            };
+        }
         Attempt::Failed(failure) if failure.kind() == FailureKind::Permanent => {
             return Settlement::DeadLetter {
                 error: storable(format!(
@@ -206,6 +211,17 @@ impl SettleWithin for JobSettle<'_> {
 /// Runs one message's handler and decides its settlement. The payload is taken out of the
 /// message: the handler's struct replaces it while the handler runs.
 pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId) -> Settlement {
+    // Before anything else: an operator's pause keeps a message of any type, known or not,
+    // from being handled or dead-lettered.
+    if let Some(reason) = shared.type_pause(&message.message_type) {
+        return Settlement::Pause {
+            reason: storable(format!(
+                "not processed: message type `{}` is paused by an operator ({reason}); it waits \
+                 until resumed (`outbox resume {}`, or the admin pages)",
+                message.message_type, message.message_type
+            )),
+        };
+    }
     let Some(registration) = shared.registry.get(&message.message_type) else {
         return settle_unknown_type(
             message,
@@ -341,6 +357,9 @@ pub(crate) fn log_settlement(
             "outbox: message {message_id} ({message_type}{trace}) given back for {delay:?}: \
              {reason}"
         ),
+        Settlement::Pause { reason } => {
+            log::debug!("outbox: message {message_id} ({message_type}{trace}) paused: {reason}")
+        }
         Settlement::Done | Settlement::Release => {}
     }
 }

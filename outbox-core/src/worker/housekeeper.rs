@@ -1,14 +1,15 @@
 //! The housekeeper: the store's chores that no message waits for, on a thread of their own so
 //! that none of them ever delays a claim: the safety net of per-key order, pruning, the backlog
-//! sample for the gauges, and sharing the destinations' health.
+//! sample for the gauges, sharing the destinations' health, and following operators' pauses.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
 use crate::metrics;
+use crate::store::Paused;
 
 use super::handle::AliveGuard;
 use super::shared::Shared;
@@ -23,7 +24,16 @@ pub(crate) struct Housekeeper {
     next_backlog: Instant,
     /// The operator's count of enables of each destination when this worker last read it.
     enables_seen: HashMap<String, i64>,
+    /// What operators had paused when this worker last read it (`None` before the first read).
+    pauses_seen: Option<Paused>,
+    /// How many more chores release paused messages: a pause ended (see [`Self::sync_pauses`]).
+    releases_due: u32,
 }
+
+/// How many chores in a row release paused messages after a pause ended: the one that sees it
+/// end, and the next, which catches a pause this worker's handlers settled as the resume
+/// committed (before they saw it).
+const RELEASES_AFTER_RESUME: u32 = 2;
 
 impl Housekeeper {
     pub fn new(shared: Arc<Shared>, stop: Receiver<()>) -> Self {
@@ -35,6 +45,8 @@ impl Housekeeper {
             // The gauges are there from the start.
             next_backlog: now,
             enables_seen: HashMap::new(),
+            pauses_seen: None,
+            releases_due: 0,
         }
     }
 
@@ -55,6 +67,68 @@ impl Housekeeper {
             log::warn!(
                 "outbox: sharing the destinations' health through the store failed: {error}"
             );
+        }
+    }
+
+    /// Follows operators' pauses of message types and destinations, which the store keeps:
+    /// handler threads pause a claimed message of a paused type, destinations refuse
+    /// deliveries while paused. When a pause ends, paused messages are made due again (the
+    /// resume did so already; this catches one paused as it committed); and once when the
+    /// worker starts, in case a resume's release was lost. The worker runs this once before its
+    /// first claim.
+    pub fn sync_pauses(&mut self) {
+        let shared = &self.shared;
+        let paused = match shared
+            .vitals
+            .store_call("housekeeper", "paused", || shared.store.paused())
+        {
+            Ok(paused) => paused,
+            Err(error) => {
+                metrics::store_error("housekeeping");
+                log::warn!("outbox: reading operators' pauses from the store failed: {error}");
+                return;
+            }
+        };
+        let ended = match &self.pauses_seen {
+            None => true,
+            Some(seen) => log_changes(seen, &paused),
+        };
+        if ended {
+            self.releases_due = RELEASES_AFTER_RESUME;
+        }
+        *shared
+            .paused_types
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = paused.message_types.clone();
+        shared.destinations.follow_pauses(&paused.destinations);
+        for message_type in shared.registry.message_types() {
+            metrics::operator_paused(
+                "type",
+                message_type,
+                paused.message_types.contains_key(message_type),
+            );
+        }
+        for destination in shared.destinations.iter() {
+            let name = destination.name();
+            metrics::operator_paused("destination", name, paused.destinations.contains_key(name));
+        }
+        self.pauses_seen = Some(paused);
+        if self.releases_due > 0 {
+            self.releases_due -= 1;
+            match shared
+                .vitals
+                .store_call("housekeeper", "release_paused", || {
+                    shared.store.release_paused()
+                }) {
+                Ok(0) => {}
+                Ok(n) => log::info!("outbox: {n} paused messages made due again (a pause ended)"),
+                Err(error) => {
+                    // Tried again at the next chore.
+                    self.releases_due += 1;
+                    metrics::store_error("housekeeping");
+                    log::warn!("outbox: making resumed messages due again failed: {error}");
+                }
+            }
         }
     }
 
@@ -81,6 +155,7 @@ impl Housekeeper {
         if now >= self.next_chores {
             self.next_chores = now + HOUSEKEEPING_EVERY;
             self.sync_destinations();
+            self.sync_pauses();
             self.promote_stranded();
             self.prune();
         }
@@ -140,4 +215,26 @@ impl Housekeeper {
             }
         }
     }
+}
+
+/// Logs the pauses that began and ended between `seen` and `now`; whether any ended.
+fn log_changes(seen: &Paused, now: &Paused) -> bool {
+    let mut ended = false;
+    for (kind, before, after) in [
+        ("message type", &seen.message_types, &now.message_types),
+        ("destination", &seen.destinations, &now.destinations),
+    ] {
+        for (name, reason) in after {
+            if !before.contains_key(name) {
+                log::warn!("outbox: {kind} {name} paused by an operator ({reason})");
+            }
+        }
+        for name in before.keys() {
+            if !after.contains_key(name) {
+                log::warn!("outbox: {kind} {name} resumed by an operator");
+                ended = true;
+            }
+        }
+    }
+    ended
 }

@@ -164,10 +164,11 @@ impl<S: Store> WorkerBuilder<S> {
             wake: wake_tx.clone(),
             _local_wakeups: local_wakeups,
         };
-        // A destination disabled before a restart gets no delivery: its record is read before
-        // the first claim.
+        // A destination disabled or paused before a restart, or a paused type, gets no
+        // delivery: their records are read before the first claim.
         let mut housekeeper = Housekeeper::new(Arc::clone(&shared), stop_rx.clone());
         housekeeper.sync_destinations();
+        housekeeper.sync_pauses();
         // From here on, a failure to start a thread stops those already started (the handle's
         // drop). The threads count as alive from their start, before they first run.
         let vitals = &shared.vitals;

@@ -1,8 +1,9 @@
 //! What the worker's threads share, and how they are started and waited for.
 
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,8 @@ pub(crate) struct Shared {
     /// (a few ordering keys, each behind its head), so settlements lease the next message of
     /// their keys themselves instead of leaving it to the next claim.
     pub claims_short: AtomicBool,
+    /// The message types an operator paused, with the reasons, as last read from the store.
+    pub paused_types: RwLock<BTreeMap<String, String>>,
     give_up_at: Mutex<Option<Instant>>,
     /// Dropped when the worker stops: wakes the threads that wait on it.
     stop_signal: Mutex<Option<Sender<()>>>,
@@ -80,6 +83,7 @@ impl Shared {
             stopping: AtomicBool::new(false),
             claimer_done: AtomicBool::new(false),
             claims_short: AtomicBool::new(false),
+            paused_types: RwLock::new(BTreeMap::new()),
             give_up_at: Mutex::new(None),
             stop_signal: Mutex::new(Some(stop_signal)),
             capacity,
@@ -95,6 +99,15 @@ impl Shared {
         } else {
             crate::metrics::UNREGISTERED_TYPE
         }
+    }
+
+    /// Why an operator paused `message_type`, if one did.
+    pub fn type_pause(&self, message_type: &str) -> Option<String> {
+        self.paused_types
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(message_type)
+            .cloned()
     }
 
     pub fn stopping(&self) -> bool {

@@ -12,7 +12,7 @@ use outbox_core::{Headers, MessageId};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
-use super::{BlockedKey, DeadLetter, DestinationStatus, PendingMessage, TypeStats};
+use super::{BlockedKey, DeadLetter, DestinationStatus, Pause, PendingMessage, TypeStats};
 
 /// `time` as RFC 3339 in UTC, to the microsecond.
 fn timestamp(time: SystemTime) -> String {
@@ -134,6 +134,17 @@ impl Serialize for DestinationStatus {
         map.serialize_entry("next_probe_at", &self.next_probe_at.map(timestamp))?;
         map.serialize_entry("disabled_reason", &self.disabled_reason)?;
         map.serialize_entry("reported_at", &timestamp(self.reported_at))?;
+        map.end()
+    }
+}
+
+impl Serialize for Pause {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("kind", self.kind.as_str())?;
+        map.serialize_entry("name", &self.name)?;
+        map.serialize_entry("reason", &self.reason)?;
+        map.serialize_entry("paused_at", &timestamp(self.paused_at))?;
         map.end()
     }
 }

@@ -175,6 +175,36 @@ macro_rules! fixed_statement_methods {
             )
         }
 
+        fn pause_message(&mut self, token: &str, id: i64, reason: &str) -> QueryResult<bool> {
+            let binds = [
+                Bind::BigInt(micros(crate::sql::PAUSED_FOR)),
+                Bind::Text(reason),
+                Bind::BigInt(id),
+                Bind::Text(token),
+            ];
+            Ok(run(self, PAUSE_MESSAGE, &binds)? == 1)
+        }
+
+        fn release_paused(&mut self) -> QueryResult<usize> {
+            run(self, RELEASE_PAUSED, &[])
+        }
+
+        fn pause(&mut self, kind: &str, name: &str, reason: &str) -> QueryResult<usize> {
+            run(
+                self,
+                PAUSE,
+                &[Bind::Text(kind), Bind::Text(name), Bind::Text(reason)],
+            )
+        }
+
+        fn resume(&mut self, kind: &str, name: &str) -> QueryResult<usize> {
+            run(self, RESUME, &[Bind::Text(kind), Bind::Text(name)])
+        }
+
+        fn pauses(&mut self) -> QueryResult<Vec<PauseRow>> {
+            Prepared::new(PAUSES, STYLE, &[]).load(self)
+        }
+
         fn backlog(&mut self) -> QueryResult<BacklogRow> {
             let rows: Vec<BacklogRow> = Prepared::new(BACKLOG, STYLE, &[]).load(self)?;
             rows.into_iter()
@@ -745,6 +775,39 @@ pub(crate) trait Statements: Sized {
 
     /// An operator's disable; how many destinations it changed (0: unknown name).
     fn disable_destination(&mut self, name: &str, reason: &str) -> QueryResult<usize>;
+
+    /// A message its worker found paused, given back marked paused and due [`PAUSED_FOR`]
+    /// from now, the attempt not counted; whether its claim still held it.
+    fn pause_message(&mut self, token: &str, id: i64, reason: &str) -> QueryResult<bool>;
+
+    /// Every paused message whose type is not paused made due now; how many.
+    fn release_paused(&mut self) -> QueryResult<usize>;
+
+    /// An operator's pause of a `type` or `destination`; 0 if it was paused already.
+    fn pause(&mut self, kind: &str, name: &str, reason: &str) -> QueryResult<usize>;
+
+    /// An operator's resume; 0 if it was not paused.
+    fn resume(&mut self, kind: &str, name: &str) -> QueryResult<usize>;
+
+    /// Every pause, by kind and name.
+    fn pauses(&mut self) -> QueryResult<Vec<PauseRow>>;
+}
+
+/// How far ahead a paused message is due: out of every claim's way (claims read due rows
+/// only) until a resume makes it due at once; a time every backend's arithmetic takes.
+pub(crate) const PAUSED_FOR: std::time::Duration = LONGEST_AGE;
+
+/// A pause as stored.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct PauseRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) kind: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) name: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) reason: String,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) paused_at: i64,
 }
 
 /// One sync of a worker's destinations ([`Store::sync_destinations`](outbox_core::store::Store::sync_destinations)):
@@ -884,6 +947,7 @@ pub(crate) fn settle_leasing<C: Statements>(
                 Settlement::Defer { delay, reason } => {
                     c.reschedule(&token, id, micros(*delay), reason, false)?
                 }
+                Settlement::Pause { reason } => c.pause_message(&token, id, reason)?,
                 Settlement::DeadLetter { error } => c.dead_letter(&token, id, error)?,
             };
             if !kept {

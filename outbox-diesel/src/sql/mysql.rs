@@ -10,7 +10,7 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow,
+    DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, PauseRow,
     PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
@@ -531,6 +531,36 @@ pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
 pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
 
+/// One message found paused by its worker: given back without counting the attempt, marked
+/// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
+/// reason, id, token.
+pub(crate) const PAUSE_MESSAGE: &str = "UPDATE outbox_message \
+     SET locked_by = NULL, paused = TRUE, \
+         next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
+         last_error = ?, attempts = attempts - 1 \
+     WHERE id = ? AND locked_by = ?";
+
+/// Every paused message whose type is not paused (any more) due at once, from the paused rows'
+/// own index.
+pub(crate) const RELEASE_PAUSED: &str = "UPDATE outbox_message \
+     FORCE INDEX (outbox_message_paused) \
+     SET paused = FALSE, next_attempt_at = UTC_TIMESTAMP(6) \
+     WHERE paused = TRUE AND locked_by IS NULL \
+       AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')";
+
+/// An operator's pause, unless that one is paused already (names are checked before, so
+/// `IGNORE` only skips the duplicate). Binds: kind, name, reason.
+pub(crate) const PAUSE: &str = "INSERT IGNORE INTO outbox_pause (kind, name, reason, paused_at) \
+     VALUES (?, ?, ?, UTC_TIMESTAMP(6))";
+
+/// An operator's resume. Binds: kind, name.
+pub(crate) const RESUME: &str = "DELETE FROM outbox_pause WHERE kind = ? AND name = ?";
+
+/// Every pause, by kind and name.
+pub(crate) const PAUSES: &str = "SELECT kind, name, reason, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', paused_at) AS paused_at \
+     FROM outbox_pause ORDER BY kind, name";
+
 /// One claim in its own transaction, reading from `from`: what it leased, how many messages it
 /// parked, and where its first candidate stood.
 fn claim_once(
@@ -976,6 +1006,11 @@ mod tests {
             (DESTINATIONS, 0),
             (ENABLE_DESTINATION, 1),
             (DISABLE_DESTINATION, 2),
+            (PAUSE_MESSAGE, 4),
+            (RELEASE_PAUSED, 0),
+            (PAUSE, 3),
+            (RESUME, 2),
+            (PAUSES, 0),
         ] {
             assert_eq!(sql.matches('?').count(), binds, "{sql}");
         }

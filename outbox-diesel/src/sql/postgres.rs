@@ -13,7 +13,7 @@ use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow,
-    MessageRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
+    MessageRow, PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
 };
 use crate::enqueue::NewMessage;
 
@@ -514,6 +514,33 @@ pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
 pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'disabled', next_probe_at = NULL, disabled_reason = $1 WHERE name = $2";
 
+/// One message found paused by its worker: given back without counting the attempt, marked
+/// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
+/// reason, id, token.
+pub(crate) const PAUSE_MESSAGE: &str = "UPDATE outbox_message \
+     SET locked_by = NULL, paused = TRUE, next_attempt_at = now() + $1 * INTERVAL '1 microsecond', \
+         last_error = $2, attempts = attempts - 1 \
+     WHERE id = $3 AND locked_by = $4::uuid";
+
+/// Every paused message whose type is not paused (any more) due at once, from the paused rows'
+/// own index.
+pub(crate) const RELEASE_PAUSED: &str = "UPDATE outbox_message \
+     SET paused = FALSE, next_attempt_at = now() \
+     WHERE paused AND locked_by IS NULL \
+       AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')";
+
+/// An operator's pause, unless that one is paused already. Binds: kind, name, reason.
+pub(crate) const PAUSE: &str = "INSERT INTO outbox_pause (kind, name, reason) \
+     VALUES ($1, $2, $3) ON CONFLICT (kind, name) DO NOTHING";
+
+/// An operator's resume. Binds: kind, name.
+pub(crate) const RESUME: &str = "DELETE FROM outbox_pause WHERE kind = $1 AND name = $2";
+
+/// Every pause, by kind and name.
+pub(crate) const PAUSES: &str = "SELECT kind, name, reason, \
+         (EXTRACT(EPOCH FROM paused_at) * 1000000)::BIGINT AS paused_at \
+     FROM outbox_pause ORDER BY kind, name";
+
 /// Claims' ids as two arrays of one length: the n-th id was leased under the n-th token.
 fn pairs(claims: &[(String, Vec<i64>)]) -> (Vec<&str>, Vec<i64>) {
     claims
@@ -860,6 +887,11 @@ mod tests {
             DESTINATIONS,
             ENABLE_DESTINATION,
             DISABLE_DESTINATION,
+            PAUSE_MESSAGE,
+            RELEASE_PAUSED,
+            PAUSE,
+            RESUME,
+            PAUSES,
         ] {
             let mut expected = 1;
             let mut rest = sql;

@@ -10,7 +10,7 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow, PendingRow,
+    DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow, PauseRow, PendingRow,
     Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
@@ -463,6 +463,38 @@ pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
 pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
      SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
 
+/// One message found paused by its worker: given back without counting the attempt, marked
+/// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
+/// reason, id, token.
+pub(crate) const PAUSE_MESSAGE: &str = concat!(
+    "UPDATE outbox_message SET locked_by = NULL, paused = 1, next_attempt_at = ",
+    now_plus_bind!(),
+    ", last_error = ?, attempts = attempts - 1 WHERE id = ? AND locked_by = ?"
+);
+
+/// Every paused message whose type is not paused (any more) due at once, from the paused rows'
+/// own index.
+pub(crate) const RELEASE_PAUSED: &str = concat!(
+    "UPDATE outbox_message SET paused = 0, next_attempt_at = ",
+    now!(),
+    " WHERE paused = 1 AND locked_by IS NULL \
+       AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')"
+);
+
+/// An operator's pause, unless that one is paused already. Binds: kind, name, reason.
+pub(crate) const PAUSE: &str =
+    "INSERT OR IGNORE INTO outbox_pause (kind, name, reason) VALUES (?, ?, ?)";
+
+/// An operator's resume. Binds: kind, name.
+pub(crate) const RESUME: &str = "DELETE FROM outbox_pause WHERE kind = ? AND name = ?";
+
+/// Every pause, by kind and name.
+pub(crate) const PAUSES: &str = concat!(
+    "SELECT kind, name, reason, ",
+    micros_of!("paused_at"),
+    " AS paused_at FROM outbox_pause ORDER BY kind, name"
+);
+
 fn run(c: &mut SqliteConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -799,6 +831,11 @@ mod tests {
             (DESTINATIONS, 0),
             (ENABLE_DESTINATION, 1),
             (DISABLE_DESTINATION, 2),
+            (PAUSE_MESSAGE, 4),
+            (RELEASE_PAUSED, 0),
+            (PAUSE, 3),
+            (RESUME, 2),
+            (PAUSES, 0),
         ] {
             assert_eq!(sql.matches('?').count(), binds, "{sql}");
         }
