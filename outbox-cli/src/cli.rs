@@ -75,6 +75,38 @@ pub enum Command {
     /// Enable or disable a destination for every worker that delivers to it.
     #[command(subcommand)]
     Destination(DestinationCommand),
+    /// Stop processing a message type, or delivering to a destination, on every worker within
+    /// a few seconds. Its messages stay pending (no attempt spent, never dead-lettered for it)
+    /// until `outbox resume`; a message a worker holds at that moment still finishes.
+    Pause {
+        /// What to pause.
+        #[command(flatten)]
+        target: PauseTarget,
+        /// Why, shown with the pause and as the paused messages' last error.
+        #[arg(long, default_value = "paused by an operator")]
+        reason: String,
+    },
+    /// End a pause: its messages are due at once, and every worker follows within a few
+    /// seconds.
+    Resume {
+        /// What to resume.
+        #[command(flatten)]
+        target: PauseTarget,
+    },
+    /// The message types and destinations paused, with why and since when.
+    Paused,
+}
+
+/// A message type, or a destination with `--destination`.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct PauseTarget {
+    /// The message type (as `outbox stats` lists it).
+    #[arg(value_name = "TYPE")]
+    pub message_type: Option<String>,
+    /// A destination instead (as `outbox destinations` lists it).
+    #[arg(long, value_name = "NAME")]
+    pub destination: Option<String>,
 }
 
 /// `outbox destination ...`

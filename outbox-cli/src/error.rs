@@ -29,6 +29,10 @@ pub enum CliError {
     )]
     UnknownDestination(String),
 
+    /// `outbox resume` of something that is not paused.
+    #[error("{0} is not paused (`outbox paused` lists what is)")]
+    NotPaused(String),
+
     /// The operator did not confirm a purge.
     #[error("aborted: nothing was purged")]
     Aborted,

@@ -1006,7 +1006,99 @@ fn destinations<C: TestConnection>(db: &TestDb) {
     assert!(names.contains(&longest), "{names:?}");
 }
 
+/// `outbox pause`, `resume` and `paused`, on a database where a worker paused cli.alpha {4}.
+fn pauses<C: TestConnection>(db: &TestDb) {
+    let pool = seed::<C>(db);
+    assert_eq!(outbox(db.url(), &["paused"]).ok(), "nothing is paused\n");
+    let reason = "incident \u{1b}[31m7";
+    let paused = outbox(db.url(), &["pause", "cli.alpha", "--reason", reason]).ok();
+    assert!(
+        paused.starts_with("paused message type cli.alpha: within a few seconds")
+            && paused.contains("`outbox resume cli.alpha`"),
+        "{paused}"
+    );
+    let again = outbox(db.url(), &["pause", "cli.alpha"]).ok();
+    assert!(again.contains("was paused already"), "{again}");
+    let json = outbox(db.url(), &["--json", "pause", "--destination", "mail"]).json();
+    assert_eq!(
+        json,
+        json!({ "paused": { "kind": "destination", "name": "mail" }, "already_paused": false })
+    );
+    // What a worker does with a claimed message of a paused type.
+    let store = DieselStore::new(pool.clone());
+    let token = ClaimToken::new();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(10), Duration::from_secs(60))
+        .unwrap();
+    let alpha = claimed
+        .iter()
+        .find(|m| m.message_type == "cli.alpha")
+        .unwrap();
+    let settled = store
+        .settle(&[outcome(
+            token,
+            alpha,
+            Settlement::Pause {
+                reason: "paused".into(),
+            },
+        )])
+        .unwrap();
+    assert!(settled.is_empty());
+    // It holds connections of the pool's two.
+    drop(store);
+
+    let table = outbox(db.url(), &["paused"]).ok();
+    assert_eq!(headers(&table), ["KIND", "NAME", "SINCE", "REASON"]);
+    assert!(!table.contains('\u{1b}'), "{table:?}");
+    let rows = table_rows(&table);
+    assert_eq!((rows[0][0], rows[0][1]), ("destination", "mail"));
+    assert_eq!((rows[1][0], rows[1][1]), ("type", "cli.alpha"));
+    let json = outbox(db.url(), &["--json", "paused"]).json();
+    assert_eq!(
+        json["paused"],
+        serde_json::to_value(admin::pauses(&mut pool.get().unwrap()).unwrap()).unwrap()
+    );
+    assert_eq!(json["paused"][1]["reason"], reason);
+    assert!(json["paused"][1]["paused_at"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+
+    let resumed = outbox(db.url(), &["resume", "cli.alpha"]).ok();
+    assert!(
+        resumed.starts_with("resumed message type cli.alpha: 1 paused messages are due again"),
+        "{resumed}"
+    );
+    let not_paused = outbox(db.url(), &["resume", "cli.alpha"]);
+    assert_eq!(
+        (not_paused.code, not_paused.error()),
+        (
+            1,
+            "error: message type cli.alpha is not paused (`outbox paused` lists what is)"
+        )
+    );
+    let json = outbox(db.url(), &["--json", "resume", "--destination", "mail"]).json();
+    assert_eq!(
+        json,
+        json!({ "resumed": { "kind": "destination", "name": "mail" }, "released": 0 })
+    );
+    // One target, exactly: a usage error otherwise; a name no type could have is an error.
+    assert_eq!(outbox(db.url(), &["pause"]).code, 2);
+    assert_eq!(
+        outbox(db.url(), &["pause", "a", "--destination", "b"]).code,
+        2
+    );
+    let bad = outbox(db.url(), &["pause", "a\nb"]);
+    assert_eq!(bad.code, 1);
+    assert!(
+        bad.error().contains("without control characters"),
+        "{}",
+        bad.error()
+    );
+}
+
 backend_tests!(
+    pauses,
     destinations,
     show_by_message_id,
     blocked_keys,

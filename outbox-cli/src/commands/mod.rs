@@ -3,6 +3,7 @@
 mod changes;
 mod destinations;
 mod listing;
+mod pauses;
 mod stats;
 
 use outbox_diesel::OutboxConnection;
@@ -58,6 +59,9 @@ where
         Command::Destination(DestinationCommand::Disable { name, reason }) => {
             destinations::disable(conn, name, reason, json)
         }
+        Command::Pause { target, reason } => pauses::pause(conn, target, reason, json),
+        Command::Resume { target } => pauses::resume(conn, target, json),
+        Command::Paused => pauses::list(conn, json),
         Command::Dead(DeadCommand::Requeue { selector, dry_run }) => {
             changes::requeue(conn, selector, *dry_run, json)
         }
