@@ -4,7 +4,8 @@ use std::fmt::Write;
 use std::time::{Duration, SystemTime};
 
 use outbox_diesel::admin::{
-    BlockedKey, DeadLetter, DestinationStatus, FoundMessage, PendingMessage, TypeStats,
+    BlockedKey, DeadLetter, DestinationStatus, FoundMessage, Pause, PauseKind, PendingMessage,
+    TypeStats,
 };
 use outbox_diesel::Headers;
 
@@ -195,7 +196,70 @@ pub(crate) struct Overview {
     pub blocked: Vec<BlockedKey>,
     /// The destinations the workers report.
     pub destinations: Vec<DestinationStatus>,
+    /// What operators paused.
+    pub pauses: Vec<Pause>,
     pub refresh: Duration,
+}
+
+impl Overview {
+    /// The pause of `name` of `kind`, if it is paused.
+    fn pause(&self, kind: PauseKind, name: &str) -> Option<&Pause> {
+        self.pauses
+            .iter()
+            .find(|p| p.kind == kind && p.name == name)
+    }
+}
+
+/// A button that pauses (or, when `paused`, resumes) message type or destination `name`:
+/// `path` is `types` or `destinations`.
+fn pause_button(base: &str, path: &str, name: &str, paused: bool) -> String {
+    let (action, label) = if paused {
+        ("resume", "Resume")
+    } else {
+        ("pause", "Pause")
+    };
+    let class = if path == "types" {
+        "type"
+    } else {
+        "destination"
+    };
+    format!(
+        "<form class=\"inline\" method=\"post\" action=\"{base}/{path}/{}/{action}\">\
+         <button class=\"quiet {action}-{class}\">{label}</button></form>",
+        percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC)
+    )
+}
+
+/// Every pause, with a button to resume each (types without messages and destinations no
+/// worker reported included).
+fn paused_section(base: &str, pauses: &[Pause]) -> String {
+    if pauses.is_empty() {
+        return String::new();
+    }
+    let mut section = "<h2>Paused</h2><p class=\"meta\">No worker handles a paused message type \
+         or delivers to a paused destination; their messages stay pending without spending \
+         attempts. The workers follow a pause or a resume within a few seconds.</p>\
+         <table id=\"paused\"><tr><th>kind</th><th>name</th><th>since</th><th>reason</th>\
+         <th></th></tr>"
+        .to_owned();
+    for p in pauses {
+        let path = if p.kind == PauseKind::Destination {
+            "destinations"
+        } else {
+            "types"
+        };
+        let _ = write!(
+            section,
+            "<tr class=\"pause\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            p.kind.as_str(),
+            escape(&p.name),
+            when(p.paused_at),
+            escape(&p.reason),
+            pause_button(base, path, &p.name, true),
+        );
+    }
+    section.push_str("</table>");
+    section
 }
 
 /// A transaction open long enough to keep the database from cleaning up the outbox table.
@@ -241,8 +305,8 @@ pub(crate) fn overview(page: Page<'_>, o: &Overview) -> String {
          <div class=\"figure\">{rate}{}</div>\
          <div class=\"figure\"><b id=\"in-flight-count\">{}</b>in flight</div>\
          <div class=\"figure\"><b id=\"dead-count\">{}</b><a href=\"{base}/dead\">dead</a></div>\
-         </div>{}<h2>By type</h2><table id=\"types\"><tr><th>type</th><th>pending</th>\
-         <th>in flight</th><th>dead</th><th>oldest enqueued</th></tr>",
+         </div>{}{}<h2>By type</h2><table id=\"types\"><tr><th>type</th><th>pending</th>\
+         <th>in flight</th><th>dead</th><th>oldest enqueued</th><th></th></tr>",
         o.samples.len(),
         o.pending,
         sparkline("pending messages over time", &pending),
@@ -252,22 +316,30 @@ pub(crate) fn overview(page: Page<'_>, o: &Overview) -> String {
         o.in_flight,
         o.dead,
         long_transaction_warning(o),
+        paused_section(&base, &o.pauses),
     );
     for s in &o.stats {
         let t = encode(&s.message_type);
+        let paused = o.pause(PauseKind::MessageType, &s.message_type).is_some();
+        let badge = if paused {
+            " <span class=\"state dead\">paused</span>"
+        } else {
+            ""
+        };
         let _ = write!(
             body,
-            "<tr><td>{}</td><td><a href=\"{base}/messages?type={t}\">{}</a></td><td>{}</td>\
-             <td><a href=\"{base}/dead?type={t}\">{}</a></td><td>{}</td></tr>",
+            "<tr class=\"type\"><td>{}{badge}</td><td><a href=\"{base}/messages?type={t}\">{}</a></td>\
+             <td>{}</td><td><a href=\"{base}/dead?type={t}\">{}</a></td><td>{}</td><td>{}</td></tr>",
             escape(&s.message_type),
             s.pending - s.in_flight.min(s.pending),
             s.in_flight,
             s.dead,
             s.oldest_pending.map(when).unwrap_or_default(),
+            pause_button(&base, "types", &s.message_type, paused),
         );
     }
     if o.stats.is_empty() {
-        body.push_str("<tr><td colspan=\"5\">The outbox is empty.</td></tr>");
+        body.push_str("<tr><td colspan=\"6\">The outbox is empty.</td></tr>");
     }
     body.push_str(
         "</table><h2>Blocked ordering keys</h2><p class=\"meta\">Keys whose first message \
@@ -297,19 +369,20 @@ pub(crate) fn overview(page: Page<'_>, o: &Overview) -> String {
     }
     body.push_str("</table>");
     if !o.destinations.is_empty() {
-        body.push_str(&destinations(&base, &o.destinations));
+        body.push_str(&destinations(&base, &o.destinations, &o.pauses));
     }
     layout(page, "Overview", &body, Some(o.refresh))
 }
 
 /// The destinations' health as the workers report it, with a button to enable one that is
 /// not healthy.
-fn destinations(base: &str, destinations: &[DestinationStatus]) -> String {
+fn destinations(base: &str, destinations: &[DestinationStatus], pauses: &[Pause]) -> String {
     let mut table = "<h2>Destinations</h2><p class=\"meta\">Held: it asked for no deliveries for \
          a while. Paused: failing again and again; its messages wait without spending attempts \
          until a probe gets an answer. Disabled: it said it is gone (410 Gone) or an operator \
-         disabled it; its messages are dead-lettered until it is enabled. The workers report \
-         every few seconds and follow an enable as fast.</p>\
+         disabled it; its messages are dead-lettered until it is enabled. Pause one to keep its \
+         messages pending, without spending attempts, until you resume it. The workers report \
+         every few seconds and follow an enable, a pause or a resume as fast.</p>\
          <table id=\"destinations\"><tr><th>destination</th><th>kind</th><th>state</th>\
          <th>consecutive failures</th><th>details</th><th>reported</th><th></th></tr>"
         .to_owned();
@@ -334,6 +407,10 @@ fn destinations(base: &str, destinations: &[DestinationStatus]) -> String {
                 percent_encoding::utf8_percent_encode(&e.name, percent_encoding::NON_ALPHANUMERIC)
             )
         };
+        let paused = pauses
+            .iter()
+            .any(|p| p.kind == PauseKind::Destination && p.name == e.name);
+        let enable = enable + &pause_button(base, "destinations", &e.name, paused);
         let _ = write!(
             table,
             "<tr class=\"destination\"><td>{}</td><td>{}</td>\

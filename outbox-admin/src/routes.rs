@@ -3,7 +3,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use diesel::r2d2::ManageConnection;
-use outbox_diesel::admin::{self, DeadLetterSelection, FoundMessage, ListOptions};
+use outbox_diesel::admin::{self, DeadLetterSelection, FoundMessage, ListOptions, PauseKind};
 use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::{json, Value};
 
@@ -99,6 +99,10 @@ where
         ("GET", ["api", "blocked"]) => blocked_json(admin),
         ("GET", ["api", "destinations"]) => destinations_json(admin),
         ("POST", ["destinations", name, "enable"]) => enable_destination(admin, request, name),
+        ("GET", ["api", "paused"]) => paused_json(admin),
+        ("POST", [kind @ ("types" | "destinations"), name, action @ ("pause" | "resume")]) => {
+            pause_or_resume(admin, request, kind, name, action)
+        }
         _ if api => Ok(Response::json(404, &json!({"error": "no such endpoint"}))),
         _ => Ok(Response::html(
             404,
@@ -295,6 +299,7 @@ where
         stats,
         blocked,
         destinations: admin::destinations(conn).map_err(text)?,
+        pauses: admin::pauses(conn).map_err(text)?,
         refresh: admin.refresh,
     })
 }
@@ -309,6 +314,65 @@ where
         200,
         &json!({ "destinations": destinations }),
     ))
+}
+
+fn paused_json<M>(admin: &Admin<M>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let pauses = admin::pauses(&mut *connection(admin)?).map_err(text)?;
+    Ok(Response::json(200, &json!({ "paused": pauses })))
+}
+
+/// An operator's pause or resume of a message type (`types`) or a destination.
+fn pause_or_resume<M>(
+    admin: &Admin<M>,
+    request: &Request,
+    kind: &str,
+    name: &str,
+    action: &str,
+) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+    let (kind, what) = if kind == "types" {
+        (PauseKind::MessageType, "message type")
+    } else {
+        (PauseKind::Destination, "destination")
+    };
+    let peer = request.peer_or_unknown();
+    let mut conn = connection(admin)?;
+    let text = match action {
+        "pause" => {
+            let reason = format!("paused from the admin pages by {peer}");
+            match admin::pause(&mut *conn, kind, &name, &reason) {
+                Ok(true) => format!(
+                    "Paused {what} {name}: within a few seconds no worker handles its messages; \
+                     they stay pending, spending no attempt, until resumed."
+                ),
+                Ok(false) => format!("{what} {name} was paused already."),
+                Err(error @ outbox_diesel::Error::InvalidPauseName { .. }) => {
+                    return Ok(Response::html(
+                        400,
+                        pages::problem(admin.base_path(), &error.to_string()),
+                    ))
+                }
+                Err(error) => return Err(error.to_string()),
+            }
+        }
+        _ => match admin::resume(&mut *conn, kind, &name).map_err(text)? {
+            Some(released) => format!(
+                "Resumed {what} {name}: {released} paused messages are due again; the workers \
+                 follow within a few seconds."
+            ),
+            None => format!("{what} {name} was not paused."),
+        },
+    };
+    log::info!(target: "outbox_admin", "{what} {name}: {action} by an operator from {peer}");
+    Ok(done(admin.base_path(), "/", &text))
 }
 
 fn enable_destination<M>(admin: &Admin<M>, request: &Request, name: &str) -> Outcome
@@ -379,6 +443,7 @@ where
             "dead_rows": o.dead_rows,
             "settled_per_second": o.settled_per_second,
             "types": o.stats,
+            "paused": o.pauses,
             "samples": samples,
         }),
     ))

@@ -790,7 +790,103 @@ fn signing_out_ends_the_session_on_every_replica<C: TestConnection>(db: &TestDb)
     );
 }
 
+fn operators_pause_and_resume_types_and_destinations_from_the_pages<C: TestConnection>(
+    db: &TestDb,
+) {
+    let pool = db.pool::<C>(5);
+    let mut conn = pool.get().unwrap();
+    Mail { n: 1 }.enqueue(&mut conn).unwrap();
+    Event { n: 2 }.enqueue(&mut conn).unwrap();
+    let admin = pages(&pool);
+    let cookie = sign_in(&admin);
+    let html = get(&admin, &cookie, "/").text();
+    assert!(
+        html.contains(
+            "action=\"/ops/outbox/types/admin%2Email/pause\"><button class=\"quiet pause-type\">"
+        ),
+        "{html}"
+    );
+    assert!(!html.contains("id=\"paused\""), "nothing paused yet");
+
+    // A name with what a path or the page must not take literally.
+    let odd = "tenant/<1> & co";
+    let odd_path = "tenant%2F%3C1%3E%20%26%20co";
+    let mut flash = String::new();
+    for path in [
+        "/types/admin.mail/pause".to_owned(),
+        format!("/destinations/{odd_path}/pause"),
+    ] {
+        let response = post(&admin, &cookie, &path, "");
+        assert_eq!(response.status, 303, "{path}: {}", response.text());
+        assert_eq!(response.header("location"), Some("/ops/outbox/"));
+        flash = cookie_of(&response);
+    }
+    let pauses = admin::pauses(&mut conn).unwrap();
+    let names: Vec<&str> = pauses.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, [odd, "admin.mail"]);
+    assert!(
+        pauses[1]
+            .reason
+            .starts_with("paused from the admin pages by"),
+        "{pauses:?}"
+    );
+
+    let html = get(&admin, &format!("{cookie}; {flash}"), "/").text();
+    assert!(html.contains("id=\"paused\""), "{html}");
+    assert!(
+        html.contains("tenant/&lt;1&gt; &amp; co") && !html.contains(odd),
+        "{html}"
+    );
+    assert!(html.contains("class=\"quiet resume-type\""), "{html}");
+    assert!(
+        html.contains("class=\"quiet resume-destination\""),
+        "{html}"
+    );
+    assert!(
+        html.contains("Paused destination tenant/&lt;1&gt; &amp; co: within a few seconds"),
+        "the flash says what happened: {html}"
+    );
+    let api = json(&get(&admin, &cookie, "/api/paused"));
+    assert_eq!(
+        api["paused"],
+        serde_json::to_value(admin::pauses(&mut conn).unwrap()).unwrap()
+    );
+    assert_eq!(
+        json(&get(&admin, &cookie, "/api/overview"))["paused"],
+        api["paused"]
+    );
+
+    // Cross-site and signed-out requests change nothing.
+    let forged = admin.handle(
+        &Request::new("POST", "/types/admin.event/pause")
+            .header("cookie", &cookie)
+            .header("sec-fetch-site", "cross-site"),
+    );
+    assert_eq!(forged.status, 403, "{}", forged.text());
+    let anonymous = admin.handle(
+        &Request::new("POST", "/types/admin.event/pause").header("sec-fetch-site", "same-origin"),
+    );
+    assert_eq!(anonymous.status, 401);
+    assert_eq!(admin::pauses(&mut conn).unwrap().len(), 2);
+    let bad = post(&admin, &cookie, "/types/a%0Ab/pause", "");
+    assert_eq!(bad.status, 400, "{}", bad.text());
+
+    for path in [
+        "/types/admin.mail/resume".to_owned(),
+        format!("/destinations/{odd_path}/resume"),
+    ] {
+        assert_eq!(post(&admin, &cookie, &path, "").status, 303, "{path}");
+    }
+    assert!(admin::pauses(&mut conn).unwrap().is_empty());
+    let again = post(&admin, &cookie, "/types/admin.mail/resume", "");
+    assert_eq!(again.status, 303);
+    let html = get(&admin, &format!("{cookie}; {}", cookie_of(&again)), "/").text();
+    assert!(html.contains("was not paused"), "{html}");
+    assert!(!html.contains("id=\"paused\""));
+}
+
 backend_tests!(
+    operators_pause_and_resume_types_and_destinations_from_the_pages,
     signing_out_ends_the_session_on_every_replica,
     listings_read_payload_previews_and_a_message_its_whole_payload,
     listings_filter_and_page_by_position_covering_every_message_once,
