@@ -459,9 +459,20 @@ pub(crate) struct PendingPage<'a> {
     pub next_after: Option<i64>,
 }
 
+/// When a pending message is tried next: a paused one when it is resumed.
+fn next_attempt(m: &PendingMessage) -> String {
+    if m.paused {
+        "when resumed".to_owned()
+    } else {
+        when(m.next_attempt_at)
+    }
+}
+
 fn state_of(m: &PendingMessage) -> &'static str {
     if m.in_flight {
         "<span class=\"state flight\">in flight</span>"
+    } else if m.paused {
+        "<span class=\"state dead\">paused</span>"
     } else if m.parked {
         "<span class=\"state\">behind its key</span>"
     } else if m.next_attempt_at <= SystemTime::now() {
@@ -521,7 +532,7 @@ pub(crate) fn pending(page: Page<'_>, p: &PendingPage<'_>) -> String {
             state = state_of(m),
             attempts = m.attempts,
             created = when(m.created_at),
-            next = when(m.next_attempt_at),
+            next = next_attempt(m),
             error = escape(&short(m.last_error.as_deref().unwrap_or(""), 300)),
         );
     }
@@ -588,7 +599,7 @@ pub(crate) fn message(page: Page<'_>, found: &FoundMessage) -> String {
                 escape(m.ordering_key.as_deref().unwrap_or("none")),
                 m.attempts,
                 when(m.created_at),
-                when(m.next_attempt_at),
+                next_attempt(m),
                 escape(m.last_error.as_deref().unwrap_or("none")),
             ),
             &m.payload,

@@ -180,6 +180,9 @@ pub struct PendingMessage {
     /// Whether it waits behind an earlier message of its ordering key (parked: not claimable
     /// until that one is settled).
     pub parked: bool,
+    /// Whether a worker found its message type or destination paused by an operator: it
+    /// waits, not due, until [`resume`] (its `next_attempt_at` is then far ahead).
+    pub paused: bool,
     /// The error of the last failed attempt.
     pub last_error: Option<String>,
     /// The headers set at enqueue.
@@ -272,6 +275,7 @@ fn pending_message(row: PendingRow, preview: Option<u32>) -> Result<PendingMessa
         next_attempt_at: time_from_micros(row.next_attempt_at),
         in_flight: row.in_flight != 0,
         parked: row.parked != 0,
+        paused: row.paused != 0,
         last_error: row.last_error,
         headers: listed_headers("outbox_message", m.id, m.headers.as_deref()),
     })

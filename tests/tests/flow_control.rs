@@ -265,6 +265,13 @@ fn a_paused_type_waits_without_spending_attempts_and_keeps_its_keys_in_order<C: 
     let waiting = pending(&pool);
     assert_eq!(waiting.len(), 42, "{waiting:?}");
     assert!(waiting.iter().all(|m| m.attempts == 0), "{waiting:?}");
+    assert!(
+        waiting
+            .iter()
+            .all(|m| m.paused == (m.message_type == "test.pausable") && !m.in_flight),
+        "each message of the paused type is marked paused, the one behind its key waits: \
+         {waiting:?}"
+    );
     assert!(dead(&pool).is_empty());
     let paused_one = waiting
         .iter()

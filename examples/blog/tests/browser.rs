@@ -310,6 +310,50 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
     });
     assert!(overview.contains("No key is blocked."));
 
+    // An operator pauses the mail destination: a comment's messages wait, spending nothing.
+    browser.click_at(&outbox, "#destinations button.pause-destination");
+    browser.settle("the destination's pause", |page| {
+        page.contains("Paused destination mail") && page.contains("id=\"paused\"")
+    });
+    // The worker reads pauses every 5 s.
+    std::thread::sleep(Duration::from_secs(6));
+    comment(&browser, &server, "Ada", "Is anyone there?");
+    let waiting = browser.wait_for(
+        &server.url("/outbox/messages"),
+        "Ada's messages paused",
+        |page| page.matches("is paused by an operator").count() >= 3,
+    );
+    assert!(waiting.contains("comment.thankYou") && waiting.contains("comment.notification"));
+    assert_eq!(waiting.matches("when resumed").count(), 3, "{waiting}");
+    shoot(&browser, "outbox-paused");
+    // The first type of the overview's table is comment.notification: paused as well.
+    browser.click_at(&outbox, "#types button.pause-type");
+    browser.settle("the type's pause", |page| {
+        page.contains("Paused message type comment.notification")
+    });
+    browser.click("#paused button.resume-destination");
+    browser.settle("the destination's resume", |page| {
+        page.contains("Resumed destination mail")
+    });
+    browser.wait_for(&receiver, "Ada's thank-you after the resume", |page| {
+        page.contains("ada@example.com")
+    });
+    let still = browser.wait_for(&outbox, "the notifications still paused", |page| {
+        page.contains("id=\"pending-count\">2<")
+    });
+    assert!(still.contains("class=\"quiet resume-type\""), "{still}");
+    browser.click("#paused button.resume-type");
+    browser.settle("the type's resume", |page| {
+        page.contains("Resumed message type comment.notification")
+    });
+    let overview = browser.wait_for(&outbox, "everything delivered", |page| {
+        page.contains("id=\"pending-count\">0<")
+    });
+    assert!(
+        !overview.contains("id=\"paused\""),
+        "nothing paused any more"
+    );
+
     // The pending list's filters survive the round trip.
     browser.goto(&server.url("/outbox/messages"));
     browser.type_into("#filter-type", "comment.thankYou");

@@ -83,7 +83,11 @@ pub(super) fn pending_list<C: OutboxConnection>(
             m.message_type.clone(),
             m.attempts.to_string(),
             if m.in_flight { "yes" } else { "no" }.to_owned(),
-            format::relative(m.next_attempt_at, now),
+            if m.paused {
+                "when resumed".to_owned()
+            } else {
+                format::relative(m.next_attempt_at, now)
+            },
             m.ordering_key.clone().unwrap_or_else(|| "-".to_owned()),
             m.last_error
                 .as_deref()
@@ -179,6 +183,8 @@ fn pending_fields(m: &PendingMessage) -> String {
     let now = SystemTime::now();
     let state = if m.in_flight {
         "in flight (a worker holds it)"
+    } else if m.paused {
+        "paused by an operator (its type or destination): due when resumed"
     } else if m.parked {
         "waiting behind an earlier message of its ordering key"
     } else {
@@ -192,7 +198,14 @@ fn pending_fields(m: &PendingMessage) -> String {
         ("attempts", m.attempts.to_string()),
         ("ordering key", or_dash(m.ordering_key.as_deref())),
         ("created at", when(m.created_at, now)),
-        ("due", when(m.next_attempt_at, now)),
+        (
+            "due",
+            if m.paused {
+                "when resumed".to_owned()
+            } else {
+                when(m.next_attempt_at, now)
+            },
+        ),
         ("last error", or_dash(m.last_error.as_deref())),
     ];
     fields_text(fields, &m.headers, &m.payload)

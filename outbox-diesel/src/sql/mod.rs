@@ -274,6 +274,8 @@ pub(crate) struct PendingRow {
     pub(crate) in_flight: i32,
     #[diesel(sql_type = Integer)]
     pub(crate) parked: i32,
+    #[diesel(sql_type = Integer)]
+    pub(crate) paused: i32,
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) last_error: Option<String>,
 }

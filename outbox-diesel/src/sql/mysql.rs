@@ -303,7 +303,8 @@ macro_rules! pending_columns {
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS next_attempt_at, \
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 ELSE 0 END \
              AS in_flight, \
-         CASE WHEN parked THEN 1 ELSE 0 END AS parked, last_error \
+         CASE WHEN parked THEN 1 ELSE 0 END AS parked, \
+         CASE WHEN paused THEN 1 ELSE 0 END AS paused, last_error \
          FROM outbox_message "
     };
 }

@@ -286,7 +286,8 @@ macro_rules! pending_columns {
          (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS next_attempt_at, \
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > now() THEN 1 ELSE 0 END \
              AS in_flight, \
-         CASE WHEN parked THEN 1 ELSE 0 END AS parked, last_error \
+         CASE WHEN parked THEN 1 ELSE 0 END AS parked, \
+         CASE WHEN paused THEN 1 ELSE 0 END AS paused, last_error \
          FROM outbox_message "
     };
 }

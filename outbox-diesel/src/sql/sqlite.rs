@@ -218,7 +218,7 @@ macro_rules! pending_columns {
             " AS next_attempt_at, \
              CASE WHEN locked_by IS NOT NULL AND next_attempt_at > ",
             now!(),
-            " THEN 1 ELSE 0 END AS in_flight, parked, last_error FROM outbox_message "
+            " THEN 1 ELSE 0 END AS in_flight, parked, paused, last_error FROM outbox_message "
         )
     };
 }
