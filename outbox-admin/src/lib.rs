@@ -306,16 +306,19 @@ where
     /// `type`, `key`, `after`), `GET /dead/confirm?action=requeue|purge&type=`,
     /// `POST /dead/requeue` and `POST /dead/purge` (form `type`, `count`: done only if the
     /// count still holds), `POST /dead/{position}/requeue|purge`,
-    /// `POST /destinations/{name}/enable`, `GET|POST /login`,
-    /// `POST /logout`.
+    /// `POST /destinations/{name}/enable`, `POST /types/{type}/pause|resume` and
+    /// `POST /destinations/{name}/pause|resume` (an operator's pause: see
+    /// [`outbox_diesel::admin::pause`]), `GET|POST /login`, `POST /logout`.
     ///
     /// JSON (`GET`, cookie or bearer token): `/api/overview` (`pending`, `in_flight`,
-    /// `dead`, `oldest_due_age_seconds`, `settled_per_second` or null, `types`, `samples`
+    /// `dead`, `oldest_due_age_seconds`, `settled_per_second` or null, `types`, `paused`,
+    /// `samples`
     /// [{`at_unix_ms`, `pending`, `oldest_due_age_seconds`, `settled_per_second`}]),
     /// `/api/messages` (the pending page's query; `messages` and `next_after`, null on the
     /// last page), `/api/messages/{id}` (`state`: `pending` or `dead`, and the `message`),
     /// `/api/dead` (`dead_letters`, `next_after`), `/api/blocked` (`blocked_keys`),
-    /// `/api/destinations` (`destinations`: as the workers report them).
+    /// `/api/destinations` (`destinations`: as the workers report them), `/api/paused`
+    /// (`paused`: what operators paused).
     ///
     /// The records (messages, dead letters, blocked keys, destinations, types) have one JSON
     /// form, the one `outbox … --json` prints (see
