@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Scenarios: `enqueue`, `drain` (with `--keys K,…` the keyed drains, with `--metrics` the cost
-//! of recording metrics, with `--destination jetstream|rabbitmq` the relay to a broker), `latency`, `memory`, `scale`, `ratelimit` (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
+//! of recording metrics, with `--destination jetstream|rabbitmq` the relay to a broker), `latency`, `memory`, `scale`, `ratelimit`, `peers` (the no-op drain against graphile-worker and pg-boss, PostgreSQL) (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
 //! medians and spread) and a short human summary on stderr. A scenario that loses or duplicates
 //! messages exits non-zero; a missed speed target only prints `"target_met": false`.
 
@@ -20,6 +20,7 @@ mod latency;
 mod library_sql;
 mod memory;
 mod metrics_cost;
+mod peers;
 mod ratelimit;
 mod raw_client;
 mod relay;
@@ -116,6 +117,9 @@ enum Command {
     Explain(Opts),
     /// A receiver that rate-limits with 429 and Retry-After, and a static rate limit.
     Ratelimit(Opts),
+    /// The no-op drain against graphile-worker and pg-boss (Node.js, installed from npm into
+    /// a cache) on the same PostgreSQL backlog, alternated; their ratios.
+    Peers(Opts),
     /// A worker process for `memory` and `scale` (started by the benchmark itself).
     #[command(hide = true)]
     Worker(worker_process::WorkerArgs),
@@ -255,6 +259,7 @@ fn main() {
         Command::Scale(opts) => drain::run_scale(&opts),
         Command::Explain(opts) => explain::run(&opts),
         Command::Ratelimit(opts) => ratelimit::run(&opts),
+        Command::Peers(opts) => peers::run(&opts),
         Command::Worker(args) => worker_process::run(&args).map(|()| true),
     };
     match result {
