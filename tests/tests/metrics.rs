@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use outbox_diesel::admin::{self, PauseKind};
 use outbox_diesel::metrics::{
     ATTEMPT_DURATION, CLAIMED, DELIVERY_LAG, IN_FLIGHT, MESSAGES_PROCESSED, OLDEST_DUE_AGE,
-    PENDING, SETTLEMENTS,
+    OPERATOR_PAUSED, PENDING, SETTLEMENTS,
 };
 use outbox_diesel::prelude::*;
 use outbox_diesel::{
@@ -147,6 +148,30 @@ fn run<C: TestConnection>(db: &TestDb, handle: &PrometheusHandle) {
         handle.render()
     );
     assert_eq!(sample(&samples(handle), OLDEST_DUE_AGE), 0.0);
+
+    // An operator's pause of a type the worker handles: 1 within a few seconds, 0 once resumed.
+    let paused = format!("{OPERATOR_PAUSED}{{kind=\"type\",name=\"{TYPE}\"}}");
+    let mut conn = pool.get().unwrap();
+    assert!(admin::pause(&mut conn, PauseKind::MessageType, TYPE, "metrics test").unwrap());
+    assert!(
+        eventually(Duration::from_secs(10), || sample(
+            &samples(handle),
+            &paused
+        ) == 1.0),
+        "{}",
+        handle.render()
+    );
+    assert!(admin::resume(&mut conn, PauseKind::MessageType, TYPE)
+        .unwrap()
+        .is_some());
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let now = samples(handle);
+            now.contains_key(&paused) && sample(&now, &paused) == 0.0
+        }),
+        "{}",
+        handle.render()
+    );
     worker.shutdown(Duration::from_secs(10)).unwrap();
 }
 
