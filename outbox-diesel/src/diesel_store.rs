@@ -29,6 +29,25 @@ use crate::sql::{self, micros, Claim, ClaimRow, Statements};
 /// shutdown is not held up by a pool the application has exhausted.
 const POOL_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a held PostgreSQL connection keeps its cached query plans (see [`HeldConnection`]).
+const PLANS_KEPT: Duration = Duration::from_secs(10);
+
+/// A connection the store keeps between calls, and when its query plans were last let go.
+///
+/// PostgreSQL plans a prepared statement for its parameters five times, then keeps one generic
+/// plan until something invalidates it (a vacuum or `ANALYZE` of the table, a schema change).
+/// A worker that starts on an empty outbox gets plans made for a table PostgreSQL takes to be
+/// ten pages long, where reading the whole table beats looking rows up by id. Behind a
+/// transaction held open elsewhere the table grows by every settled row, no vacuum can run to
+/// invalidate the plans, and each claim read the whole table twice (the first minute of the
+/// held-transaction benchmark: p99 67 ms against 3 ms). `DISCARD PLANS` every [`PLANS_KEPT`]
+/// (prepared statements stay; the next runs plan again for the table as it is) bounds that to
+/// seconds, for a few plannings per connection each time.
+struct HeldConnection<M: ManageConnection> {
+    conn: PooledConnection<M>,
+    plans_made: Instant,
+}
+
 /// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
 ///
 /// The pool may be the application's own, of any manager whose connections are
@@ -61,10 +80,10 @@ pub struct DieselStore<M: ManageConnection> {
     pool: Pool<M>,
     backend: OnceLock<Backend>,
     // Held, not checked out per call: a checkout costs a validation round trip (r2d2 pings).
-    claim_connection: Mutex<Option<PooledConnection<M>>>,
-    settle_connection: Mutex<Option<PooledConnection<M>>>,
+    claim_connection: Mutex<Option<HeldConnection<M>>>,
+    settle_connection: Mutex<Option<HeldConnection<M>>>,
     /// The housekeeper's: its chores (a backlog count, a prune) never hold up a claim.
-    chores_connection: Mutex<Option<PooledConnection<M>>>,
+    chores_connection: Mutex<Option<HeldConnection<M>>>,
     /// Where the next claim reads from (see `sql::Cursor`).
     claim_cursor: ClaimCursor,
     idempotency_window: Duration,
@@ -131,7 +150,7 @@ where
     /// connection that leased them.
     fn dead_letter_unreadable(
         &self,
-        slot: &Mutex<Option<PooledConnection<M>>>,
+        slot: &Mutex<Option<HeldConnection<M>>>,
         unreadable: &[Outcome],
     ) -> Result<(), StoreError> {
         if unreadable.is_empty() {
@@ -152,16 +171,27 @@ where
 
     fn with_held<T>(
         &self,
-        slot: &Mutex<Option<PooledConnection<M>>>,
+        slot: &Mutex<Option<HeldConnection<M>>>,
         what: &'static str,
         work: impl FnOnce(&mut PooledConnection<M>) -> QueryResult<T>,
     ) -> Result<T, StoreError> {
         let mut slot = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let conn = match slot.as_mut() {
-            Some(conn) => conn,
-            None => slot.insert(self.connection()?),
+        let held = match slot.as_mut() {
+            Some(held) => held,
+            None => slot.insert(HeldConnection {
+                conn: self.connection()?,
+                plans_made: Instant::now(),
+            }),
         };
-        work(conn).map_err(|error| {
+        let plans_stale = self.backend.get() == Some(&Backend::Postgres)
+            && held.plans_made.elapsed() >= PLANS_KEPT;
+        let result = if plans_stale {
+            held.plans_made = Instant::now();
+            execute_batch(&mut *held.conn, "DISCARD PLANS").and_then(|()| work(&mut held.conn))
+        } else {
+            work(&mut held.conn)
+        };
+        result.map_err(|error| {
             let busy = is_busy(&error);
             *slot = None;
             let error = StoreError::new(what, error);

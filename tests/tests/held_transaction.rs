@@ -213,7 +213,16 @@ fn claim_and_settle_one_by_one<C: TestConnection>(
 /// moves a message's due entry forward to the lease's end, which leaves a second entry there.
 fn settle_behind_a_held_snapshot<C: TestConnection>(db: &TestDb, settled: u32, lease: Duration) {
     let pool = db.pool::<C>(3);
-    let store = DieselStore::new(pool.clone());
+    settle_in_batches(&pool, &DieselStore::new(pool.clone()), settled, lease);
+}
+
+/// Enqueues `settled` messages, then claims and settles them through `store` in batches.
+fn settle_in_batches<C: TestConnection>(
+    pool: &TestPool<C>,
+    store: &DieselStore<OutboxManager<C>>,
+    settled: u32,
+    lease: Duration,
+) {
     let messages: Vec<Held> = (0..settled).map(|n| Held { n }).collect();
     for chunk in messages.chunks(5_000) {
         enqueue_all(&mut pool.get().unwrap(), chunk).unwrap();
@@ -332,6 +341,69 @@ fn claims_and_settlements_look_rows_up_by_id_after_a_vacuum_found_the_table_empt
         read < CLAIMS * 64 * 8,
         "{CLAIMS} claims of 64 read {read} primary-key entries: a statement joins the whole \
          table instead of looking rows up by id"
+    );
+    holder.batch_execute("COMMIT").unwrap();
+}
+
+/// `seq_scan` of the outbox table: how many sequential scans of it began, once the backends
+/// that counted them reported (closed, or idle for ten seconds).
+fn outbox_table_scans(db: &TestDb) -> i64 {
+    #[derive(QueryableByName)]
+    struct Scans {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        scans: i64,
+    }
+    let read = || -> i64 {
+        let mut conn = db.connect::<PgConnection>();
+        diesel::sql_query(
+            "SELECT seq_scan AS scans FROM pg_stat_user_tables WHERE relname = 'outbox_message'",
+        )
+        .get_result::<Scans>(&mut conn)
+        .unwrap()
+        .scans
+    };
+    let mut last = read();
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        std::thread::sleep(Duration::from_millis(700));
+        let now = read();
+        if now == last || Instant::now() > until {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// How long the store keeps its connections' query plans on PostgreSQL (see `DieselStore`).
+const PLANS_KEPT: Duration = Duration::from_secs(10);
+
+#[test]
+fn claims_and_settlements_are_planned_again_as_a_held_snapshot_grows_the_table() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let pool = db.pool::<PgConnection>(3);
+    let store = DieselStore::new(pool.clone());
+    // A worker starts on an empty outbox: after five runs of a prepared statement PostgreSQL
+    // keeps a generic plan, made for a table it takes to be ten pages long, where reading all
+    // of it is cheaper than looking rows up by id.
+    claim_and_settle_one_by_one(&pool, &store, 12);
+    // Then a held snapshot keeps every settled row: the table grows to hundreds of pages, and
+    // nothing (no vacuum, no ANALYZE: they cannot remove a row yet) tells the plan.
+    let mut holder = hold_a_snapshot(&db);
+    settle_in_batches(&pool, &store, 20_000, LEASE);
+    // Long enough for the store to let its plans go, and for the backends to report.
+    std::thread::sleep(PLANS_KEPT + Duration::from_secs(2));
+    let before = outbox_table_scans(&db);
+    claim_and_settle_one_by_one(&pool, &store, CLAIMS);
+    drop(store);
+    drop(pool);
+    let scans = outbox_table_scans(&db) - before;
+    println!("{CLAIMS} claims and settlements began {scans} sequential scans of the outbox");
+    assert_eq!(
+        scans, 0,
+        "{CLAIMS} claims and settlements read the whole outbox table {scans} times: a plan made \
+         when the table was empty is still in use"
     );
     holder.batch_execute("COMMIT").unwrap();
 }
