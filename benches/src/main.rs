@@ -7,9 +7,11 @@
 //!
 //! Scenarios: `enqueue`, `drain` (with `--keys K,…` the keyed drains, with `--metrics` the cost
 //! of recording metrics, with `--destination jetstream|rabbitmq` the relay to a broker), `latency`, `memory`, `scale`, `ratelimit`, `peers` (the no-op drain against graphile-worker and pg-boss, PostgreSQL) (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
-//! medians and spread) and a short human summary on stderr. A scenario that loses or duplicates
+//! medians and spread) and a short human summary on stderr. `chart --input F --output F.svg`
+//! draws a `peers` or `latency --hold-transaction` file of those lines. A scenario that loses or duplicates
 //! messages exits non-zero; a missed speed target only prints `"target_met": false`.
 
+mod chart;
 mod cpu;
 mod db;
 mod drain;
@@ -120,6 +122,8 @@ enum Command {
     /// The no-op drain against graphile-worker and pg-boss (Node.js, installed from npm into
     /// a cache) on the same PostgreSQL backlog, alternated; their ratios.
     Peers(Opts),
+    /// An SVG chart from the JSON lines a `peers` or `latency --hold-transaction` run printed.
+    Chart(chart::ChartArgs),
     /// A worker process for `memory` and `scale` (started by the benchmark itself).
     #[command(hide = true)]
     Worker(worker_process::WorkerArgs),
@@ -242,7 +246,7 @@ fn main() {
     let cli = Cli::parse();
     // Worker processes are the scenario's own children: only the scenario takes the lock.
     let _lock = match &cli.command {
-        Command::Worker(_) => None,
+        Command::Worker(_) | Command::Chart(_) => None,
         _ => match one_benchmark_at_a_time() {
             Ok(lock) => Some(lock),
             Err(error) => {
@@ -260,6 +264,7 @@ fn main() {
         Command::Explain(opts) => explain::run(&opts),
         Command::Ratelimit(opts) => ratelimit::run(&opts),
         Command::Peers(opts) => peers::run(&opts),
+        Command::Chart(args) => chart::run(&args).map(|()| true),
         Command::Worker(args) => worker_process::run(&args).map(|()| true),
     };
     match result {

@@ -408,6 +408,83 @@ fn claims_and_settlements_are_planned_again_as_a_held_snapshot_grows_the_table()
     holder.batch_execute("COMMIT").unwrap();
 }
 
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct PlanLine {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    detail: String,
+}
+
+#[test]
+fn sqlite_claims_read_only_pending_entries_while_a_reader_is_held() {
+    let Some(db) = TestDb::new(Backend::Sqlite) else {
+        return;
+    };
+    let pool = db.pool::<SqliteConnection>(3);
+    // A reader held open (a backup, a report): WAL mode keeps its snapshot in the log, which
+    // grows until the reader ends, while the writer's b-trees lose every settled row at once.
+    let mut reader = db.connect::<SqliteConnection>();
+    reader
+        .batch_execute("BEGIN; SELECT COUNT(*) FROM outbox_message;")
+        .unwrap();
+    const SETTLED: u32 = 5_000;
+    settle_in_batches(&pool, &DieselStore::new(pool.clone()), SETTLED, LEASE);
+    const PENDING: u32 = 40;
+    let pending: Vec<Held> = (0..PENDING).map(|n| Held { n }).collect();
+    enqueue_all(&mut pool.get().unwrap(), &pending).unwrap();
+
+    let mut conn = db.connect::<SqliteConnection>();
+    let count = |conn: &mut SqliteConnection, sql: &str| {
+        diesel::sql_query(sql).get_result::<Count>(conn).unwrap().n
+    };
+    assert_eq!(
+        count(&mut reader, "SELECT COUNT(*) AS n FROM outbox_message"),
+        0,
+        "the reader no longer holds its snapshot: the test proves nothing"
+    );
+    // A claim reads the due index from its start ...
+    let claim = outbox_diesel::__private::claim_sql::SQLITE_CANDIDATES.replace('?', "64");
+    let plan: Vec<String> = diesel::sql_query(format!("EXPLAIN QUERY PLAN {claim}"))
+        .load::<PlanLine>(&mut conn)
+        .unwrap()
+        .into_iter()
+        .map(|line| line.detail)
+        .collect();
+    assert!(
+        plan.iter().any(|l| l.contains("INDEX outbox_message_due")),
+        "the claim does not read the due index: {plan:?}"
+    );
+    assert!(
+        !plan.iter().any(|l| l.starts_with("SCAN")),
+        "the claim reads a whole table: {plan:?}"
+    );
+    // ... which holds the pending messages and nothing of the settled ones, the reader open.
+    let entries = count(
+        &mut conn,
+        "SELECT COALESCE(SUM(ncell), 0) AS n FROM dbstat WHERE name = 'outbox_message_due'",
+    );
+    println!(
+        "with a reader held over {SETTLED} settled messages, the due index holds {entries} \
+         entries for {PENDING} pending"
+    );
+    assert_eq!(
+        entries,
+        i64::from(PENDING),
+        "the due index keeps entries of settled messages behind a held reader: claims would \
+         read them"
+    );
+    let store = DieselStore::new(pool.clone());
+    let token = ClaimToken::new();
+    let claimed = store.claim(token, ClaimLimit::messages(64), LEASE).unwrap();
+    assert_eq!(claimed.len(), PENDING as usize);
+    reader.batch_execute("COMMIT").unwrap();
+}
+
 /// InnoDB's logical page reads, server-wide: index entries deleted behind a read view stay
 /// (delete-marked) until purge, and a scan skips them inside the engine, so no row counter sees
 /// them, but the pages that hold them are read.
