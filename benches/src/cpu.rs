@@ -22,6 +22,8 @@ pub struct Snapshot {
     machine_total: u64,
     /// Nanoseconds on CPU of this process's threads.
     own: HashMap<u32, u64>,
+    /// The names of this process's threads (as the kernel keeps them: 15 bytes at most).
+    own_names: HashMap<u32, String>,
     /// ... of the worker processes' threads.
     children: HashMap<u32, u64>,
     /// ... of the database server's threads that work for the benchmark.
@@ -130,6 +132,13 @@ pub fn snapshot(children: &[u32]) -> Snapshot {
     let (machine_busy, machine_total) = machine();
     let mut own = HashMap::new();
     threads("self", &mut own);
+    let own_names = own
+        .keys()
+        .filter_map(|tid| {
+            let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()?;
+            Some((*tid, comm.trim_end().to_owned()))
+        })
+        .collect();
     let mut child_threads = HashMap::new();
     for pid in children {
         threads(&pid.to_string(), &mut child_threads);
@@ -139,6 +148,7 @@ pub fn snapshot(children: &[u32]) -> Snapshot {
         machine_busy,
         machine_total,
         own,
+        own_names,
         children: child_threads,
         database: database(),
     }
@@ -186,5 +196,62 @@ pub fn used(from: &Snapshot, to: &Snapshot) -> Value {
         "worker_processes": round(children, 2),
         "database_server": round(database, 2),
         "other": round(other, 2),
+    })
+}
+
+/// The phase a thread of the worker works for, by the name the worker gives it.
+fn worker_phase(thread: &str) -> &'static str {
+    if thread.starts_with("outbox-claimer") {
+        "claim"
+    } else if thread.starts_with("outbox-acker") {
+        "settle"
+    } else if thread.starts_with("outbox-handler") {
+        "handlers"
+    } else if thread.starts_with("reqwest") {
+        "http_client_runtime"
+    } else if thread.starts_with("outbox-") {
+        "chores"
+    } else if thread.starts_with("receiver") {
+        "bench_receiver"
+    } else {
+        "bench_other"
+    }
+}
+
+/// CPU microseconds per message between two snapshots, by phase: this process's threads by
+/// the worker's thread names (`claim`: the claimer, `settle`: the acker, `handlers`: dispatch,
+/// the handler and an HTTP client's blocking side, `http_client_runtime`: reqwest's runtime
+/// threads, `chores`: the other worker threads; the benchmark's receiver and its other threads
+/// apart), and the database server's processes by `roles` (backend pid → what that connection
+/// does, from `pg_stat_activity`), `server` for the rest (WAL writer, checkpointer, ...).
+pub fn phases(
+    from: &Snapshot,
+    to: &Snapshot,
+    roles: &HashMap<u32, &'static str>,
+    messages: u64,
+) -> Value {
+    let per_message = |ns: u64| round(ns as f64 / 1e3 / messages.max(1) as f64, 2);
+    let mut worker: std::collections::BTreeMap<&str, u64> = Default::default();
+    for (tid, ns) in &to.own {
+        let used = ns.saturating_sub(from.own.get(tid).copied().unwrap_or(0));
+        let phase = to
+            .own_names
+            .get(tid)
+            .map_or("bench_other", |n| worker_phase(n));
+        *worker.entry(phase).or_default() += used;
+    }
+    let mut database: std::collections::BTreeMap<&str, u64> = Default::default();
+    for (tid, ns) in &to.database {
+        let used = ns.saturating_sub(from.database.get(tid).copied().unwrap_or(0));
+        *database
+            .entry(roles.get(tid).copied().unwrap_or("server"))
+            .or_default() += used;
+    }
+    let total = |m: &std::collections::BTreeMap<&str, u64>| m.values().sum::<u64>();
+    json!({
+        "process_us_per_message": per_message(total(&worker)),
+        "process": worker.iter().map(|(k, v)| (k.to_string(), json!(per_message(*v)))).collect::<serde_json::Map<_, _>>(),
+        "database_us_per_message": per_message(total(&database)),
+        "database": database.iter().map(|(k, v)| (k.to_string(), json!(per_message(*v)))).collect::<serde_json::Map<_, _>>(),
     })
 }

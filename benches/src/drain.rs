@@ -7,7 +7,7 @@
 //! handler (no HTTP), and the library's claim + settle SQL in a plain loop; (iii) a
 //! one-at-a-time loop: select one, POST, delete.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -166,6 +166,44 @@ pub fn pg_counters(db: &BenchDb) -> Res<PgCounters> {
         .ok_or_else(|| failed("pg_stat_database has no row for outbox_bench"))
 }
 
+/// What each PostgreSQL backend of the benchmark's database works for, by its last statement:
+/// the claimer's connection, the acker's, the LISTEN connection and the rest (the worker's
+/// chores, the benchmark's own). Read while the worker runs. Empty on the other backends.
+fn pg_backend_roles(db: &BenchDb) -> Res<HashMap<u32, &'static str>> {
+    #[derive(QueryableByName)]
+    struct ActiveBackend {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        query: String,
+    }
+    if db.backend != Backend::Postgres {
+        return Ok(HashMap::new());
+    }
+    let mut conn = db.connect::<PgConnection>()?;
+    let backends: Vec<ActiveBackend> = diesel::sql_query(
+        "SELECT pid, left(query, 40) AS query FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .load(&mut conn)
+    .ctx("reading pg_stat_activity")?;
+    Ok(backends
+        .into_iter()
+        .filter_map(|b| {
+            let role = if b.query.starts_with("WITH candidates") {
+                "claim"
+            } else if b.query.starts_with("WITH done") {
+                "settle"
+            } else if b.query.starts_with("LISTEN") {
+                "listen"
+            } else {
+                "other_connections"
+            };
+            Some((u32::try_from(b.pid).ok()?, role))
+        })
+        .collect())
+}
+
 /// Per-message database work between two counter readings.
 fn pg_work(before: &PgCounters, after: &PgCounters, messages: u64) -> Value {
     let per = |a: i64, b: i64| stats::round((b - a) as f64 / messages.max(1) as f64, 3);
@@ -214,6 +252,8 @@ pub(crate) struct Drained {
     pub per_s: f64,
     seconds: f64,
     cpu: Value,
+    /// CPU per message by phase, of this process and of the database server.
+    phases: Value,
     pg: Value,
     store: Value,
 }
@@ -239,6 +279,7 @@ pub(crate) fn noop_drain<C: BenchConnection>(
     });
     let seconds = started.elapsed().as_secs_f64();
     let cpu_after = cpu::snapshot(&[]);
+    let roles = pg_backend_roles(db)?;
     let claims = trace.summary(count as u64);
     let worker_stats = worker
         .shutdown(Duration::from_secs(30))
@@ -255,6 +296,7 @@ pub(crate) fn noop_drain<C: BenchConnection>(
         per_s: count as f64 / seconds,
         seconds,
         cpu: cpu::used(&cpu_before, &cpu_after),
+        phases: cpu::phases(&cpu_before, &cpu_after, &roles, count as u64),
         pg: pg_work(&pg_before, &pg_after, count as u64),
         store: claims,
     })
@@ -320,6 +362,7 @@ fn worker_drain<C: BenchConnection>(
     let delivered = receiver.wait_unique(count as u64, drain_timeout(count));
     let seconds = started.elapsed().as_secs_f64();
     let cpu_after = cpu::snapshot(&[]);
+    let roles = pg_backend_roles(db)?;
     let settled = wait_for(Duration::from_secs(30), || {
         worker.stats().succeeded >= count as u64
     });
@@ -348,6 +391,7 @@ fn worker_drain<C: BenchConnection>(
             per_s: count as f64 / seconds,
             seconds,
             cpu: cpu::used(&cpu_before, &cpu_after),
+            phases: cpu::phases(&cpu_before, &cpu_after, &roles, count as u64),
             pg: pg_work(&pg_before, &pg_after, count as u64),
             store: claims,
         },
@@ -522,6 +566,8 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         figures.insert("cpu_http_baseline".into(), http_cpu);
         figures.insert("cpu_noop_worker".into(), noop.cpu);
         figures.insert("cpu_worker".into(), worker.cpu);
+        figures.insert("cpu_by_phase_noop_worker".into(), noop.phases);
+        figures.insert("cpu_by_phase_worker".into(), worker.phases);
         figures.insert("store_noop_worker".into(), noop.store);
         figures.insert("store_worker".into(), worker.store);
         if db.backend == Backend::Postgres {

@@ -74,6 +74,11 @@ struct HeldConnection<M: ManageConnection> {
 /// every backlog sample (the worker's housekeeper, on its own connection, every
 /// `backlog_interval`) steps the cursor back to the oldest due message if claims passed it. SQLite
 /// removes index entries at once and always reads from the start.
+///
+/// On PostgreSQL the store also lets its connections' cached query plans go every 10 seconds
+/// (`DISCARD PLANS`; the prepared statements stay): a plan made while the outbox was empty
+/// reads the whole table, which a held transaction grows by every settled row while no vacuum
+/// can run to have the plan made again.
 /// [`admin::backlog`](crate::admin::backlog) and the metrics report the oldest open transaction
 /// and the dead rows, so that operators see what holds clean-up back.
 pub struct DieselStore<M: ManageConnection> {
