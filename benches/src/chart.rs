@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use plotters::coord::Shift;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::prelude::*;
 use serde_json::Value;
 
@@ -107,7 +108,7 @@ fn peer_bars(runs: &[Value]) -> Vec<Bar> {
         let figures = &run["figures"];
         let batch = &run["parameters"]["batch_size"];
         if let Some(rate) = figures["outbox_noop_per_s"].as_f64() {
-            add(format!("this worker, batch {batch}"), rate);
+            add(format!("this worker ({batch})"), rate);
         }
         let Some(figures) = figures.as_object() else {
             continue;
@@ -117,10 +118,12 @@ fn peer_bars(runs: &[Value]) -> Vec<Bar> {
                 continue;
             };
             if let Some((peer, batch)) = rest.split_once("_batch_") {
-                add(format!("{}, batch {batch}", peer.replace('_', "-")), rate);
+                add(format!("{} ({batch})", peer.replace('_', "-")), rate);
             }
         }
     }
+    // This worker's bars first, whichever invocation they came from (a stable sort).
+    bars.sort_by_key(|bar| !bar.label.starts_with("this worker"));
     bars
 }
 
@@ -136,16 +139,19 @@ fn draw_peers(runs: &[Value], args: &ChartArgs) -> Res<()> {
     let backend = runs[0]["backend"].as_str().unwrap_or_default();
     let messages = &runs[0]["parameters"]["messages"];
     let title = args.title.clone().unwrap_or_else(|| {
-        format!("No-op drain of {messages} messages, {backend}: messages/s (median, min-max)")
+        format!("No-op drain of {messages} messages, {backend}: messages/s (median, min-max); (N): batch")
     });
-    let root = SVGBackend::new(&args.output, (960, 540)).into_drawing_area();
+    let root = SVGBackend::new(&args.output, (1200, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(draw_error)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(&title, (FONT, 20))
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(80)
-        .build_cartesian_2d((0..bars.len()).into_segmented(), 0.0..highest * 1.15)
+        .build_cartesian_2d(
+            (0..bars.len().saturating_sub(1)).into_segmented(),
+            0.0..highest * 1.15,
+        )
         .map_err(draw_error)?;
     let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
     chart
@@ -156,7 +162,7 @@ fn draw_peers(runs: &[Value], args: &ChartArgs) -> Res<()> {
             SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
             _ => String::new(),
         })
-        .x_label_style((FONT, 13))
+        .x_label_style((FONT, 12))
         .y_desc("messages/s")
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
@@ -165,15 +171,16 @@ fn draw_peers(runs: &[Value], args: &ChartArgs) -> Res<()> {
         let colour = PALETTE[i % PALETTE.len()];
         let middle = median(&bar.rates);
         let (lowest, highest) = min_max(&bar.rates);
+        let mut rectangle = Rectangle::new(
+            [
+                (SegmentValue::Exact(i), 0.0),
+                (SegmentValue::Exact(i + 1), middle),
+            ],
+            colour.mix(0.8).filled(),
+        );
+        rectangle.set_margin(0, 0, 12, 12);
         chart
-            .draw_series([Rectangle::new(
-                [
-                    (SegmentValue::Exact(i), 0.0),
-                    (SegmentValue::Exact(i + 1), middle),
-                ],
-                colour.mix(0.8).filled(),
-            )
-            .into_dyn()])
+            .draw_series([rectangle.into_dyn()])
             .map_err(draw_error)?;
         let centre = SegmentValue::CenterOf(i);
         chart
@@ -186,7 +193,10 @@ fn draw_peers(runs: &[Value], args: &ChartArgs) -> Res<()> {
                 Text::new(
                     format!("{middle:.0}"),
                     (centre, highest + highest_gap(highest)),
-                    (FONT, 14).into_font().color(&BLACK),
+                    (FONT, 14)
+                        .into_font()
+                        .color(&BLACK)
+                        .pos(Pos::new(HPos::Center, VPos::Bottom)),
                 )
                 .into_dyn(),
             ])
@@ -365,14 +375,14 @@ not json at all
         assert_eq!(
             labels,
             [
-                "this worker, batch 64",
-                "graphile-worker, batch 2000",
-                "graphile-worker, batch 500",
-                "this worker, batch 256"
+                "this worker (64)",
+                "this worker (256)",
+                "graphile-worker (2000)",
+                "graphile-worker (500)",
             ]
         );
         assert_eq!(bars[0].rates, [29000.0, 31000.0]);
-        assert_eq!(bars[3].rates, [45000.0]);
+        assert_eq!(bars[1].rates, [45000.0]);
     }
 
     #[test]
