@@ -13,8 +13,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use plotters::coord::Shift;
-use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::Value;
 
 use crate::stats::{median, min_max};

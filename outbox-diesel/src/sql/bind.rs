@@ -117,6 +117,74 @@ impl diesel::query_builder::Query for Prepared<'_> {
 
 impl<Conn> RunQueryDsl<Conn> for Prepared<'_> {}
 
+/// One array bind parameter of a PostgreSQL statement.
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PgBind<'a> {
+    TextArray(&'a [&'a str]),
+    BigIntArray(&'a [i64]),
+}
+
+/// A PostgreSQL statement of fixed text with array binds only, kept prepared as [`Prepared`] is
+/// (`sql_query`, which takes arrays too, is parsed and planned anew on every call).
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+pub(crate) struct PreparedPg<'a> {
+    sql: &'static str,
+    binds: &'a [PgBind<'a>],
+}
+
+#[cfg(feature = "postgres")]
+impl<'a> PreparedPg<'a> {
+    pub(crate) fn new(sql: &'static str, binds: &'a [PgBind<'a>]) -> Self {
+        PreparedPg { sql, binds }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl QueryFragment<diesel::pg::Pg> for PreparedPg<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        use diesel::sql_types::Array;
+
+        let pieces = pieces(self.sql, Placeholders::Numbered);
+        if pieces.len() != self.binds.len() + 1 {
+            return Err(diesel::result::Error::QueryBuilderError(
+                format!(
+                    "{} placeholders for {} binds in: {}",
+                    pieces.len() - 1,
+                    self.binds.len(),
+                    self.sql
+                )
+                .into(),
+            ));
+        }
+        for (piece, bind) in pieces.iter().zip(self.binds) {
+            out.push_sql(piece);
+            match bind {
+                PgBind::TextArray(texts) => out.push_bind_param::<Array<Text>, _>(texts)?,
+                PgBind::BigIntArray(ns) => out.push_bind_param::<Array<BigInt>, _>(ns)?,
+            }
+        }
+        out.push_sql(pieces[pieces.len() - 1]);
+        Ok(())
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl QueryId for PreparedPg<'_> {
+    type QueryId = ();
+    // Cached by its text, as `Prepared` is.
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(feature = "postgres")]
+impl diesel::query_builder::Query for PreparedPg<'_> {
+    type SqlType = diesel::sql_types::Untyped;
+}
+
+#[cfg(feature = "postgres")]
+impl<Conn> RunQueryDsl<Conn> for PreparedPg<'_> {}
+
 /// A statement whose text was built for this call, with its binds (never kept prepared).
 pub(crate) fn dynamic<'a, DB>(sql: &'a str, binds: &[Bind<'a>]) -> BoxedSqlQuery<'a, DB, SqlQuery>
 where

@@ -9,7 +9,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
-use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow,
@@ -691,11 +691,15 @@ impl Statements for PgConnection {
 
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
         let (tokens, ids) = pairs(claims);
-        let rows: Vec<CountRow> = diesel::sql_query(DELETE_DONE)
-            .bind::<Array<Text>, _>(tokens)
-            .bind::<Array<BigInt>, _>(ids)
-            .bind::<Array<Text>, _>(keys)
-            .load(self)?;
+        let rows: Vec<CountRow> = PreparedPg::new(
+            DELETE_DONE,
+            &[
+                PgBind::TextArray(&tokens),
+                PgBind::BigIntArray(&ids),
+                PgBind::TextArray(keys),
+            ],
+        )
+        .load(self)?;
         Ok(rows
             .first()
             .map_or(0, |row| row.n.max(0).unsigned_abs() as usize))
@@ -708,6 +712,7 @@ impl Statements for PgConnection {
         successors: &Claim<'_>,
     ) -> QueryResult<(usize, Vec<ClaimRow>)> {
         let (tokens, ids) = pairs(claims);
+        // `sql_query`, not `PreparedPg`: this text uses `$4` and `$6` more than once.
         let rows: Vec<SettledRow> = diesel::sql_query(DELETE_DONE_LEASING)
             .bind::<Array<Text>, _>(tokens)
             .bind::<Array<BigInt>, _>(ids)
