@@ -135,7 +135,7 @@ macro_rules! claim {
 }
 
 /// The claim with its candidates' `LIMIT` bound (`$3`): for batches larger than any of
-/// [`CLAIMS_BY_CANDIDATES`], and for `EXPLAIN`.
+/// `CLAIMS_BY_CANDIDATES`, and for `EXPLAIN`.
 pub const CLAIM: &str = claim!("$3");
 
 /// The claim with its candidates' `LIMIT` written in, by that limit, smallest first; a claim
