@@ -161,22 +161,24 @@ fn due_index_reads(db: &TestDb) -> i64 {
 
 /// `idx_tup_read` of one of the outbox table's indexes.
 fn index_reads(db: &TestDb, index: &str) -> i64 {
-    #[derive(QueryableByName)]
-    struct Reads {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        reads: i64,
-    }
-    // Statistics reach the view when the backend that counted them flushes them (at the latest
-    // when it closes): read until two reads agree.
+    reported_statistic(
+        db,
+        &format!(
+            "SELECT idx_tup_read AS n FROM pg_stat_user_indexes WHERE indexrelname = '{index}'"
+        ),
+    )
+}
+
+/// One counter of PostgreSQL's statistics views (`sql` selects it as `n`). Statistics reach the
+/// views when the backend that counted them reports them (at the latest when it closes): read
+/// until two reads agree.
+fn reported_statistic(db: &TestDb, sql: &str) -> i64 {
     let read = || -> i64 {
         let mut conn = db.connect::<PgConnection>();
-        diesel::sql_query(format!(
-            "SELECT idx_tup_read AS reads FROM pg_stat_user_indexes \
-             WHERE indexrelname = '{index}'"
-        ))
-        .get_result::<Reads>(&mut conn)
-        .unwrap()
-        .reads
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut conn)
+            .unwrap()
+            .n
     };
     let mut last = read();
     let until = Instant::now() + Duration::from_secs(15);
@@ -348,30 +350,10 @@ fn claims_and_settlements_look_rows_up_by_id_after_a_vacuum_found_the_table_empt
 /// `seq_scan` of the outbox table: how many sequential scans of it began, once the backends
 /// that counted them reported (closed, or idle for ten seconds).
 fn outbox_table_scans(db: &TestDb) -> i64 {
-    #[derive(QueryableByName)]
-    struct Scans {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        scans: i64,
-    }
-    let read = || -> i64 {
-        let mut conn = db.connect::<PgConnection>();
-        diesel::sql_query(
-            "SELECT seq_scan AS scans FROM pg_stat_user_tables WHERE relname = 'outbox_message'",
-        )
-        .get_result::<Scans>(&mut conn)
-        .unwrap()
-        .scans
-    };
-    let mut last = read();
-    let until = Instant::now() + Duration::from_secs(15);
-    loop {
-        std::thread::sleep(Duration::from_millis(700));
-        let now = read();
-        if now == last || Instant::now() > until {
-            return now;
-        }
-        last = now;
-    }
+    reported_statistic(
+        db,
+        "SELECT seq_scan AS n FROM pg_stat_user_tables WHERE relname = 'outbox_message'",
+    )
 }
 
 /// How long the store keeps its connections' query plans on PostgreSQL (see `DieselStore`).

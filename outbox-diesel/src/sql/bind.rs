@@ -55,6 +55,21 @@ pub(crate) fn pieces(sql: &str, style: Placeholders) -> Vec<&str> {
     }
 }
 
+/// The pieces of `sql` around its placeholders, which must be as many as its `binds`.
+fn pieces_for(sql: &str, style: Placeholders, binds: usize) -> QueryResult<Vec<&str>> {
+    let pieces = pieces(sql, style);
+    if pieces.len() != binds + 1 {
+        return Err(diesel::result::Error::QueryBuilderError(
+            format!(
+                "{} placeholders for {binds} binds in: {sql}",
+                pieces.len() - 1
+            )
+            .into(),
+        ));
+    }
+    Ok(pieces)
+}
+
 /// A statement of fixed text, kept prepared by Diesel for the connection's lifetime.
 #[derive(Debug)]
 pub(crate) struct Prepared<'a> {
@@ -77,18 +92,7 @@ where
     bool: ToSql<Bool, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        let pieces = pieces(self.sql, self.style);
-        if pieces.len() != self.binds.len() + 1 {
-            return Err(diesel::result::Error::QueryBuilderError(
-                format!(
-                    "{} placeholders for {} binds in: {}",
-                    pieces.len() - 1,
-                    self.binds.len(),
-                    self.sql
-                )
-                .into(),
-            ));
-        }
+        let pieces = pieces_for(self.sql, self.style, self.binds.len())?;
         for (piece, bind) in pieces.iter().zip(self.binds) {
             out.push_sql(piece);
             match bind {
@@ -146,18 +150,7 @@ impl QueryFragment<diesel::pg::Pg> for PreparedPg<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
         use diesel::sql_types::Array;
 
-        let pieces = pieces(self.sql, Placeholders::Numbered);
-        if pieces.len() != self.binds.len() + 1 {
-            return Err(diesel::result::Error::QueryBuilderError(
-                format!(
-                    "{} placeholders for {} binds in: {}",
-                    pieces.len() - 1,
-                    self.binds.len(),
-                    self.sql
-                )
-                .into(),
-            ));
-        }
+        let pieces = pieces_for(self.sql, Placeholders::Numbered, self.binds.len())?;
         for (piece, bind) in pieces.iter().zip(self.binds) {
             out.push_sql(piece);
             match bind {
