@@ -29,10 +29,10 @@ pub fn pg_claim_sql(limit: usize) -> String {
 
 /// The MySQL claim's first statement, its candidates, for a batch of `limit`.
 pub fn mysql_candidates_sql(limit: usize) -> String {
-    // Binds in order: the cursor's due time (the range's bound, then the row's) and id (the
-    // start), then the limit.
+    // Binds in order: the raised priorities' limit, the cursor's due time (the range's bound,
+    // then the row's) and id (the start), then the ordinary limit.
     let limit = candidates(limit).to_string();
-    ["0", "0", "0", limit.as_str()]
+    [limit.as_str(), "0", "0", "0", limit.as_str()]
         .iter()
         .fold(MYSQL_CANDIDATES.to_owned(), |sql, value| {
             sql.replacen('?', value, 1)

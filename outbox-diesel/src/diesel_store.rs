@@ -321,7 +321,8 @@ where
                 })
             },
         )?;
-        let (leased, unreadable) = read_claimed(successors.token, rows);
+        let (mut leased, unreadable) = read_claimed(successors.token, rows);
+        leased.sort_by_key(|message| message.position);
         self.dead_letter_unreadable(&self.settle_connection, &unreadable)?;
         Ok((fenced, leased))
     }
@@ -655,7 +656,8 @@ where
     }
 }
 
-/// Leased rows as messages for the handlers, in position order, and the rows that cannot be
+/// Leased rows as messages for the handlers, in the order given (a claim's: priority, then
+/// position), and the rows that cannot be
 /// delivered (edited by hand: a message id or headers the library did not write) as
 /// dead-letter outcomes: such a row must not hold up the others or its key.
 fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>, Vec<Outcome>) {
@@ -697,6 +699,5 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
             }),
         }
     }
-    claimed.sort_by_key(|message| message.position);
     (claimed, unreadable)
 }

@@ -32,10 +32,43 @@ enum NotBefore {
     After(Duration),
 }
 
+/// How soon a due message is claimed, against other due messages: every claim takes the due
+/// messages of a higher priority before any of a lower one, and those of one priority in due
+/// order. Order within an [ordering key](EnqueueOptions::ordering_key) comes first: a `High`
+/// message waits for the earlier messages of its key, whatever their priority.
+///
+/// For the few messages someone waits on (a password reset, a sign-in code) ahead of a backlog
+/// of the rest (a newsletter, a re-index): claims read the raised priorities apart from the
+/// backlog (an index of their own on PostgreSQL and SQLite; one more on MySQL), so a message of
+/// a higher priority does not wait for the backlog however long it is. Raise few: every claim
+/// reads the raised ones first, in priority order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Most messages: due order among themselves.
+    #[default]
+    Normal,
+    /// Claimed before every due `Normal` message.
+    High,
+    /// Claimed before every due `High` and `Normal` message.
+    Urgent,
+}
+
+impl Priority {
+    /// The level stored in the outbox's `priority` column: 0, 1 or 2.
+    pub(crate) fn level(self) -> i16 {
+        match self {
+            Priority::Normal => 0,
+            Priority::High => 1,
+            Priority::Urgent => 2,
+        }
+    }
+}
+
 /// How a message is enqueued: when it may be processed, and which messages it is ordered with.
 #[derive(Debug, Clone)]
 pub struct EnqueueOptions {
     ordering_key: Option<String>,
+    priority: Priority,
     idempotency_key: Option<String>,
     not_before: NotBefore,
     max_payload_bytes: usize,
@@ -46,6 +79,7 @@ impl Default for EnqueueOptions {
     fn default() -> Self {
         EnqueueOptions {
             ordering_key: None,
+            priority: Priority::Normal,
             idempotency_key: None,
             not_before: NotBefore::Now,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
@@ -64,6 +98,17 @@ impl EnqueueOptions {
     /// events of one order or one member. At most 255 bytes.
     pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
         self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Claimed before due messages of lower priorities (default [`Priority::Normal`]).
+    ///
+    /// ```
+    /// # use outbox_diesel::{EnqueueOptions, Priority};
+    /// let options = EnqueueOptions::new().priority(Priority::High);
+    /// ```
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
         self
     }
 
@@ -121,6 +166,7 @@ pub(crate) struct NewMessage {
     message_type: &'static str,
     payload: String,
     ordering_key: Option<String>,
+    priority: Priority,
     idempotency_key: Option<String>,
     not_before_micros: Option<i64>,
     /// How long after the enqueue, on the database's clock, when `not_before_micros` is `None`.
@@ -208,6 +254,7 @@ impl NewMessage {
             message_type: M::MESSAGE_TYPE,
             payload,
             ordering_key: options.ordering_key.clone(),
+            priority: options.priority,
             idempotency_key: options.idempotency_key.clone(),
             not_before_micros,
             delay_micros,
@@ -385,11 +432,12 @@ where
 
 impl NewMessage {
     /// How many binds one row of an insert takes.
-    pub(crate) const BINDS: usize = 9;
+    pub(crate) const BINDS: usize = 10;
 
     /// The binds of an insert: message id, type, payload, its size in bytes, ordering key,
     /// not-before in µs since the epoch (NULL: now plus the delay), delay in µs (NULL: none),
-    /// headers as JSON, whether an earlier row of the insert has its ordering key.
+    /// headers as JSON, priority level, whether an earlier row of the insert has its ordering
+    /// key.
     pub(crate) fn binds(&self) -> [Bind<'_>; Self::BINDS] {
         [
             Bind::Text(self.message_id.as_str()),
@@ -400,6 +448,7 @@ impl NewMessage {
             Bind::NullableBigInt(self.not_before_micros),
             Bind::NullableBigInt(self.delay_micros),
             Bind::NullableText(self.headers.as_deref()),
+            Bind::BigInt(i64::from(self.priority.level())),
             Bind::Bool(self.behind_in_batch),
         ]
     }
@@ -408,7 +457,7 @@ impl NewMessage {
     /// the key has a pending message already.
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn binds_with_key(&self) -> [Bind<'_>; Self::BINDS + 1] {
-        let [a, b, c, d, e, f, g, h, i] = self.binds();
+        let [a, b, c, d, e, f, g, h, i, j] = self.binds();
         [
             a,
             b,
@@ -419,6 +468,7 @@ impl NewMessage {
             g,
             h,
             i,
+            j,
             Bind::NullableText(self.ordering_key.as_deref()),
         ]
     }

@@ -116,7 +116,9 @@ pub use database::{
     configure_connection, establish, Backend, DatabaseUrl, Establish, OutboxManager, PoolCustomizer,
 };
 pub use diesel_store::DieselStore;
-pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions, DEFAULT_MAX_PAYLOAD_BYTES};
+pub use enqueue::{
+    enqueue_all, Batch, Enqueue, EnqueueOptions, Priority, DEFAULT_MAX_PAYLOAD_BYTES,
+};
 pub use error::{Error, Result};
 pub use exactly_once::exactly_once;
 pub use migrations::run_migrations;

@@ -909,6 +909,10 @@ pub(crate) fn settle_leasing<C: Statements>(
     outcomes: &[Outcome],
     successors: Option<&Claim<'_>>,
 ) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
+    if outcomes.is_empty() {
+        // Nothing to write: MySQL and SQLite would refuse an empty `IN ()`.
+        return Ok((Vec::new(), Vec::new()));
+    }
     let keys = leaving_keys(outcomes);
     if outcomes
         .iter()

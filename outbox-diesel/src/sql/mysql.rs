@@ -4,6 +4,8 @@
 //! has no `UPDATE … RETURNING` and cannot read a table in a subquery of a statement changing
 //! it, so the claim and the moves are a few statements in a transaction.
 
+use std::cmp::Reverse;
+
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
@@ -22,20 +24,20 @@ pub(crate) const MAX_BINDS: usize = 65_535;
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
-/// (NULL: none), headers (JSON, NULL: none), whether an earlier row of the insert has its key
-/// (parked from the start). Nothing is read: under REPEATABLE READ a read inside an `INSERT`
+/// (NULL: none), headers (JSON, NULL: none), priority level, whether an earlier row of the
+/// insert has its key (parked from the start). Nothing is read: under REPEATABLE READ a read inside an `INSERT`
 /// takes shared gap locks that block other keys' inserts (measured: 3 s).
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, created_at, \
-      next_attempt_at, headers, parked) \
+      next_attempt_at, headers, priority, parked) \
      VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
      GREATEST(COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
-         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), ?, ?)";
+         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), ?, ?, ?)";
 
 /// The VALUES tuple of each further row of a batch insert.
 const INSERT_VALUES: &str = "(?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
      GREATEST(COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
-         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), ?, ?)";
+         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), ?, ?, ?)";
 
 /// The claim's transactions see what others committed, and lock no gaps (REPEATABLE READ
 /// would lock the empty range past the last row and block the application's inserts).
@@ -65,6 +67,17 @@ fn statement_logging_refuses_claims(log_bin: bool, binlog_format: &str) -> Optio
     })
 }
 
+/// What a claim reads of each candidate: its position, key, the head of its key, due time (µs
+/// since the epoch) and priority.
+macro_rules! candidate_columns {
+    () => {
+        "id, ordering_key, CASE WHEN ordering_key IS NULL THEN id ELSE (\
+             SELECT e.id FROM outbox_message e WHERE e.ordering_key = m.ordering_key \
+             ORDER BY e.ordering_key, e.id LIMIT 1) END AS head_id, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS due, priority"
+    };
+}
+
 /// The claim's candidates, read without locks in due order: a batch of due, unparked rows
 /// ([`candidates`](super::candidates)), each with the head of its key (itself if it is the head or has no key). The
 /// head is read as `ORDER BY … LIMIT 1`, one index entry: MariaDB runs `NOT EXISTS (… e.id <
@@ -80,17 +93,24 @@ fn statement_logging_refuses_claims(log_bin: bool, binlog_format: &str) -> Optio
 /// comparison the order within one due time. The index is named outright: statistics taken
 /// while the table was nearly empty make MariaDB scan instead (145 pages a claim behind 80,000
 /// purge-blocked rows, against 2 by the range).
-/// Binds: the cursor's due time (µs since the epoch), its due time and id, candidates.
-pub const CANDIDATES: &str =
-    "SELECT id, ordering_key, CASE WHEN ordering_key IS NULL THEN id ELSE (\
-             SELECT e.id FROM outbox_message e WHERE e.ordering_key = m.ordering_key \
-             ORDER BY e.ordering_key, e.id LIMIT 1) END AS head_id, \
-         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS due \
-     FROM outbox_message m FORCE INDEX (outbox_message_due) \
-     WHERE parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
+///
+/// The raised priorities come first, read by their own index from its start (they are few; the
+/// cursor is the ordinary messages'). Binds: candidates, then the cursor's due time (µs since the
+/// epoch), its due time and id, candidates.
+pub const CANDIDATES: &str = concat!(
+    "(SELECT ",
+    candidate_columns!(),
+    " FROM outbox_message m FORCE INDEX (outbox_message_prioritized) \
+     WHERE priority > 0 AND parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
+     ORDER BY priority DESC, next_attempt_at, id LIMIT ?) \
+     UNION ALL (SELECT ",
+    candidate_columns!(),
+    " FROM outbox_message m FORCE INDEX (outbox_message_due) \
+     WHERE priority = 0 AND parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
          AND next_attempt_at >= TIMESTAMPADD(MICROSECOND, ?, '1970-01-01') \
          AND (next_attempt_at, id) >= (TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), ?) \
-     ORDER BY next_attempt_at, id LIMIT ?";
+     ORDER BY next_attempt_at, id LIMIT ?)"
+);
 
 /// Candidates found behind the head of their key, parked, if that head is still pending (a
 /// self-join: MySQL updates a table it also reads only that way; the heads by position, so
@@ -140,7 +160,7 @@ fn lock_heads(n: usize) -> String {
         "SELECT id, COALESCE(payload_bytes, LENGTH(payload)) AS size \
          FROM outbox_message FORCE INDEX (PRIMARY) \
          WHERE id IN ({}) AND parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
-         ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+         ORDER BY priority DESC, next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
         placeholders(n)
     )
 }
@@ -165,7 +185,8 @@ fn leased(n: usize) -> String {
         "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload, ordering_key, \
              attempts, headers, \
              TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros \
-         FROM outbox_message FORCE INDEX (PRIMARY) WHERE id IN ({}) ORDER BY id",
+         FROM outbox_message FORCE INDEX (PRIMARY) WHERE id IN ({}) \
+         ORDER BY priority DESC, id",
         placeholders(n)
     )
 }
@@ -210,14 +231,14 @@ pub(crate) const LOCK_OWNED: &str =
 /// only a row edited by hand could leave). Binds: error, id.
 pub(crate) const COPY_TO_DEAD: &str = "INSERT INTO outbox_failure (id, message_id, \
          message_type, payload, ordering_key, attempts, last_error, created_at, failed_at, \
-         headers) \
+         headers, priority) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, \
-         UTC_TIMESTAMP(6), headers \
+         UTC_TIMESTAMP(6), headers, priority \
      FROM outbox_message WHERE id = ? \
      ON DUPLICATE KEY UPDATE message_id = VALUES(message_id), \
          message_type = VALUES(message_type), payload = VALUES(payload), \
          ordering_key = VALUES(ordering_key), attempts = VALUES(attempts), \
-         headers = VALUES(headers), \
+         headers = VALUES(headers), priority = VALUES(priority), \
          last_error = VALUES(last_error), created_at = VALUES(created_at), \
          failed_at = VALUES(failed_at)";
 
@@ -390,9 +411,10 @@ fn select_dead_at_for_update(n: usize) -> String {
 fn requeue(n: usize) -> String {
     format!(
         "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
-             ordering_key, attempts, created_at, next_attempt_at, last_error, headers) \
+             ordering_key, attempts, created_at, next_attempt_at, last_error, headers, \
+             priority) \
          SELECT id, message_id, message_type, payload, LENGTH(payload), ordering_key, 0, \
-             created_at, UTC_TIMESTAMP(6), last_error, headers \
+             created_at, UTC_TIMESTAMP(6), last_error, headers, priority \
          FROM outbox_failure WHERE id IN ({}) ORDER BY id",
         placeholders(n)
     )
@@ -573,16 +595,23 @@ fn claim_once(
     run(conn, READ_COMMITTED, &[])?;
     conn.transaction(|c| {
         let binds = [
+            Bind::BigInt(claim.candidates()),
             Bind::BigInt(from.due_micros),
             Bind::BigInt(from.due_micros),
             Bind::BigInt(from.id),
             Bind::BigInt(claim.candidates()),
         ];
-        let candidates: Vec<Candidate> = Prepared::new(CANDIDATES, STYLE, &binds).load(c)?;
-        let first = candidates.first().map(|cand| Cursor {
-            due_micros: cand.due,
-            id: cand.id,
-        });
+        let mut candidates: Vec<Candidate> = Prepared::new(CANDIDATES, STYLE, &binds).load(c)?;
+        // A union's rows come in no promised order.
+        candidates.sort_unstable_by_key(|cand| (Reverse(cand.priority), cand.due, cand.id));
+        candidates.truncate(usize::try_from(claim.candidates()).unwrap_or(usize::MAX));
+        let first = candidates
+            .iter()
+            .find(|cand| cand.priority == 0)
+            .map(|cand| Cursor {
+                due_micros: cand.due,
+                id: cand.id,
+            });
         let (heads, behind): (Vec<&Candidate>, Vec<&Candidate>) =
             candidates.iter().partition(|cand| cand.head_id == cand.id);
         let mut parked = 0;
@@ -680,6 +709,8 @@ struct Candidate {
     head_id: i64,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     due: i64,
+    #[diesel(sql_type = diesel::sql_types::SmallInt)]
+    priority: i16,
 }
 
 /// A locked head: its position and payload size.
@@ -975,7 +1006,7 @@ mod tests {
     fn fixed_statements_take_as_many_binds_as_they_say() {
         for (sql, binds) in [
             (INSERT_MESSAGE, NewMessage::BINDS),
-            (CANDIDATES, 4),
+            (CANDIDATES, 5),
             (HORIZON, 0),
             (RESCHEDULE, 5),
             (LOCK_OWNED, 2),

@@ -39,18 +39,19 @@ pub(crate) const DURABLE_COMMIT: &str = "SET LOCAL synchronous_commit TO DEFAULT
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
-/// (NULL: none), headers (JSON, NULL: none), whether an earlier row of the insert has its key,
-/// and the ordering key again. No message is due before its transaction's clock (a not-before
-/// in the past means now), the time the transaction's notification carries. A keyed message is parked from the start when its key has a pending message already (an
+/// (NULL: none), headers (JSON, NULL: none), priority level, whether an earlier row of the
+/// insert has its key, and the ordering key again. No message is due before its transaction's
+/// clock (a not-before in the past means now), the time the transaction's notification carries.
+/// A keyed message is parked from the start when its key has a pending message already (an
 /// index probe, a plain read that locks nothing): a burst behind a head that is not due never
 /// comes before a claim.
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, headers, \
-      parked) \
+      priority, parked) \
      VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
      GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', \
-         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), now()), $8, \
-     $9 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $10))";
+         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), now()), $8, $9, \
+     $10 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $11))";
 
 /// The VALUES tuple of one row of a batch insert, from its first placeholder's number.
 fn insert_values(first: usize) -> String {
@@ -58,7 +59,7 @@ fn insert_values(first: usize) -> String {
     format!(
         "(${}::uuid, ${}, ${}::jsonb, ${}, ${}, \
          GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', \
-             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), now()), ${}, \
+             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), now()), ${}, ${}, \
          ${} OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ${}))",
         p(0),
         p(1),
@@ -69,14 +70,17 @@ fn insert_values(first: usize) -> String {
         p(6),
         p(7),
         p(8),
-        p(9)
+        p(9),
+        p(10)
     )
 }
 
-/// The claim, in one statement: read a batch of due, unparked rows in due order from the
-/// claim cursor on (locking them, skipping those another claim locks), judge each a head of its
-/// key or not, park the others, keep the heads within the count and bytes, and lease them; each
-/// leased row also says where the batch's first candidate stood, the next claim's cursor.
+/// The claim, in one statement: read a batch of due, unparked rows (locking them, skipping
+/// those another claim locks), the raised priorities first by their own index and then the
+/// ordinary ones in due order from the claim cursor on, judge each a head of its key or not,
+/// park the others, keep the heads within the count and bytes in priority and due order, and
+/// lease them; each leased row also says where the batch's first ordinary candidate stood, the
+/// next claim's cursor (none without one: the cursor stays).
 /// Binds: the cursor (due time in µs since the epoch, id), candidates, count, bytes, whether an
 /// oversized first message may go alone, token, lease µs.
 ///
@@ -86,7 +90,9 @@ fn insert_values(first: usize) -> String {
 /// Without a cursor each claim walked every dead entry in front of the first live one; with it
 /// a claim starts where the last one found its first candidate. Messages that become due behind
 /// the cursor (a crashed worker's lease running out, an enqueue from a transaction older than
-/// the cursor) are found through the store's rewinds (see `claim_cursor`).
+/// the cursor) are found through the store's rewinds (see `claim_cursor`). The raised
+/// priorities are read from the start of their index, cursor or not: they are few (and the lane
+/// of ordinary candidates is only read while the raised ones leave room in the batch).
 ///
 /// Rows are updated by `id = ANY(ARRAY(…))`, never by a join: a vacuum that ran while the
 /// outbox was empty records no rows for the table, and for an "empty" table the planner joins
@@ -94,18 +100,30 @@ fn insert_values(first: usize) -> String {
 /// read 321,000 buffers (1.36 s; 16 ms this way). The settlements do the same.
 macro_rules! claim {
     ($candidates:literal) => {
+        claim!($candidates, $candidates, $candidates)
+    };
+    ($prioritized:literal, $ordinary:literal, $candidates:literal) => {
         concat!(
-    "WITH candidates AS (\
-        SELECT id, next_attempt_at, ordering_key, \
+    "WITH prioritized AS (\
+        SELECT id, next_attempt_at, ordering_key, priority, \
             COALESCE(payload_bytes, octet_length(payload::text)) AS size \
         FROM outbox_message \
-        WHERE NOT parked AND next_attempt_at <= now() \
-            AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $1 * INTERVAL '1 microsecond', $2) \
-        ORDER BY next_attempt_at, id LIMIT ", $candidates, " \
+        WHERE priority > 0 AND NOT parked AND next_attempt_at <= now() \
+        ORDER BY priority DESC, next_attempt_at, id LIMIT ", $prioritized, " \
         FOR UPDATE SKIP LOCKED), \
+     ordinary AS (\
+        SELECT id, next_attempt_at, ordering_key, priority, \
+            COALESCE(payload_bytes, octet_length(payload::text)) AS size \
+        FROM outbox_message \
+        WHERE priority = 0 AND NOT parked AND next_attempt_at <= now() \
+            AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $1 * INTERVAL '1 microsecond', $2) \
+        ORDER BY next_attempt_at, id LIMIT ", $ordinary, " \
+        FOR UPDATE SKIP LOCKED), \
+     candidates AS (\
+        SELECT * FROM prioritized UNION ALL SELECT * FROM ordinary LIMIT ", $candidates, "), \
      first AS (\
         SELECT (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS due, id \
-        FROM candidates ORDER BY next_attempt_at, id LIMIT 1), \
+        FROM candidates WHERE priority = 0 ORDER BY next_attempt_at, id LIMIT 1), \
      judged AS (\
         SELECT c.*, (c.ordering_key IS NULL OR NOT EXISTS (\
             SELECT 1 FROM outbox_message e \
@@ -117,26 +135,27 @@ macro_rules! claim {
      sized AS (\
         SELECT id, row_number() OVER w AS n, sum(size) OVER w AS upto \
         FROM judged WHERE head \
-        WINDOW w AS (ORDER BY next_attempt_at, id)), \
+        WINDOW w AS (ORDER BY priority DESC, next_attempt_at, id)), \
      chosen AS (\
         SELECT id FROM sized WHERE n <= $4 AND (upto <= $5 OR (n = 1 AND $6))) \
      UPDATE outbox_message o \
      SET locked_by = $7::uuid, attempts = o.attempts + 1, \
          next_attempt_at = now() + $8 * INTERVAL '1 microsecond' \
-     FROM first, ",
+     FROM ",
     async_commit!(),
-    " WHERE o.id = ANY(ARRAY(SELECT id FROM chosen)) \
+    " LEFT JOIN first ON TRUE WHERE o.id = ANY(ARRAY(SELECT id FROM chosen)) \
      RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
          o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
          (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
-         first.due AS first_due, first.id AS first_id"
+         o.priority, first.due AS first_due, first.id AS first_id"
         )
     };
 }
 
 /// The claim with its candidates' `LIMIT` bound (`$3`): for batches larger than any of
-/// `CLAIMS_BY_CANDIDATES`, and for `EXPLAIN`.
-pub const CLAIM: &str = claim!("$3");
+/// `CLAIMS_BY_CANDIDATES`, and for `EXPLAIN`. (A placeholder is bound once: the raised
+/// priorities' limit is the largest written in, and the two lanes together unlimited.)
+pub const CLAIM: &str = claim!("1024", "$3", "ALL");
 
 /// The claim with its candidates' `LIMIT` written in, by that limit, smallest first; a claim
 /// uses the first that reads at least the candidates it needs, and binds no limit.
@@ -254,16 +273,16 @@ pub(crate) const RESCHEDULE: &str = "UPDATE outbox_message \
 pub(crate) const DEAD_LETTER: &str = "WITH moved AS (\
         DELETE FROM outbox_message WHERE id = $1 AND locked_by = $2::uuid \
         RETURNING id, message_id, message_type, payload, ordering_key, attempts, created_at, \
-            headers) \
+            headers, priority) \
      INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
-         last_error, created_at, failed_at, headers) \
+         last_error, created_at, failed_at, headers, priority) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, $3, created_at, now(), \
-         headers \
+         headers, priority \
      FROM moved \
      ON CONFLICT (id) DO UPDATE SET message_id = EXCLUDED.message_id, \
          message_type = EXCLUDED.message_type, payload = EXCLUDED.payload, \
          ordering_key = EXCLUDED.ordering_key, attempts = EXCLUDED.attempts, \
-         headers = EXCLUDED.headers, \
+         headers = EXCLUDED.headers, priority = EXCLUDED.priority, \
          last_error = EXCLUDED.last_error, created_at = EXCLUDED.created_at, \
          failed_at = EXCLUDED.failed_at";
 
@@ -398,11 +417,11 @@ pub(crate) const SELECT_DEAD_AT_FOR_UPDATE: &str =
 pub(crate) const REQUEUE: &str = "WITH moved AS (\
         DELETE FROM outbox_failure WHERE id = ANY($1) \
         RETURNING id, message_id, message_type, payload, ordering_key, created_at, last_error, \
-            headers) \
+            headers, priority) \
      INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
-         ordering_key, attempts, created_at, next_attempt_at, last_error, headers) \
+         ordering_key, attempts, created_at, next_attempt_at, last_error, headers, priority) \
      SELECT id, message_id, message_type, payload, octet_length(payload::text), ordering_key, \
-         0, created_at, now(), last_error, headers \
+         0, created_at, now(), last_error, headers, priority \
      FROM moved";
 
 /// Dead letters deleted. Binds: ids.
@@ -586,10 +605,12 @@ fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResu
 struct CursoredClaimRow {
     #[diesel(embed)]
     claimed: ClaimRow,
-    #[diesel(sql_type = BigInt)]
-    first_due: i64,
-    #[diesel(sql_type = BigInt)]
-    first_id: i64,
+    #[diesel(sql_type = diesel::sql_types::SmallInt)]
+    priority: i16,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    first_due: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    first_id: Option<i64>,
 }
 
 /// A row of [`DELETE_DONE_LEASING`]: how many were deleted, and a leased message, if any.
@@ -647,7 +668,7 @@ impl Statements for PgConnection {
                 .collect();
             let sql = format!(
                 "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
-                 ordering_key, next_attempt_at, headers, parked) VALUES {}",
+                 ordering_key, next_attempt_at, headers, priority, parked) VALUES {}",
                 values.join(", ")
             );
             let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds_with_key).collect();
@@ -681,10 +702,15 @@ impl Statements for PgConnection {
             Bind::BigInt(claim.lease_micros),
         ]);
         let sql = written_in.map_or(CLAIM, |(_, sql)| sql);
-        let rows: Vec<CursoredClaimRow> = Prepared::new(sql, STYLE, &binds).load(self)?;
-        let first = rows.first().map(|row| Cursor {
-            due_micros: row.first_due,
-            id: row.first_id,
+        let mut rows: Vec<CursoredClaimRow> = Prepared::new(sql, STYLE, &binds).load(self)?;
+        // Handed to the handlers in this order: a raised priority first in its batch too
+        // (RETURNING promises no order).
+        rows.sort_by_key(|row| (std::cmp::Reverse(row.priority), row.claimed.message.id));
+        let first = rows.first().and_then(|row| {
+            Some(Cursor {
+                due_micros: row.first_due?,
+                id: row.first_id?,
+            })
         });
         Ok((rows.into_iter().map(|row| row.claimed).collect(), first))
     }
@@ -994,7 +1020,14 @@ mod tests {
         ];
         let shown = debug_query::<Pg, _>(&Prepared::new(CLAIM, STYLE, &binds)).to_string();
         assert!(
-            shown.contains("WHERE NOT parked AND next_attempt_at <= now()"),
+            shown.contains(
+                "WHERE priority > 0 AND NOT parked AND next_attempt_at <= now() \
+                 ORDER BY priority DESC, next_attempt_at, id LIMIT 1024 FOR UPDATE SKIP LOCKED"
+            ),
+            "the raised priorities, by their partial index: {shown}"
+        );
+        assert!(
+            shown.contains("WHERE priority = 0 AND NOT parked AND next_attempt_at <= now()"),
             "{shown}"
         );
         assert!(
@@ -1018,13 +1051,13 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_insert_numbers_ten_binds_per_row() {
+    fn a_batch_insert_numbers_eleven_binds_per_row() {
         assert_eq!(
-            insert_values(11),
-            "($11::uuid, $12, $13::jsonb, $14, $15, \
-             GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $16 * INTERVAL '1 microsecond', \
-                 now() + COALESCE($17, 0) * INTERVAL '1 microsecond'), now()), $18, \
-             $19 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $20))"
+            insert_values(12),
+            "($12::uuid, $13, $14::jsonb, $15, $16, \
+             GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $17 * INTERVAL '1 microsecond', \
+                 now() + COALESCE($18, 0) * INTERVAL '1 microsecond'), now()), $19, $20, \
+             $21 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $22))"
         );
     }
 }

@@ -4,6 +4,8 @@
 //! timeout instead of failing on a lock upgrade, and what they read stays true until they
 //! commit.
 
+use std::cmp::Reverse;
+
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{Connection, QueryResult, RunQueryDsl};
 
@@ -52,37 +54,54 @@ macro_rules! insert_values {
         concat!(
             "(?, ?, ?, ?, ?, COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', COALESCE(?, 0) / 1000000.0))), \
-             ?, ? OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ?))"
+             ?, ?, ? OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ?))"
         )
     };
 }
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
-/// (NULL: none), headers (JSON, NULL: none), whether an earlier row of the insert has its key,
-/// and the ordering key again. A keyed message is parked from the start when its key has a
+/// (NULL: none), headers (JSON, NULL: none), priority level, whether an earlier row of the
+/// insert has its key, and the ordering key again. A keyed message is parked from the start when its key has a
 /// pending message already (an index probe): a burst behind a head that is not due never comes
 /// before a claim.
 pub(crate) const INSERT_MESSAGE: &str = concat!(
     "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, \
-      headers, parked) \
+      headers, priority, parked) \
      VALUES ",
     insert_values!()
 );
 
-/// The claim's candidates, in due order: a batch of due, unparked rows, each
-/// judged a head of its key or not (an index probe), with its payload size. Binds: candidates.
-pub const CANDIDATES: &str = concat!(
-    "SELECT id, \
+/// What a claim reads of each candidate: its position, whether it heads its key (an index
+/// probe), its payload size, priority and due time.
+macro_rules! candidate_columns {
+    () => {
+        "id, \
          CASE WHEN ordering_key IS NULL OR NOT EXISTS (\
              SELECT 1 FROM outbox_message e \
              WHERE e.ordering_key = m.ordering_key AND e.id < m.id) THEN 1 ELSE 0 END AS head, \
-         COALESCE(payload_bytes, length(CAST(payload AS BLOB))) AS size \
-     FROM outbox_message m \
-     WHERE parked = 0 AND next_attempt_at <= ",
+         COALESCE(payload_bytes, length(CAST(payload AS BLOB))) AS size, priority, \
+         next_attempt_at AS due"
+    };
+}
+
+/// The claim's candidates: a batch of due, unparked rows, each judged a head of its key or not,
+/// with its payload size; the raised priorities by their own index, in priority and due order,
+/// then the ordinary ones in due order. Binds: candidates, twice.
+pub const CANDIDATES: &str = concat!(
+    "SELECT * FROM (SELECT ",
+    candidate_columns!(),
+    " FROM outbox_message m \
+     WHERE priority > 0 AND parked = 0 AND next_attempt_at <= ",
     now!(),
-    " ORDER BY next_attempt_at, id LIMIT ?"
+    " ORDER BY priority DESC, next_attempt_at, id LIMIT ?) \
+     UNION ALL SELECT * FROM (SELECT ",
+    candidate_columns!(),
+    " FROM outbox_message m \
+     WHERE priority = 0 AND parked = 0 AND next_attempt_at <= ",
+    now!(),
+    " ORDER BY next_attempt_at, id LIMIT ?)"
 );
 
 /// Candidates behind the head of their key, parked. Binds: ids.
@@ -143,14 +162,14 @@ pub(crate) const RESCHEDULE: &str = concat!(
 /// position, which only a row edited by hand could leave). Binds: error, id, token.
 pub(crate) const COPY_TO_DEAD: &str = concat!(
     "INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
-         last_error, created_at, failed_at, headers) \
+         last_error, created_at, failed_at, headers, priority) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, ",
     now!(),
-    ", headers FROM outbox_message WHERE id = ? AND locked_by = ? \
+    ", headers, priority FROM outbox_message WHERE id = ? AND locked_by = ? \
      ON CONFLICT (id) DO UPDATE SET message_id = excluded.message_id, \
          message_type = excluded.message_type, payload = excluded.payload, \
          ordering_key = excluded.ordering_key, attempts = excluded.attempts, \
-         headers = excluded.headers, \
+         headers = excluded.headers, priority = excluded.priority, \
          last_error = excluded.last_error, created_at = excluded.created_at, \
          failed_at = excluded.failed_at"
 );
@@ -309,11 +328,12 @@ fn requeue(n: usize) -> String {
     format!(
         concat!(
             "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
-                 ordering_key, attempts, created_at, next_attempt_at, last_error, headers) \
+                 ordering_key, attempts, created_at, next_attempt_at, last_error, headers, \
+                 priority) \
              SELECT id, message_id, message_type, payload, length(CAST(payload AS BLOB)), \
                  ordering_key, 0, created_at, ",
             now!(),
-            ", last_error, headers FROM outbox_failure WHERE id IN ({}) ORDER BY id"
+            ", last_error, headers, priority FROM outbox_failure WHERE id IN ({}) ORDER BY id"
         ),
         placeholders(n)
     )
@@ -540,6 +560,10 @@ struct Candidate {
     head: i32,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     size: i64,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    priority: i32,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    due: String,
 }
 
 impl Statements for SqliteConnection {
@@ -568,8 +592,14 @@ impl Statements for SqliteConnection {
         // SQLite removes a deleted row from its indexes at once: nothing dead to walk past, so
         // every claim reads from the start.
         write(self, |c| {
-            let candidates: Vec<Candidate> =
-                Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(claim.candidates())]).load(c)?;
+            let limit = Bind::BigInt(claim.candidates());
+            let mut candidates: Vec<Candidate> =
+                Prepared::new(CANDIDATES, STYLE, &[limit, limit]).load(c)?;
+            // A union's rows come in no promised order.
+            candidates.sort_unstable_by(|a, b| {
+                (Reverse(a.priority), &a.due, a.id).cmp(&(Reverse(b.priority), &b.due, b.id))
+            });
+            candidates.truncate(usize::try_from(claim.candidates()).unwrap_or(usize::MAX));
             let behind: Vec<i64> = candidates
                 .iter()
                 .filter(|cand| cand.head == 0)
@@ -592,9 +622,17 @@ impl Statements for SqliteConnection {
                 &[Bind::Text(claim.token), Bind::BigInt(claim.lease_micros)],
                 &chosen,
             );
-            dynamic::<Sqlite>(&lease(chosen.len()), &binds)
-                .load(c)
-                .map(|rows| (rows, None))
+            let mut rows: Vec<ClaimRow> =
+                dynamic::<Sqlite>(&lease(chosen.len()), &binds).load(c)?;
+            // Handed to the handlers by priority, then position: a raised priority first in
+            // its batch too (RETURNING promises no order).
+            let priorities: std::collections::HashMap<i64, i32> =
+                heads.iter().map(|h| (h.id, h.priority)).collect();
+            rows.sort_by_key(|row| {
+                let priority = priorities.get(&row.message.id).copied().unwrap_or(0);
+                (Reverse(priority), row.message.id)
+            });
+            Ok((rows, None))
         })
     }
 
@@ -770,16 +808,25 @@ mod tests {
 
     #[test]
     fn the_claim_reads_only_unparked_due_rows_and_binds_its_limit() {
-        let query = Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(256)]);
+        let query = Prepared::new(CANDIDATES, STYLE, &[Bind::BigInt(256), Bind::BigInt(256)]);
         let shown = debug_query::<Sqlite, _>(&query).to_string();
         assert!(
             shown.contains(
-                "WHERE parked = 0 AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                "WHERE priority > 0 AND parked = 0 \
+                 AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 ORDER BY priority DESC, next_attempt_at, id LIMIT ?"
+            ),
+            "the raised priorities, by their partial index: {shown}"
+        );
+        assert!(
+            shown.contains(
+                "WHERE priority = 0 AND parked = 0 \
+                 AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
                  ORDER BY next_attempt_at, id LIMIT ?"
             ),
-            "{shown}"
+            "the ordinary ones, in due order: {shown}"
         );
-        assert!(shown.ends_with("-- binds: [256]"), "{shown}");
+        assert!(shown.ends_with("-- binds: [256, 256]"), "{shown}");
     }
 
     #[test]
@@ -804,7 +851,7 @@ mod tests {
             (DEAD_BY_MESSAGE_ID, 2),
             (DEAD_POSITIONS, 1),
             (BLOCKED_KEYS, 1),
-            (CANDIDATES, 1),
+            (CANDIDATES, 2),
             (RESCHEDULE, 5),
             (COPY_TO_DEAD, 3),
             (DELETE_OWNED, 2),

@@ -1,4 +1,5 @@
-//! Fault drills: a mixed workload through worker processes against a real database while
+//! Fault drills: a mixed workload (a third of it under 16 ordering keys, three in seven
+//! messages at a raised priority) through worker processes against a real database while
 //! faults are injected, then the delivery checker.
 //!
 //! ```text
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 use diesel::Connection;
 use outbox_diesel::admin::{dead_letters, pending_messages, stats, ListOptions};
 use outbox_diesel::prelude::*;
-use outbox_diesel::{Batch, EnqueueOptions, Message, MessageId};
+use outbox_diesel::{Batch, EnqueueOptions, Message, MessageId, Priority};
 use outbox_testkit::http::{Receiver, Reply};
 use outbox_testkit::{with_connection, Backend, TestConnection, TestDb, TestPool};
 use outbox_tests::brokers::{arrivals, Broker, TestQueue, TestStream, TestTopic};
@@ -529,10 +530,18 @@ fn enqueue<C: TestConnection + Connection>(plan: &Plan, pool: &TestPool<C>, ledg
                 n: n as u32,
                 key: key.clone(),
             };
+            // Some raised priorities, keyed and not: the checker holds each key to its order
+            // whatever the priorities of its messages.
+            let priority = match n % 7 {
+                0 => Priority::Urgent,
+                1 | 2 => Priority::High,
+                _ => Priority::Normal,
+            };
             let options = match &key {
                 Some(key) => EnqueueOptions::new().ordering_key(key.clone()),
                 None => EnqueueOptions::new(),
-            };
+            }
+            .priority(priority);
             let id = if plan.broker.is_some() {
                 batch.push_with(&Relayed::new(n as u32, key.as_deref()), &options)
             } else if plan.stall_every > 0 && n.is_multiple_of(plan.stall_every) {
