@@ -9,6 +9,7 @@ use outbox_core::store::Backlog;
 use outbox_core::{Headers, MessageId};
 
 use crate::connection::{with_backend, OutboxConnection};
+use crate::enqueue::Priority;
 use crate::error::{Error, Result};
 mod serialized;
 
@@ -183,6 +184,8 @@ pub struct PendingMessage {
     /// Whether a worker found its message type or destination paused by an operator: it
     /// waits, not due, until [`resume`] (its `next_attempt_at` is then far ahead).
     pub paused: bool,
+    /// How soon it is claimed against other due messages.
+    pub priority: Priority,
     /// The error of the last failed attempt.
     pub last_error: Option<String>,
     /// The headers set at enqueue.
@@ -276,6 +279,7 @@ fn pending_message(row: PendingRow, preview: Option<u32>) -> Result<PendingMessa
         in_flight: row.in_flight != 0,
         parked: row.parked != 0,
         paused: row.paused != 0,
+        priority: Priority::from_level(row.priority),
         last_error: row.last_error,
         headers: listed_headers("outbox_message", m.id, m.headers.as_deref()),
     })

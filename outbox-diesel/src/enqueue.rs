@@ -62,6 +62,25 @@ impl Priority {
             Priority::Urgent => 2,
         }
     }
+
+    /// The priority of a stored level (a level above the highest, written by hand, is
+    /// `Urgent`; one below 1, `Normal`).
+    pub(crate) fn from_level(level: i64) -> Priority {
+        match level {
+            i64::MIN..=0 => Priority::Normal,
+            1 => Priority::High,
+            _ => Priority::Urgent,
+        }
+    }
+
+    /// `"normal"`, `"high"` or `"urgent"`, as listings print it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Normal => "normal",
+            Priority::High => "high",
+            Priority::Urgent => "urgent",
+        }
+    }
 }
 
 /// How a message is enqueued: when it may be processed, and which messages it is ordered with.

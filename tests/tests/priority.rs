@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use diesel::connection::SimpleConnection;
+
 use outbox_diesel::admin::{
     pending_messages, requeue_dead_letters, DeadLetterSelection, ListOptions,
 };
@@ -226,7 +228,51 @@ fn a_batch_beyond_the_written_in_limits_takes_priorities_first<C: TestConnection
     assert_eq!(&taken[2..], &ordinary[..1_098]);
 }
 
+/// Listings show each message's priority; a level written by hand above the highest lists as
+/// `Urgent` and is claimed before it, one below zero as `Normal` and is claimed last.
+fn listings_show_priorities_and_odd_levels_are_claimed_in_order<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let normal = f.enqueue(0, with(Priority::Normal));
+    let high = f.enqueue(1, with(Priority::High));
+    let urgent = f.enqueue(2, with(Priority::Urgent));
+    let odd_high = f.enqueue(3, with(Priority::Normal));
+    let odd_low = f.enqueue(4, with(Priority::Normal));
+    let mut conn = f.pool.get().unwrap();
+    conn.batch_execute(&format!(
+        "UPDATE outbox_message SET priority = 7 WHERE id = {odd_high}"
+    ))
+    .unwrap();
+    conn.batch_execute(&format!(
+        "UPDATE outbox_message SET priority = -3 WHERE id = {odd_low}"
+    ))
+    .unwrap();
+    let listed: Vec<(i64, Priority)> = pending_messages(&mut conn, &ListOptions::new().limit(10))
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.position, m.priority))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (normal, Priority::Normal),
+            (high, Priority::High),
+            (urgent, Priority::Urgent),
+            (odd_high, Priority::Urgent),
+            (odd_low, Priority::Normal),
+        ]
+    );
+    assert_eq!(f.take(2), [odd_high, urgent]);
+    assert_eq!(f.take(1), [high]);
+    assert_eq!(f.take(1), [normal]);
+    assert_eq!(
+        f.take(1),
+        [odd_low],
+        "a level below zero is in neither lane's index range, yet claimed"
+    );
+}
+
 backend_tests!(
+    listings_show_priorities_and_odd_levels_are_claimed_in_order,
     a_batch_beyond_the_written_in_limits_takes_priorities_first,
     raised_priorities_are_claimed_first_each_in_due_order,
     a_raised_message_is_found_wherever_the_cursor_stands,

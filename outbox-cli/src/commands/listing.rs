@@ -195,6 +195,7 @@ fn pending_fields(m: &PendingMessage) -> String {
         ("message id", m.message_id.to_string()),
         ("type", m.message_type.clone()),
         ("state", state.to_owned()),
+        ("priority", m.priority.as_str().to_owned()),
         ("attempts", m.attempts.to_string()),
         ("ordering key", or_dash(m.ordering_key.as_deref())),
         ("created at", when(m.created_at, now)),

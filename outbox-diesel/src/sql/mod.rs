@@ -276,6 +276,8 @@ pub(crate) struct PendingRow {
     pub(crate) parked: i32,
     #[diesel(sql_type = Integer)]
     pub(crate) paused: i32,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) priority: i64,
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) last_error: Option<String>,
 }

@@ -106,7 +106,7 @@ pub const CANDIDATES: &str = concat!(
      UNION ALL (SELECT ",
     candidate_columns!(),
     " FROM outbox_message m FORCE INDEX (outbox_message_due) \
-     WHERE priority = 0 AND parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
+     WHERE priority <= 0 AND parked = 0 AND next_attempt_at <= UTC_TIMESTAMP(6) \
          AND next_attempt_at >= TIMESTAMPADD(MICROSECOND, ?, '1970-01-01') \
          AND (next_attempt_at, id) >= (TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), ?) \
      ORDER BY next_attempt_at, id LIMIT ?)"
@@ -325,7 +325,8 @@ macro_rules! pending_columns {
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 ELSE 0 END \
              AS in_flight, \
          CASE WHEN parked THEN 1 ELSE 0 END AS parked, \
-         CASE WHEN paused THEN 1 ELSE 0 END AS paused, last_error \
+         CASE WHEN paused THEN 1 ELSE 0 END AS paused, CAST(priority AS SIGNED) AS priority, \
+         last_error \
          FROM outbox_message "
     };
 }
@@ -607,7 +608,7 @@ fn claim_once(
         candidates.truncate(usize::try_from(claim.candidates()).unwrap_or(usize::MAX));
         let first = candidates
             .iter()
-            .find(|cand| cand.priority == 0)
+            .find(|cand| cand.priority <= 0)
             .map(|cand| Cursor {
                 due_micros: cand.due,
                 id: cand.id,

@@ -115,7 +115,7 @@ macro_rules! claim {
         SELECT id, next_attempt_at, ordering_key, priority, \
             COALESCE(payload_bytes, octet_length(payload::text)) AS size \
         FROM outbox_message \
-        WHERE priority = 0 AND NOT parked AND next_attempt_at <= now() \
+        WHERE priority <= 0 AND NOT parked AND next_attempt_at <= now() \
             AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $1 * INTERVAL '1 microsecond', $2) \
         ORDER BY next_attempt_at, id LIMIT ", $ordinary, " \
         FOR UPDATE SKIP LOCKED), \
@@ -123,7 +123,7 @@ macro_rules! claim {
         SELECT * FROM prioritized UNION ALL SELECT * FROM ordinary LIMIT ", $candidates, "), \
      first AS (\
         SELECT (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS due, id \
-        FROM candidates WHERE priority = 0 ORDER BY next_attempt_at, id LIMIT 1), \
+        FROM candidates WHERE priority <= 0 ORDER BY next_attempt_at, id LIMIT 1), \
      judged AS (\
         SELECT c.*, (c.ordering_key IS NULL OR NOT EXISTS (\
             SELECT 1 FROM outbox_message e \
@@ -333,7 +333,7 @@ macro_rules! pending_columns {
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > now() THEN 1 ELSE 0 END \
              AS in_flight, \
          CASE WHEN parked THEN 1 ELSE 0 END AS parked, \
-         CASE WHEN paused THEN 1 ELSE 0 END AS paused, last_error \
+         CASE WHEN paused THEN 1 ELSE 0 END AS paused, priority::bigint AS priority, last_error \
          FROM outbox_message "
     };
 }
@@ -1027,7 +1027,7 @@ mod tests {
             "the raised priorities, by their partial index: {shown}"
         );
         assert!(
-            shown.contains("WHERE priority = 0 AND NOT parked AND next_attempt_at <= now()"),
+            shown.contains("WHERE priority <= 0 AND NOT parked AND next_attempt_at <= now()"),
             "{shown}"
         );
         assert!(

@@ -99,7 +99,7 @@ pub const CANDIDATES: &str = concat!(
      UNION ALL SELECT * FROM (SELECT ",
     candidate_columns!(),
     " FROM outbox_message m \
-     WHERE priority = 0 AND parked = 0 AND next_attempt_at <= ",
+     WHERE priority <= 0 AND parked = 0 AND next_attempt_at <= ",
     now!(),
     " ORDER BY next_attempt_at, id LIMIT ?)"
 );
@@ -237,7 +237,8 @@ macro_rules! pending_columns {
             " AS next_attempt_at, \
              CASE WHEN locked_by IS NOT NULL AND next_attempt_at > ",
             now!(),
-            " THEN 1 ELSE 0 END AS in_flight, parked, paused, last_error FROM outbox_message "
+            " THEN 1 ELSE 0 END AS in_flight, parked, paused, priority, last_error \
+             FROM outbox_message "
         )
     };
 }
@@ -820,7 +821,7 @@ mod tests {
         );
         assert!(
             shown.contains(
-                "WHERE priority = 0 AND parked = 0 \
+                "WHERE priority <= 0 AND parked = 0 \
                  AND next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \
                  ORDER BY next_attempt_at, id LIMIT ?"
             ),
