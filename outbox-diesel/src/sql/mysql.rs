@@ -25,8 +25,8 @@ pub(crate) const MAX_BINDS: usize = 65_535;
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
 /// (NULL: none), headers (JSON, NULL: none), priority level, whether an earlier row of the
-/// insert has its key (parked from the start). Nothing is read: under REPEATABLE READ a read inside an `INSERT`
-/// takes shared gap locks that block other keys' inserts (measured: 3 s).
+/// insert has its key (parked from the start). Nothing is read: under REPEATABLE READ a read
+/// inside an `INSERT` takes shared gap locks that block other keys' inserts (measured: 3 s).
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, created_at, \
       next_attempt_at, headers, priority, parked) \

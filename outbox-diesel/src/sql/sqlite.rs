@@ -62,9 +62,9 @@ macro_rules! insert_values {
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
 /// (NULL: none), headers (JSON, NULL: none), priority level, whether an earlier row of the
-/// insert has its key, and the ordering key again. A keyed message is parked from the start when its key has a
-/// pending message already (an index probe): a burst behind a head that is not due never comes
-/// before a claim.
+/// insert has its key, and the ordering key again. A keyed message is parked from the start
+/// when its key has a pending message already (an index probe): a burst behind a head that is
+/// not due never comes before a claim.
 pub(crate) const INSERT_MESSAGE: &str = concat!(
     "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, \
