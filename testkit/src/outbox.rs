@@ -10,7 +10,7 @@ use outbox_diesel::admin::{
     dead_letters, pending_messages, DeadLetter, ListOptions, PendingMessage,
 };
 use outbox_diesel::store::{
-    ClaimToken, ClaimedMessage, Outcome, Settlement, Store, SuccessorLease,
+    ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store, SuccessorLease,
 };
 use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
 use outbox_diesel::OutboxConnection;
@@ -62,6 +62,35 @@ where
 /// The outcome `settlement` of `message`, claimed under `token`.
 pub fn outcome(token: ClaimToken, message: &ClaimedMessage, settlement: Settlement) -> Outcome {
     Outcome::of(token, message, settlement)
+}
+
+/// Up to `count` messages claimed from `store` under a new token, leased for `lease`.
+pub fn claim(
+    store: &impl Store,
+    count: usize,
+    lease: Duration,
+) -> (ClaimToken, Vec<ClaimedMessage>) {
+    let token = ClaimToken::new();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(count), lease)
+        .expect("claiming");
+    (token, claimed)
+}
+
+/// Settles every message of `claimed` (leased under `token`) as `settlement`; panics if any
+/// was fenced.
+pub fn settle_all(
+    store: &impl Store,
+    token: ClaimToken,
+    claimed: &[ClaimedMessage],
+    settlement: &Settlement,
+) {
+    let outcomes: Vec<Outcome> = claimed
+        .iter()
+        .map(|m| outcome(token, m, settlement.clone()))
+        .collect();
+    let fenced = store.settle(&outcomes).expect("settling");
+    assert!(fenced.is_empty(), "fenced: {fenced:?}");
 }
 
 /// Settles `settled` (leased under `token`) as done through [`Store::settle_and_lease`], letting

@@ -15,13 +15,13 @@ use outbox_diesel::admin::{
     pending_messages, requeue_dead_letters, DeadLetterSelection, ListOptions, PendingMessage,
 };
 use outbox_diesel::prelude::*;
-use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
+use outbox_diesel::store::{ClaimToken, ClaimedMessage, Settlement, Store};
 use outbox_diesel::{
     outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, Message, OutboxManager,
     ProcessError, Worker,
 };
 use outbox_testkit::db::migrate_to_before;
-use outbox_testkit::outbox::{insert_before_headers, outcome, settle_done_and_lease};
+use outbox_testkit::outbox::{claim, insert_before_headers, settle_all, settle_done_and_lease};
 use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
@@ -125,21 +125,11 @@ impl<C: TestConnection> Fixture<C> {
     }
 
     fn claim(&self, count: usize) -> (ClaimToken, Vec<ClaimedMessage>) {
-        let token = ClaimToken::new();
-        let claimed = self
-            .store
-            .claim(token, ClaimLimit::messages(count), LEASE)
-            .unwrap();
-        (token, claimed)
+        claim(&self.store, count, LEASE)
     }
 
     fn settle(&self, token: ClaimToken, claimed: &[ClaimedMessage], settlement: Settlement) {
-        let outcomes: Vec<Outcome> = claimed
-            .iter()
-            .map(|m| outcome(token, m, settlement.clone()))
-            .collect();
-        let fenced = self.store.settle(&outcomes).unwrap();
-        assert!(fenced.is_empty(), "{fenced:?}");
+        settle_all(&self.store, token, claimed, &settlement);
     }
 }
 

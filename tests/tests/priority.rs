@@ -11,12 +11,12 @@ use outbox_diesel::admin::{
     pending_messages, requeue_dead_letters, DeadLetterSelection, ListOptions,
 };
 use outbox_diesel::prelude::*;
-use outbox_diesel::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement, Store};
+use outbox_diesel::store::{ClaimToken, ClaimedMessage, Settlement};
 use outbox_diesel::{
     outbox_handler, Batch, Context, DieselStore, EnqueueOptions, OutboxManager, Priority,
     ProcessError,
 };
-use outbox_testkit::outbox::outcome;
+use outbox_testkit::outbox::{claim, settle_all};
 use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
@@ -81,21 +81,11 @@ impl<C: TestConnection> Fixture<C> {
     }
 
     fn claim(&self, count: usize) -> (ClaimToken, Vec<ClaimedMessage>) {
-        let token = ClaimToken::new();
-        let claimed = self
-            .store
-            .claim(token, ClaimLimit::messages(count), LEASE)
-            .unwrap();
-        (token, claimed)
+        claim(&self.store, count, LEASE)
     }
 
     fn settle(&self, token: ClaimToken, claimed: &[ClaimedMessage], settlement: Settlement) {
-        let outcomes: Vec<Outcome> = claimed
-            .iter()
-            .map(|m| outcome(token, m, settlement.clone()))
-            .collect();
-        let fenced = self.store.settle(&outcomes).unwrap();
-        assert!(fenced.is_empty(), "{fenced:?}");
+        settle_all(&self.store, token, claimed, &settlement);
     }
 
     /// Claims `count` and settles them done; returns their positions in the claim's order.
