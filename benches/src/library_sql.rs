@@ -8,6 +8,10 @@ use outbox_diesel::__private::claim_sql::{
 /// The PostgreSQL claim of a batch of `limit`, leasing for 60 s under a fixed token.
 pub fn pg_claim_sql(limit: usize) -> String {
     let binds = [
+        "''".to_owned(),
+        "''".to_owned(),
+        "0".to_owned(),
+        "0".to_owned(),
         "0".to_owned(),
         "0".to_owned(),
         candidates(limit).to_string(),

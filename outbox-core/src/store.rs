@@ -419,12 +419,15 @@ pub struct Pruned {
     pub dead_letters: usize,
     /// Received webhook ids older than their retention.
     pub inbox_ids: usize,
+    /// Groups (`EnqueueOptions::group` in `outbox-diesel`) left without a pending message,
+    /// which claims no longer visit.
+    pub empty_groups: usize,
 }
 
 impl Pruned {
     /// Rows deleted in all.
     pub fn total(&self) -> usize {
-        self.idempotency_keys + self.dead_letters + self.inbox_ids
+        self.idempotency_keys + self.dead_letters + self.inbox_ids + self.empty_groups
     }
 }
 

@@ -91,6 +91,9 @@ pub struct DieselStore<M: ManageConnection> {
     chores_connection: Mutex<Option<HeldConnection<M>>>,
     /// Where the next claim reads from (see `sql::Cursor`).
     claim_cursor: ClaimCursor,
+    /// The last group the last claim visited: the next visits the groups after it, so that
+    /// every group gets its turn however many there are.
+    groups_after: Mutex<String>,
     idempotency_window: Duration,
     idempotency_sweep: Mutex<SweepCursor>,
     retention: Retention,
@@ -118,6 +121,7 @@ where
             settle_connection: Mutex::new(None),
             chores_connection: Mutex::new(None),
             claim_cursor: ClaimCursor::default(),
+            groups_after: Mutex::new(String::new()),
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_sweep: Mutex::new(SweepCursor::default()),
             retention: Retention::default(),
@@ -270,21 +274,33 @@ where
         lease: Duration,
     ) -> Result<Vec<ClaimedMessage>, StoreError> {
         let token_text = token.to_string();
+        let groups_after = self
+            .groups_after
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
         let claim = Claim {
             token: &token_text,
             limit,
             lease_micros: micros(lease),
+            groups_after: &groups_after,
         };
         let from = self.claim_cursor.start(Instant::now());
-        let (rows, first): (Vec<ClaimRow>, _) = self.with_held(
+        let claimed = self.with_held(
             &self.claim_connection,
             "claiming messages",
             |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim, from)),
         )?;
-        if let Some(first) = first {
+        if let Some(first) = claimed.first {
             self.claim_cursor.advance(first);
         }
-        let (claimed, unreadable) = read_claimed(token, rows);
+        if let Some(last_group) = claimed.last_group {
+            *self
+                .groups_after
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = last_group;
+        }
+        let (claimed, unreadable) = read_claimed(token, claimed.rows);
         self.dead_letter_unreadable(&self.claim_connection, &unreadable)?;
         Ok(claimed)
     }
@@ -311,6 +327,7 @@ where
                 oversized_alone: false,
             },
             lease_micros: micros(successors.lease),
+            groups_after: "",
         };
         let (fenced, rows) = self.with_held(
             &self.settle_connection,
@@ -428,6 +445,7 @@ where
                 let mut pruned = self.retention.prune(c)?;
                 pruned.idempotency_keys =
                     idempotency::sweep(c, &mut cursor, self.idempotency_window)?;
+                pruned.empty_groups = c.remove_empty_groups()?;
                 Ok(pruned)
             })
         })

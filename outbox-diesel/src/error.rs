@@ -113,6 +113,13 @@ pub enum Error {
     )]
     InvalidOrderingKey,
 
+    /// A group that is empty or holds control characters.
+    #[error(
+        "a group must not be empty or hold control characters (line breaks, tabs, NUL); use \
+         printable text such as `tenant-42`"
+    )]
+    InvalidGroup,
+
     /// A message type or destination name to pause or resume that is empty, longer than 255
     /// characters or holds control characters: no message type or destination is named so.
     #[error(

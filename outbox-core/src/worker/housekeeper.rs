@@ -189,10 +189,11 @@ impl Housekeeper {
             Ok(pruned) if pruned.total() == 0 => {}
             Ok(pruned) => log::debug!(
                 "outbox: pruned {} expired idempotency keys, {} dead letters and {} received \
-                 webhook ids past their retention",
+                 webhook ids past their retention, and {} groups left empty",
                 pruned.idempotency_keys,
                 pruned.dead_letters,
-                pruned.inbox_ids
+                pruned.inbox_ids,
+                pruned.empty_groups
             ),
             Err(error) => {
                 metrics::store_error("housekeeping");

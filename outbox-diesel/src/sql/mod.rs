@@ -509,6 +509,9 @@ pub(crate) struct Claim<'a> {
     pub limit: ClaimLimit,
     /// The lease, in microseconds.
     pub lease_micros: i64,
+    /// The last group the store's last claim visited: this one visits the groups after it,
+    /// wrapping to the first (empty: from the first).
+    pub groups_after: &'a str,
 }
 
 impl Claim<'_> {
@@ -517,11 +520,102 @@ impl Claim<'_> {
         candidates(self.limit.messages)
     }
 
+    /// How many due rows a claim reads of each group it visits: an eighth of its candidates,
+    /// one at least, so that the groups' shares together read no more than the ordinary lane.
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    pub fn per_group(&self) -> i64 {
+        (self.candidates() / to_i64(GROUPS_PER_CLAIM)).max(1)
+    }
+
     /// The byte limit as SQL takes it.
     #[cfg(feature = "postgres")]
     pub fn bytes(&self) -> i64 {
         to_i64(self.limit.bytes)
     }
+}
+
+/// How many groups one claim gives a share of its batch (PostgreSQL's claim writes it in).
+pub(crate) const GROUPS_PER_CLAIM: usize = 8;
+
+/// What a claim leased, and where the next one starts.
+#[derive(Debug, Default)]
+pub(crate) struct Claimed {
+    pub rows: Vec<ClaimRow>,
+    /// Where the claim found its first ordinary candidate (the next claim's cursor), if the
+    /// backend keeps a cursor and this claim leased any.
+    pub first: Option<Cursor>,
+    /// The last group the claim visited, if it leased any.
+    pub last_group: Option<String>,
+}
+
+/// A group listed for claims, and whether it comes after the last claim's last group (0) or
+/// from the first again (1).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[derive(QueryableByName, Debug)]
+pub(crate) struct GroupRow {
+    #[diesel(sql_type = Text)]
+    pub name: String,
+    #[diesel(sql_type = BigInt)]
+    pub pass: i64,
+}
+
+/// The groups a claim visits, in turn: those after the last claim's last group, then from the
+/// first again, [`GROUPS_PER_CLAIM`] at most.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn groups_in_turn(mut rows: Vec<GroupRow>) -> Vec<String> {
+    // A union's rows come in no promised order.
+    rows.sort_unstable_by(|a, b| (a.pass, &a.name).cmp(&(b.pass, &b.name)));
+    rows.truncate(GROUPS_PER_CLAIM);
+    rows.into_iter().map(|row| row.name).collect()
+}
+
+/// A claim's candidates in the order its batch takes them: the raised priorities first, then
+/// the groups in turn, the first of each before the second of any (messages without a group
+/// are one more group), each group in `order` (priority, due time, position). `read` holds the
+/// raised and the ordinary lanes as read, `shares` each visited group's share in due order; a
+/// row read in both is kept in its group's share, and a group's rows in the ordinary lane come
+/// after its share, so no group's rows are taken out of their order.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn share_out<T, K: Ord>(
+    read: Vec<T>,
+    shares: Vec<Vec<T>>,
+    id: impl Fn(&T) -> i64,
+    group: impl Fn(&T) -> Option<&str>,
+    raised: impl Fn(&T) -> bool,
+    order: impl Fn(&T) -> K,
+) -> Vec<T> {
+    use std::collections::{HashMap, HashSet};
+
+    let in_shares: HashSet<i64> = shares.iter().flatten().map(&id).collect();
+    let mut turns_taken: HashMap<Option<String>, usize> = HashMap::new();
+    let mut turns: Vec<(usize, T)> = Vec::with_capacity(read.len());
+    for share in shares {
+        for row in share {
+            let taken = turns_taken
+                .entry(group(&row).map(str::to_owned))
+                .or_default();
+            *taken += 1;
+            turns.push((*taken, row));
+        }
+    }
+    let mut read: Vec<T> = read
+        .into_iter()
+        .filter(|row| !in_shares.contains(&id(row)))
+        .collect();
+    read.sort_by_key(|row| order(row));
+    for row in read {
+        if raised(&row) {
+            turns.push((0, row));
+        } else {
+            let taken = turns_taken
+                .entry(group(&row).map(str::to_owned))
+                .or_default();
+            *taken += 1;
+            turns.push((*taken, row));
+        }
+    }
+    turns.sort_by_key(|(turn, row)| (*turn, order(row)));
+    turns.into_iter().map(|(_, row)| row).collect()
 }
 
 /// How many due rows a claim of `messages` reads: the batch, and 16 at least, so that a claim
@@ -602,14 +696,17 @@ pub(crate) trait Statements: Sized {
         Ok(HorizonRow::default())
     }
 
-    /// Parks the non-heads among the due candidates, read from `from` on in due order, and
-    /// leases heads within the limit; returns the leased rows and where the first candidate
-    /// stood (the next claim's cursor), if the backend keeps a cursor and this claim leased any.
-    fn claim(
-        &mut self,
-        claim: &Claim<'_>,
-        from: Cursor,
-    ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)>;
+    /// Parks the non-heads among the due candidates, read from `from` on in due order (and a
+    /// share of each of the groups after `claim.groups_after`), and leases heads within the
+    /// limit.
+    fn claim(&mut self, claim: &Claim<'_>, from: Cursor) -> QueryResult<Claimed>;
+
+    /// Lists `groups` for claims to visit (a group listed already is left as it is). Inside the
+    /// enqueuing transaction.
+    fn register_groups(&mut self, groups: &[&str]) -> QueryResult<()>;
+
+    /// Removes the groups without a pending unparked message; returns how many.
+    fn remove_empty_groups(&mut self) -> QueryResult<usize>;
 
     /// Deletes done messages still leased under their claims and promotes the next message of
     /// each of `keys`; returns how many were deleted. One statement where the backend allows.

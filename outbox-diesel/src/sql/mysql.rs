@@ -11,7 +11,7 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Cursor, DeadLetterRow,
+    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, Claimed, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, PauseRow,
     PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
@@ -24,20 +24,22 @@ pub(crate) const MAX_BINDS: usize = 65_535;
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
-/// (NULL: none), headers (JSON, NULL: none), priority level, whether an earlier row of the
-/// insert has its key (parked from the start). Nothing is read: under REPEATABLE READ a read
+/// (NULL: none), headers (JSON, NULL: none), priority level, group, whether an earlier row of
+/// the insert has its key (parked from the start). Nothing is read: under REPEATABLE READ a read
 /// inside an `INSERT` takes shared gap locks that block other keys' inserts (measured: 3 s).
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, created_at, \
-      next_attempt_at, headers, priority, parked) \
+      next_attempt_at, headers, priority, group_name, parked) \
      VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
      GREATEST(COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
-         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), ?, ?, ?)";
+         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), \
+     ?, ?, ?, ?)";
 
 /// The VALUES tuple of each further row of a batch insert.
 const INSERT_VALUES: &str = "(?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
      GREATEST(COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
-         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), ?, ?, ?)";
+         TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), \
+     ?, ?, ?, ?)";
 
 /// The claim's transactions see what others committed, and lock no gaps (REPEATABLE READ
 /// would lock the empty range past the last row and block the application's inserts).
@@ -68,13 +70,13 @@ fn statement_logging_refuses_claims(log_bin: bool, binlog_format: &str) -> Optio
 }
 
 /// What a claim reads of each candidate: its position, key, the head of its key, due time (µs
-/// since the epoch) and priority.
+/// since the epoch), priority and group.
 macro_rules! candidate_columns {
     () => {
         "id, ordering_key, CASE WHEN ordering_key IS NULL THEN id ELSE (\
              SELECT e.id FROM outbox_message e WHERE e.ordering_key = m.ordering_key \
              ORDER BY e.ordering_key, e.id LIMIT 1) END AS head_id, \
-         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS due, priority"
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_attempt_at) AS due, priority, group_name"
     };
 }
 
@@ -231,16 +233,16 @@ pub(crate) const LOCK_OWNED: &str =
 /// only a row edited by hand could leave). Binds: error, id.
 pub(crate) const COPY_TO_DEAD: &str = "INSERT INTO outbox_failure (id, message_id, \
          message_type, payload, ordering_key, attempts, last_error, created_at, failed_at, \
-         headers, priority) \
+         headers, priority, group_name) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, \
-         UTC_TIMESTAMP(6), headers, priority \
+         UTC_TIMESTAMP(6), headers, priority, group_name \
      FROM outbox_message WHERE id = ? \
      ON DUPLICATE KEY UPDATE message_id = VALUES(message_id), \
          message_type = VALUES(message_type), payload = VALUES(payload), \
          ordering_key = VALUES(ordering_key), attempts = VALUES(attempts), \
          headers = VALUES(headers), priority = VALUES(priority), \
-         last_error = VALUES(last_error), created_at = VALUES(created_at), \
-         failed_at = VALUES(failed_at)";
+         group_name = VALUES(group_name), last_error = VALUES(last_error), \
+         created_at = VALUES(created_at), failed_at = VALUES(failed_at)";
 
 /// The locked message removed. Binds: id.
 pub(crate) const DELETE_ONE: &str = "DELETE FROM outbox_message WHERE id = ?";
@@ -413,13 +415,59 @@ fn requeue(n: usize) -> String {
     format!(
         "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
              ordering_key, attempts, created_at, next_attempt_at, last_error, headers, \
-             priority) \
+             priority, group_name) \
          SELECT id, message_id, message_type, payload, LENGTH(payload), ordering_key, 0, \
-             created_at, UTC_TIMESTAMP(6), last_error, headers, priority \
+             created_at, UTC_TIMESTAMP(6), last_error, headers, priority, group_name \
          FROM outbox_failure WHERE id IN ({}) ORDER BY id",
         placeholders(n)
     )
 }
+
+/// The groups of dead letters about to be re-queued, listed again (the housekeeper removes a
+/// group once empty). Binds: ids.
+fn list_groups_of_dead(n: usize) -> String {
+    format!(
+        "INSERT IGNORE INTO outbox_group (name) \
+         SELECT DISTINCT group_name FROM outbox_failure \
+         WHERE id IN ({}) AND group_name IS NOT NULL",
+        placeholders(n)
+    )
+}
+
+/// Groups listed for claims (`INSERT IGNORE`: a group listed already is left alone, under a
+/// shared lock that other enqueues of it share). Binds: names.
+fn register_groups(n: usize) -> String {
+    format!(
+        "INSERT IGNORE INTO outbox_group (name) VALUES {}",
+        vec!["(?)"; n].join(", ")
+    )
+}
+
+/// Groups without a pending unparked message removed (one probe of the grouped index each).
+pub(crate) const REMOVE_EMPTY_GROUPS: &str = "DELETE FROM outbox_group WHERE NOT EXISTS (\
+     SELECT 1 FROM outbox_message m FORCE INDEX (outbox_message_grouped) \
+     WHERE m.group_name = outbox_group.name AND m.parked = 0)";
+
+/// The groups a claim visits: up to eight after the last claim's last group, and up to eight
+/// from the first (the claim keeps eight in all). Binds: the last group, twice.
+pub(crate) const GROUPS: &str = "(SELECT name, CAST(0 AS SIGNED) AS pass FROM outbox_group \
+         WHERE name > ? ORDER BY name LIMIT 8) \
+     UNION ALL (SELECT name, CAST(1 AS SIGNED) AS pass FROM outbox_group \
+         WHERE name <= ? ORDER BY name LIMIT 8)";
+
+/// A group's share of a claim's candidates: its first due, unparked, ordinary messages from the
+/// claim cursor on (see [`CANDIDATES`] for the cursor given twice and the index named).
+/// Binds: group, the cursor's due time, its due time and id, the share.
+pub const GROUP_SHARE: &str = concat!(
+    "SELECT ",
+    candidate_columns!(),
+    " FROM outbox_message m FORCE INDEX (outbox_message_grouped) \
+     WHERE group_name = ? AND parked = 0 AND priority <= 0 \
+         AND next_attempt_at <= UTC_TIMESTAMP(6) \
+         AND next_attempt_at >= TIMESTAMPADD(MICROSECOND, ?, '1970-01-01') \
+         AND (next_attempt_at, id) >= (TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), ?) \
+     ORDER BY next_attempt_at, id LIMIT ?"
+);
 
 /// Dead letters deleted. Binds: ids.
 fn purge_at(n: usize) -> String {
@@ -591,7 +639,7 @@ fn claim_once(
     conn: &mut MysqlConnection,
     claim: &Claim<'_>,
     from: Cursor,
-) -> QueryResult<(Vec<ClaimRow>, usize, Option<Cursor>)> {
+) -> QueryResult<(Claimed, usize)> {
     let limit = claim.limit.messages;
     run(conn, READ_COMMITTED, &[])?;
     conn.transaction(|c| {
@@ -602,17 +650,50 @@ fn claim_once(
             Bind::BigInt(from.id),
             Bind::BigInt(claim.candidates()),
         ];
-        let mut candidates: Vec<Candidate> = Prepared::new(CANDIDATES, STYLE, &binds).load(c)?;
-        // A union's rows come in no promised order.
-        candidates.sort_unstable_by_key(|cand| (Reverse(cand.priority), cand.due, cand.id));
-        candidates.truncate(usize::try_from(claim.candidates()).unwrap_or(usize::MAX));
-        let first = candidates
+        let read: Vec<Candidate> = Prepared::new(CANDIDATES, STYLE, &binds).load(c)?;
+        let groups = super::groups_in_turn(
+            Prepared::new(
+                GROUPS,
+                STYLE,
+                &[
+                    Bind::Text(claim.groups_after),
+                    Bind::Text(claim.groups_after),
+                ],
+            )
+            .load(c)?,
+        );
+        let mut shares = Vec::with_capacity(groups.len());
+        for group in &groups {
+            let binds = [
+                Bind::Text(group),
+                Bind::BigInt(from.due_micros),
+                Bind::BigInt(from.due_micros),
+                Bind::BigInt(from.id),
+                Bind::BigInt(claim.per_group()),
+            ];
+            shares.push(Prepared::new(GROUP_SHARE, STYLE, &binds).load::<Candidate>(c)?);
+        }
+        // Where the first ordinary row read stood, kept or not: a row read and left lies
+        // after it.
+        let first = read
             .iter()
-            .find(|cand| cand.priority <= 0)
+            .chain(shares.iter().flatten())
+            .filter(|cand| cand.priority <= 0)
             .map(|cand| Cursor {
                 due_micros: cand.due,
                 id: cand.id,
-            });
+            })
+            .min();
+        let mut candidates = super::share_out(
+            read,
+            shares,
+            |cand| cand.id,
+            |cand| cand.group_name.as_deref(),
+            |cand| cand.priority > 0,
+            |cand| (Reverse(cand.priority), cand.due, cand.id),
+        );
+        candidates.truncate(usize::try_from(claim.candidates()).unwrap_or(usize::MAX));
+        let last_group = groups.last().cloned();
         let (heads, behind): (Vec<&Candidate>, Vec<&Candidate>) =
             candidates.iter().partition(|cand| cand.head_id == cand.id);
         let mut parked = 0;
@@ -667,7 +748,12 @@ fn claim_once(
         );
         let chosen: Vec<i64> = locked.iter().take(take).map(|row| row.id).collect();
         if chosen.is_empty() {
-            return Ok((Vec::new(), parked, first));
+            let claimed = Claimed {
+                rows: Vec::new(),
+                first,
+                last_group,
+            };
+            return Ok((claimed, parked));
         }
         let binds = with_ids(
             &[Bind::Text(claim.token), Bind::BigInt(claim.lease_micros)],
@@ -675,7 +761,12 @@ fn claim_once(
         );
         dynamic::<Mysql>(&lease(chosen.len()), &binds).execute(c)?;
         let rows = dynamic::<Mysql>(&leased(chosen.len()), &ids_bound(&chosen)).load(c)?;
-        Ok((rows, parked, first))
+        let claimed = Claimed {
+            rows,
+            first,
+            last_group,
+        };
+        Ok((claimed, parked))
     })
 }
 
@@ -712,6 +803,8 @@ struct Candidate {
     due: i64,
     #[diesel(sql_type = diesel::sql_types::SmallInt)]
     priority: i16,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    group_name: Option<String>,
 }
 
 /// A locked head: its position and payload size.
@@ -745,27 +838,41 @@ impl Statements for MysqlConnection {
         Prepared::new(HORIZON, STYLE, &[]).get_result(self)
     }
 
-    fn claim(
-        &mut self,
-        claim: &Claim<'_>,
-        from: Cursor,
-    ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)> {
+    fn claim(&mut self, claim: &Claim<'_>, from: Cursor) -> QueryResult<Claimed> {
         // A claim that parked a burst and leased nothing looks again at once, rather than the
         // worker sleeping a poll interval before the next window of the burst; each round
         // reads on from where the one before found its first candidate.
         let mut from = from;
         let mut cursor = None;
         for round in 1..=CLAIM_ROUNDS {
-            let (rows, parked, first) = claim_once(self, claim, from)?;
-            if let Some(first) = first {
+            let (mut claimed, parked) = claim_once(self, claim, from)?;
+            if let Some(first) = claimed.first {
                 from = first;
                 cursor = Some(first);
             }
-            if !rows.is_empty() || parked == 0 || round == CLAIM_ROUNDS {
-                return Ok((rows, cursor));
+            if !claimed.rows.is_empty() || parked == 0 || round == CLAIM_ROUNDS {
+                claimed.first = cursor;
+                return Ok(claimed);
             }
         }
-        Ok((Vec::new(), cursor))
+        Ok(Claimed {
+            first: cursor,
+            ..Claimed::default()
+        })
+    }
+
+    fn register_groups(&mut self, groups: &[&str]) -> QueryResult<()> {
+        let binds: Vec<Bind<'_>> = groups.iter().map(|group| Bind::Text(group)).collect();
+        dynamic::<Mysql>(&register_groups(groups.len()), &binds)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn remove_empty_groups(&mut self) -> QueryResult<usize> {
+        // Read without locks (REPEATABLE READ would lock the grouped index's ranges it
+        // probes, and the gaps between them, holding up enqueues).
+        run(self, READ_COMMITTED, &[])?;
+        run(self, REMOVE_EMPTY_GROUPS, &[])
     }
 
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
@@ -921,6 +1028,8 @@ impl Statements for MysqlConnection {
                 Selection::All => load_ids(c, SELECT_DEAD_FOR_UPDATE, &[Bind::NullableText(None)])?,
             };
             for chunk in ids.chunks(ID_CHUNK) {
+                dynamic::<Mysql>(&list_groups_of_dead(chunk.len()), &ids_bound(chunk))
+                    .execute(c)?;
                 dynamic::<Mysql>(&requeue(chunk.len()), &ids_bound(chunk)).execute(c)?;
                 dynamic::<Mysql>(&purge_at(chunk.len()), &ids_bound(chunk)).execute(c)?;
             }
@@ -1008,6 +1117,9 @@ mod tests {
         for (sql, binds) in [
             (INSERT_MESSAGE, NewMessage::BINDS),
             (CANDIDATES, 5),
+            (GROUPS, 2),
+            (GROUP_SHARE, 5),
+            (REMOVE_EMPTY_GROUPS, 0),
             (HORIZON, 0),
             (RESCHEDULE, 5),
             (LOCK_OWNED, 2),

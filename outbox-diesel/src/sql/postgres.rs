@@ -11,7 +11,7 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
 use super::{
-    micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, CountRow, Cursor, DeadLetterRow,
+    micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, CountRow, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow,
     MessageRow, PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
 };
@@ -39,19 +39,19 @@ pub(crate) const DURABLE_COMMIT: &str = "SET LOCAL synchronous_commit TO DEFAULT
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
-/// (NULL: none), headers (JSON, NULL: none), priority level, whether an earlier row of the
-/// insert has its key, and the ordering key again. No message is due before its transaction's
+/// (NULL: none), headers (JSON, NULL: none), priority level, group, whether an earlier row of
+/// the insert has its key, and the ordering key again. No message is due before its transaction's
 /// clock (a not-before in the past means now), the time the transaction's notification carries.
 /// A keyed message is parked from the start when its key has a pending message already (an
 /// index probe, a plain read that locks nothing): a burst behind a head that is not due never
 /// comes before a claim.
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, headers, \
-      priority, parked) \
+      priority, group_name, parked) \
      VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
      GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', \
-         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), now()), $8, $9, \
-     $10 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $11))";
+         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), now()), $8, $9, $10, \
+     $11 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $12))";
 
 /// The VALUES tuple of one row of a batch insert, from its first placeholder's number.
 fn insert_values(first: usize) -> String {
@@ -59,7 +59,7 @@ fn insert_values(first: usize) -> String {
     format!(
         "(${}::uuid, ${}, ${}::jsonb, ${}, ${}, \
          GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', \
-             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), now()), ${}, ${}, \
+             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), now()), ${}, ${}, ${}, \
          ${} OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ${}))",
         p(0),
         p(1),
@@ -71,18 +71,24 @@ fn insert_values(first: usize) -> String {
         p(7),
         p(8),
         p(9),
-        p(10)
+        p(10),
+        p(11)
     )
 }
 
 /// The claim, in one statement: read a batch of due, unparked rows (locking them, skipping
-/// those another claim locks), the raised priorities first by their own index and then the
-/// ordinary ones in due order from the claim cursor on, judge each a head of its key or not,
-/// park the others, keep the heads within the count and bytes in priority and due order, and
-/// lease them; each leased row also says where the batch's first ordinary candidate stood, the
-/// next claim's cursor (none without one: the cursor stays).
-/// Binds: the cursor (due time in µs since the epoch, id), candidates, count, bytes, whether an
-/// oversized first message may go alone, token, lease µs.
+/// those another claim locks) in three lanes: the raised priorities by their own index; a share
+/// of each of up to [`GROUPS_PER_CLAIM`] groups (`outbox_group`, from the group after the last
+/// claim's last one, wrapping), each by the grouped index from the claim cursor on; and the
+/// ordinary messages, grouped or not, in due order from the claim cursor on. Then judge each a
+/// head of its key or not, park the others, keep the heads within the count and bytes (priority
+/// first, then the groups in turn: the first of each before the second of any, messages
+/// without a group being one more group, and a group's rows of the ordinary lane after its
+/// share, so that none is taken out of its order), and lease them; each leased row also says
+/// where the claim's first ordinary candidate stood, the next claim's cursor (none without
+/// one: the cursor stays), and the last group it visited.
+/// Binds: the last claim's last group (twice), the cursor (due time in µs since the epoch, id:
+/// twice), count, bytes, whether an oversized first message may go alone, token, lease µs.
 ///
 /// The cursor keeps the claim's cost from growing with dead rows: every claimed or settled
 /// message leaves a dead entry in the due index until a vacuum removes it, and a transaction
@@ -91,39 +97,70 @@ fn insert_values(first: usize) -> String {
 /// a claim starts where the last one found its first candidate. Messages that become due behind
 /// the cursor (a crashed worker's lease running out, an enqueue from a transaction older than
 /// the cursor) are found through the store's rewinds (see `claim_cursor`). The raised
-/// priorities are read from the start of their index, cursor or not: they are few (and the lane
-/// of ordinary candidates is only read while the raised ones leave room in the batch).
+/// priorities are read from the start of their index, cursor or not: they are few. The groups
+/// are listed from their own small table, never from the grouped index, whose entries of a
+/// drained group a held transaction would keep; each group's share is read from the cursor on,
+/// as the ordinary lane is. The cursor comes from the grouped and ordinary rows read, whether
+/// kept or not (a grouped row read and left is not in the ordinary lane, and must not be passed).
 ///
 /// Rows are updated by `id = ANY(ARRAY(…))`, never by a join: a vacuum that ran while the
 /// outbox was empty records no rows for the table, and for an "empty" table the planner joins
 /// by reading all of it, dead tuples included. Behind a held transaction that made each claim
 /// read 321,000 buffers (1.36 s; 16 ms this way). The settlements do the same.
 macro_rules! claim {
-    ($candidates:literal) => {
-        claim!($candidates, $candidates, $candidates)
+    ($candidates:literal, $per_group:literal) => {
+        claim!($candidates, $candidates, $per_group, $candidates)
     };
-    ($prioritized:literal, $ordinary:literal, $candidates:literal) => {
+    ($prioritized:literal, $ordinary:literal, $per_group:literal, $candidates:literal) => {
         concat!(
     "WITH prioritized AS (\
-        SELECT id, next_attempt_at, ordering_key, priority, \
+        SELECT id, next_attempt_at, ordering_key, priority, group_name, \
             COALESCE(payload_bytes, octet_length(payload::text)) AS size \
         FROM outbox_message \
         WHERE priority > 0 AND NOT parked AND next_attempt_at <= now() \
         ORDER BY priority DESC, next_attempt_at, id LIMIT ", $prioritized, " \
         FOR UPDATE SKIP LOCKED), \
+     groups AS (\
+        SELECT name, pass FROM (\
+            (SELECT name, 0 AS pass FROM outbox_group WHERE name > $1 ORDER BY name LIMIT 8) \
+            UNION ALL \
+            (SELECT name, 1 AS pass FROM outbox_group WHERE name <= $2 ORDER BY name LIMIT 8)) g \
+        LIMIT 8), \
+     last_group AS (SELECT name FROM groups ORDER BY pass DESC, name DESC LIMIT 1), \
+     grouped AS (\
+        SELECT m.* FROM groups g CROSS JOIN LATERAL (\
+            SELECT id, next_attempt_at, ordering_key, priority, group_name, \
+                COALESCE(payload_bytes, octet_length(payload::text)) AS size \
+            FROM outbox_message \
+            WHERE group_name = g.name AND priority <= 0 AND NOT parked \
+                AND next_attempt_at <= now() \
+                AND (next_attempt_at, id) >= \
+                    (TIMESTAMPTZ 'epoch' + $3 * INTERVAL '1 microsecond', $4) \
+            ORDER BY next_attempt_at, id LIMIT ", $per_group, " \
+            FOR UPDATE SKIP LOCKED) m), \
      ordinary AS (\
-        SELECT id, next_attempt_at, ordering_key, priority, \
+        SELECT id, next_attempt_at, ordering_key, priority, group_name, \
             COALESCE(payload_bytes, octet_length(payload::text)) AS size \
         FROM outbox_message \
         WHERE priority <= 0 AND NOT parked AND next_attempt_at <= now() \
-            AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $1 * INTERVAL '1 microsecond', $2) \
+            AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $5 * INTERVAL '1 microsecond', $6) \
+            AND id <> ALL(ARRAY(SELECT id FROM grouped)) \
         ORDER BY next_attempt_at, id LIMIT ", $ordinary, " \
         FOR UPDATE SKIP LOCKED), \
+     shares AS (SELECT group_name, count(*) AS n FROM grouped GROUP BY group_name), \
+     lanes AS (\
+        SELECT p.*, 0::BIGINT AS turn FROM prioritized p \
+        UNION ALL SELECT g.*, row_number() OVER (\
+            PARTITION BY g.group_name ORDER BY g.next_attempt_at, g.id) FROM grouped g \
+        UNION ALL SELECT o.*, COALESCE(s.n, 0) + row_number() OVER (\
+            PARTITION BY o.group_name ORDER BY o.next_attempt_at, o.id) \
+        FROM ordinary o LEFT JOIN shares s ON s.group_name = o.group_name), \
      candidates AS (\
-        SELECT * FROM prioritized UNION ALL SELECT * FROM ordinary LIMIT ", $candidates, "), \
+        SELECT * FROM lanes ORDER BY priority DESC, turn, next_attempt_at, id \
+        LIMIT ", $candidates, "), \
      first AS (\
         SELECT (EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::BIGINT AS due, id \
-        FROM candidates WHERE priority <= 0 ORDER BY next_attempt_at, id LIMIT 1), \
+        FROM lanes WHERE priority <= 0 ORDER BY next_attempt_at, id LIMIT 1), \
      judged AS (\
         SELECT c.*, (c.ordering_key IS NULL OR NOT EXISTS (\
             SELECT 1 FROM outbox_message e \
@@ -135,30 +172,34 @@ macro_rules! claim {
      sized AS (\
         SELECT id, row_number() OVER w AS n, sum(size) OVER w AS upto \
         FROM judged WHERE head \
-        WINDOW w AS (ORDER BY priority DESC, next_attempt_at, id)), \
+        WINDOW w AS (ORDER BY priority DESC, turn, next_attempt_at, id)), \
      chosen AS (\
-        SELECT id FROM sized WHERE n <= $4 AND (upto <= $5 OR (n = 1 AND $6))) \
+        SELECT id FROM sized WHERE n <= $8 AND (upto <= $9 OR (n = 1 AND $10))) \
      UPDATE outbox_message o \
-     SET locked_by = $7::uuid, attempts = o.attempts + 1, \
-         next_attempt_at = now() + $8 * INTERVAL '1 microsecond' \
+     SET locked_by = $11::uuid, attempts = o.attempts + 1, \
+         next_attempt_at = now() + $12 * INTERVAL '1 microsecond' \
      FROM ",
     async_commit!(),
-    " LEFT JOIN first ON TRUE WHERE o.id = ANY(ARRAY(SELECT id FROM chosen)) \
+    " LEFT JOIN first ON TRUE LEFT JOIN last_group ON TRUE \
+     WHERE o.id = ANY(ARRAY(SELECT id FROM chosen)) \
      RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
          o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
          (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
-         o.priority, first.due AS first_due, first.id AS first_id"
+         o.priority, first.due AS first_due, first.id AS first_id, \
+         last_group.name AS last_group"
         )
     };
 }
 
-/// The claim with its candidates' `LIMIT` bound (`$3`): for batches larger than any of
+/// The claim with its ordinary lane's `LIMIT` bound (`$7`): for batches larger than any of
 /// `CLAIMS_BY_CANDIDATES`, and for `EXPLAIN`. (A placeholder is bound once: the raised
-/// priorities' limit is the largest written in, and the two lanes together unlimited.)
-pub const CLAIM: &str = claim!("1024", "$3", "ALL");
+/// priorities' limit and the groups' shares are the largest written in, and the lanes together
+/// unlimited.)
+pub const CLAIM: &str = claim!("1024", "$7", "128", "ALL");
 
-/// The claim with its candidates' `LIMIT` written in, by that limit, smallest first; a claim
-/// uses the first that reads at least the candidates it needs, and binds no limit.
+/// The claim with its candidates' `LIMIT` written in, by that limit, smallest first (and each
+/// group's share of it, an eighth); a claim uses the first that reads at least the candidates
+/// it needs, and binds no limit.
 ///
 /// With a bound `LIMIT` PostgreSQL's generic plan assumes a tenth of the table passes it, costs
 /// itself above the plans made for each call, and so planned every claim anew: about 0.3 ms
@@ -167,14 +208,22 @@ pub const CLAIM: &str = claim!("1024", "$3", "ALL");
 /// Reading up to twice the candidates a claim needs costs less than that planning (the extra
 /// ones are locked for the statement only, and never leased).
 pub(crate) const CLAIMS_BY_CANDIDATES: [(i64, &str); 7] = [
-    (16, claim!("16")),
-    (32, claim!("32")),
-    (64, claim!("64")),
-    (128, claim!("128")),
-    (256, claim!("256")),
-    (512, claim!("512")),
-    (1024, claim!("1024")),
+    (16, claim!("16", "2")),
+    (32, claim!("32", "4")),
+    (64, claim!("64", "8")),
+    (128, claim!("128", "16")),
+    (256, claim!("256", "32")),
+    (512, claim!("512", "64")),
+    (1024, claim!("1024", "128")),
 ];
+
+/// Groups listed for claims (a group listed already is left alone). Binds: names.
+pub(crate) const REGISTER_GROUPS: &str =
+    "INSERT INTO outbox_group (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING";
+
+/// Groups without a pending unparked message removed (one probe of the grouped index each).
+pub(crate) const REMOVE_EMPTY_GROUPS: &str = "DELETE FROM outbox_group g WHERE NOT EXISTS (\
+     SELECT 1 FROM outbox_message m WHERE m.group_name = g.name AND NOT m.parked)";
 
 /// Done messages removed (each only while its claim holds it), and the next message of each
 /// key promoted, in one statement, whatever the claims the messages were leased under: the
@@ -273,16 +322,16 @@ pub(crate) const RESCHEDULE: &str = "UPDATE outbox_message \
 pub(crate) const DEAD_LETTER: &str = "WITH moved AS (\
         DELETE FROM outbox_message WHERE id = $1 AND locked_by = $2::uuid \
         RETURNING id, message_id, message_type, payload, ordering_key, attempts, created_at, \
-            headers, priority) \
+            headers, priority, group_name) \
      INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
-         last_error, created_at, failed_at, headers, priority) \
+         last_error, created_at, failed_at, headers, priority, group_name) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, $3, created_at, now(), \
-         headers, priority \
+         headers, priority, group_name \
      FROM moved \
      ON CONFLICT (id) DO UPDATE SET message_id = EXCLUDED.message_id, \
          message_type = EXCLUDED.message_type, payload = EXCLUDED.payload, \
          ordering_key = EXCLUDED.ordering_key, attempts = EXCLUDED.attempts, \
-         headers = EXCLUDED.headers, priority = EXCLUDED.priority, \
+         headers = EXCLUDED.headers, priority = EXCLUDED.priority, group_name = EXCLUDED.group_name, \
          last_error = EXCLUDED.last_error, created_at = EXCLUDED.created_at, \
          failed_at = EXCLUDED.failed_at";
 
@@ -413,15 +462,21 @@ pub(crate) const SELECT_DEAD_AT_FOR_UPDATE: &str =
     "SELECT id FROM outbox_failure WHERE id = ANY($1) ORDER BY id FOR UPDATE";
 
 /// Dead letters moved back into the outbox at their positions, as first attempts, keeping
-/// their ids. Binds: ids.
+/// their ids, and their groups listed again (the housekeeper removes a group once empty).
+/// Binds: ids.
 pub(crate) const REQUEUE: &str = "WITH moved AS (\
         DELETE FROM outbox_failure WHERE id = ANY($1) \
         RETURNING id, message_id, message_type, payload, ordering_key, created_at, last_error, \
-            headers, priority) \
+            headers, priority, group_name), \
+     listed AS (\
+        INSERT INTO outbox_group (name) \
+        SELECT DISTINCT group_name FROM moved WHERE group_name IS NOT NULL \
+        ON CONFLICT DO NOTHING) \
      INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
-         ordering_key, attempts, created_at, next_attempt_at, last_error, headers, priority) \
+         ordering_key, attempts, created_at, next_attempt_at, last_error, headers, priority, \
+         group_name) \
      SELECT id, message_id, message_type, payload, octet_length(payload::text), ordering_key, \
-         0, created_at, now(), last_error, headers, priority \
+         0, created_at, now(), last_error, headers, priority, group_name \
      FROM moved";
 
 /// Dead letters deleted. Binds: ids.
@@ -611,6 +666,8 @@ struct CursoredClaimRow {
     first_due: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     first_id: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    last_group: Option<String>,
 }
 
 /// A row of [`DELETE_DONE_LEASING`]: how many were deleted, and a leased message, if any.
@@ -668,7 +725,7 @@ impl Statements for PgConnection {
                 .collect();
             let sql = format!(
                 "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
-                 ordering_key, next_attempt_at, headers, priority, parked) VALUES {}",
+                 ordering_key, next_attempt_at, headers, priority, group_name, parked) VALUES {}",
                 values.join(", ")
             );
             let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds_with_key).collect();
@@ -681,16 +738,19 @@ impl Statements for PgConnection {
         Prepared::new(HORIZON, STYLE, &[]).get_result(self)
     }
 
-    fn claim(
-        &mut self,
-        claim: &Claim<'_>,
-        from: Cursor,
-    ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)> {
+    fn claim(&mut self, claim: &Claim<'_>, from: Cursor) -> QueryResult<Claimed> {
         let candidates = claim.candidates();
         let written_in = CLAIMS_BY_CANDIDATES
             .iter()
             .find(|(limit, _)| *limit >= candidates);
-        let mut binds = vec![Bind::BigInt(from.due_micros), Bind::BigInt(from.id)];
+        let mut binds = vec![
+            Bind::Text(claim.groups_after),
+            Bind::Text(claim.groups_after),
+            Bind::BigInt(from.due_micros),
+            Bind::BigInt(from.id),
+            Bind::BigInt(from.due_micros),
+            Bind::BigInt(from.id),
+        ];
         if written_in.is_none() {
             binds.push(Bind::BigInt(candidates));
         }
@@ -712,7 +772,22 @@ impl Statements for PgConnection {
                 id: row.first_id?,
             })
         });
-        Ok((rows.into_iter().map(|row| row.claimed).collect(), first))
+        let last_group = rows.first().and_then(|row| row.last_group.clone());
+        Ok(Claimed {
+            rows: rows.into_iter().map(|row| row.claimed).collect(),
+            first,
+            last_group,
+        })
+    }
+
+    fn register_groups(&mut self, groups: &[&str]) -> QueryResult<()> {
+        PreparedPg::new(REGISTER_GROUPS, &[PgBind::TextArray(groups)])
+            .execute(self)
+            .map(drop)
+    }
+
+    fn remove_empty_groups(&mut self) -> QueryResult<usize> {
+        run(self, REMOVE_EMPTY_GROUPS, &[])
     }
 
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
@@ -910,6 +985,8 @@ mod tests {
         for sql in [
             INSERT_MESSAGE,
             CLAIM,
+            REGISTER_GROUPS,
+            REMOVE_EMPTY_GROUPS,
             DELETE_DONE,
             RELEASE,
             RESCHEDULE,
@@ -1007,8 +1084,13 @@ mod tests {
                 oversized_alone: true,
             },
             lease_micros: 60_000_000,
+            groups_after: "tenant-7",
         };
         let binds = [
+            Bind::Text(claim.groups_after),
+            Bind::Text(claim.groups_after),
+            Bind::BigInt(1_700_000_000_000_000),
+            Bind::BigInt(42),
             Bind::BigInt(1_700_000_000_000_000),
             Bind::BigInt(42),
             Bind::BigInt(claim.candidates()),
@@ -1032,15 +1114,25 @@ mod tests {
         );
         assert!(
             shown.contains(
-                "AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $1 * INTERVAL '1 microsecond', $2)"
+                "AND (next_attempt_at, id) >= (TIMESTAMPTZ 'epoch' + $5 * INTERVAL '1 microsecond', $6)"
             ),
             "the scan starts at the cursor: {shown}"
         );
-        assert!(shown.contains("LIMIT $3 FOR UPDATE SKIP LOCKED"), "{shown}");
-        assert!(shown.contains("SET locked_by = $7::uuid"), "{shown}");
+        assert!(
+            shown.contains(
+                "WHERE group_name = g.name AND priority <= 0 AND NOT parked \
+                 AND next_attempt_at <= now() \
+                 AND (next_attempt_at, id) >= \
+                 (TIMESTAMPTZ 'epoch' + $3 * INTERVAL '1 microsecond', $4) \
+                 ORDER BY next_attempt_at, id LIMIT 128 FOR UPDATE SKIP LOCKED"
+            ),
+            "each group's share starts at the cursor too: {shown}"
+        );
+        assert!(shown.contains("LIMIT $7 FOR UPDATE SKIP LOCKED"), "{shown}");
+        assert!(shown.contains("SET locked_by = $11::uuid"), "{shown}");
         assert!(
             shown.ends_with(
-                "-- binds: [1700000000000000, 42, 64, 64, 1048576, true, \"0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d\", 60000000]"
+                "-- binds: [\"tenant-7\", \"tenant-7\", 1700000000000000, 42, 1700000000000000, 42, 64, 64, 1048576, true, \"0192f0c4-8d2e-7c4a-9b1e-3f5d6a7b8c9d\", 60000000]"
             ),
             "{shown}"
         );
@@ -1051,13 +1143,13 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_insert_numbers_eleven_binds_per_row() {
+    fn a_batch_insert_numbers_twelve_binds_per_row() {
         assert_eq!(
-            insert_values(12),
-            "($12::uuid, $13, $14::jsonb, $15, $16, \
-             GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $17 * INTERVAL '1 microsecond', \
-                 now() + COALESCE($18, 0) * INTERVAL '1 microsecond'), now()), $19, $20, \
-             $21 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $22))"
+            insert_values(13),
+            "($13::uuid, $14, $15::jsonb, $16, $17, \
+             GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $18 * INTERVAL '1 microsecond', \
+                 now() + COALESCE($19, 0) * INTERVAL '1 microsecond'), now()), $20, $21, $22, \
+             $23 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $24))"
         );
     }
 }

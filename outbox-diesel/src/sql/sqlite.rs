@@ -11,9 +11,9 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
-    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow, PauseRow, PendingRow,
-    Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
+    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, Cursor,
+    DeadLetterRow, DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow,
+    PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -54,27 +54,27 @@ macro_rules! insert_values {
         concat!(
             "(?, ?, ?, ?, ?, COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', COALESCE(?, 0) / 1000000.0))), \
-             ?, ?, ? OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ?))"
+             ?, ?, ?, ? OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ?))"
         )
     };
 }
 
 /// One message, as `enqueue` writes it: binds message id, type, payload, its size in bytes,
 /// ordering key, not-before in µs since the epoch (NULL: now plus the delay), delay in µs
-/// (NULL: none), headers (JSON, NULL: none), priority level, whether an earlier row of the
-/// insert has its key, and the ordering key again. A keyed message is parked from the start
+/// (NULL: none), headers (JSON, NULL: none), priority level, group, whether an earlier row of
+/// the insert has its key, and the ordering key again. A keyed message is parked from the start
 /// when its key has a pending message already (an index probe): a burst behind a head that is
 /// not due never comes before a claim.
 pub(crate) const INSERT_MESSAGE: &str = concat!(
     "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, \
-      headers, priority, parked) \
+      headers, priority, group_name, parked) \
      VALUES ",
     insert_values!()
 );
 
 /// What a claim reads of each candidate: its position, whether it heads its key (an index
-/// probe), its payload size, priority and due time.
+/// probe), its payload size, priority, due time and group.
 macro_rules! candidate_columns {
     () => {
         "id, \
@@ -82,7 +82,7 @@ macro_rules! candidate_columns {
              SELECT 1 FROM outbox_message e \
              WHERE e.ordering_key = m.ordering_key AND e.id < m.id) THEN 1 ELSE 0 END AS head, \
          COALESCE(payload_bytes, length(CAST(payload AS BLOB))) AS size, priority, \
-         next_attempt_at AS due"
+         next_attempt_at AS due, group_name"
     };
 }
 
@@ -102,6 +102,17 @@ pub const CANDIDATES: &str = concat!(
      WHERE priority <= 0 AND parked = 0 AND next_attempt_at <= ",
     now!(),
     " ORDER BY next_attempt_at, id LIMIT ?)"
+);
+
+/// A group's share of a claim's candidates: its first due, unparked, ordinary messages, by the
+/// grouped index. Binds: group, the share.
+pub const GROUP_SHARE: &str = concat!(
+    "SELECT ",
+    candidate_columns!(),
+    " FROM outbox_message m \
+     WHERE group_name = ? AND parked = 0 AND priority <= 0 AND next_attempt_at <= ",
+    now!(),
+    " ORDER BY next_attempt_at, id LIMIT ?"
 );
 
 /// Candidates behind the head of their key, parked. Binds: ids.
@@ -162,16 +173,16 @@ pub(crate) const RESCHEDULE: &str = concat!(
 /// position, which only a row edited by hand could leave). Binds: error, id, token.
 pub(crate) const COPY_TO_DEAD: &str = concat!(
     "INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
-         last_error, created_at, failed_at, headers, priority) \
+         last_error, created_at, failed_at, headers, priority, group_name) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, ",
     now!(),
-    ", headers, priority FROM outbox_message WHERE id = ? AND locked_by = ? \
+    ", headers, priority, group_name FROM outbox_message WHERE id = ? AND locked_by = ? \
      ON CONFLICT (id) DO UPDATE SET message_id = excluded.message_id, \
          message_type = excluded.message_type, payload = excluded.payload, \
          ordering_key = excluded.ordering_key, attempts = excluded.attempts, \
          headers = excluded.headers, priority = excluded.priority, \
-         last_error = excluded.last_error, created_at = excluded.created_at, \
-         failed_at = excluded.failed_at"
+         group_name = excluded.group_name, last_error = excluded.last_error, \
+         created_at = excluded.created_at, failed_at = excluded.failed_at"
 );
 
 /// The copied message removed, in the same write transaction as the copy. Binds: id, token.
@@ -330,15 +341,46 @@ fn requeue(n: usize) -> String {
         concat!(
             "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
                  ordering_key, attempts, created_at, next_attempt_at, last_error, headers, \
-                 priority) \
+                 priority, group_name) \
              SELECT id, message_id, message_type, payload, length(CAST(payload AS BLOB)), \
                  ordering_key, 0, created_at, ",
             now!(),
-            ", last_error, headers, priority FROM outbox_failure WHERE id IN ({}) ORDER BY id"
+            ", last_error, headers, priority, group_name FROM outbox_failure WHERE id IN ({}) \
+             ORDER BY id"
         ),
         placeholders(n)
     )
 }
+
+/// The groups of dead letters about to be re-queued, listed again (the housekeeper removes a
+/// group once empty). Binds: ids.
+fn list_groups_of_dead(n: usize) -> String {
+    format!(
+        "INSERT OR IGNORE INTO outbox_group (name) \
+         SELECT DISTINCT group_name FROM outbox_failure \
+         WHERE id IN ({}) AND group_name IS NOT NULL",
+        placeholders(n)
+    )
+}
+
+/// Groups listed for claims (a group listed already is left alone). Binds: names.
+fn register_groups(n: usize) -> String {
+    format!(
+        "INSERT OR IGNORE INTO outbox_group (name) VALUES {}",
+        vec!["(?)"; n].join(", ")
+    )
+}
+
+/// Groups without a pending unparked message removed (one probe of the grouped index each).
+pub(crate) const REMOVE_EMPTY_GROUPS: &str = "DELETE FROM outbox_group WHERE NOT EXISTS (\
+     SELECT 1 FROM outbox_message m WHERE m.group_name = outbox_group.name AND m.parked = 0)";
+
+/// The groups a claim visits: up to eight after the last claim's last group, and up to eight
+/// from the first (the claim keeps eight in all). Binds: the last group, twice.
+pub(crate) const GROUPS: &str = "SELECT * FROM (SELECT name, 0 AS pass FROM outbox_group \
+         WHERE name > ? ORDER BY name LIMIT 8) \
+     UNION ALL SELECT * FROM (SELECT name, 1 AS pass FROM outbox_group WHERE name <= ? \
+         ORDER BY name LIMIT 8)";
 
 /// Dead letters deleted. Binds: ids.
 fn purge_at(n: usize) -> String {
@@ -565,6 +607,8 @@ struct Candidate {
     priority: i32,
     #[diesel(sql_type = diesel::sql_types::Text)]
     due: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    group_name: Option<String>,
 }
 
 impl Statements for SqliteConnection {
@@ -585,21 +629,37 @@ impl Statements for SqliteConnection {
         Ok(())
     }
 
-    fn claim(
-        &mut self,
-        claim: &Claim<'_>,
-        _from: Cursor,
-    ) -> QueryResult<(Vec<ClaimRow>, Option<Cursor>)> {
+    fn claim(&mut self, claim: &Claim<'_>, _from: Cursor) -> QueryResult<Claimed> {
         // SQLite removes a deleted row from its indexes at once: nothing dead to walk past, so
         // every claim reads from the start.
         write(self, |c| {
             let limit = Bind::BigInt(claim.candidates());
-            let mut candidates: Vec<Candidate> =
-                Prepared::new(CANDIDATES, STYLE, &[limit, limit]).load(c)?;
-            // A union's rows come in no promised order.
-            candidates.sort_unstable_by(|a, b| {
-                (Reverse(a.priority), &a.due, a.id).cmp(&(Reverse(b.priority), &b.due, b.id))
-            });
+            let read: Vec<Candidate> = Prepared::new(CANDIDATES, STYLE, &[limit, limit]).load(c)?;
+            let groups = super::groups_in_turn(
+                Prepared::new(
+                    GROUPS,
+                    STYLE,
+                    &[
+                        Bind::Text(claim.groups_after),
+                        Bind::Text(claim.groups_after),
+                    ],
+                )
+                .load(c)?,
+            );
+            let mut shares = Vec::with_capacity(groups.len());
+            for group in &groups {
+                let binds = [Bind::Text(group), Bind::BigInt(claim.per_group())];
+                shares.push(Prepared::new(GROUP_SHARE, STYLE, &binds).load::<Candidate>(c)?);
+            }
+            let last_group = groups.last().cloned();
+            let mut candidates = super::share_out(
+                read,
+                shares,
+                |cand| cand.id,
+                |cand| cand.group_name.as_deref(),
+                |cand| cand.priority > 0,
+                |cand| (Reverse(cand.priority), cand.due.clone(), cand.id),
+            );
             candidates.truncate(usize::try_from(claim.candidates()).unwrap_or(usize::MAX));
             let behind: Vec<i64> = candidates
                 .iter()
@@ -617,7 +677,10 @@ impl Statements for SqliteConnection {
             );
             let chosen: Vec<i64> = heads.iter().take(take).map(|h| h.id).collect();
             if chosen.is_empty() {
-                return Ok((Vec::new(), None));
+                return Ok(Claimed {
+                    last_group,
+                    ..Claimed::default()
+                });
             }
             let binds = with_ids(
                 &[Bind::Text(claim.token), Bind::BigInt(claim.lease_micros)],
@@ -633,8 +696,23 @@ impl Statements for SqliteConnection {
                 let priority = priorities.get(&row.message.id).copied().unwrap_or(0);
                 (Reverse(priority), row.message.id)
             });
-            Ok((rows, None))
+            Ok(Claimed {
+                rows,
+                first: None,
+                last_group,
+            })
         })
+    }
+
+    fn register_groups(&mut self, groups: &[&str]) -> QueryResult<()> {
+        let binds: Vec<Bind<'_>> = groups.iter().map(|group| Bind::Text(group)).collect();
+        dynamic::<Sqlite>(&register_groups(groups.len()), &binds)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn remove_empty_groups(&mut self) -> QueryResult<usize> {
+        run(self, REMOVE_EMPTY_GROUPS, &[])
     }
 
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize> {
@@ -765,6 +843,8 @@ impl Statements for SqliteConnection {
                 Selection::All => load_ids(c, SELECT_DEAD, &[Bind::NullableText(None)])?,
             };
             for chunk in ids.chunks(ID_CHUNK) {
+                dynamic::<Sqlite>(&list_groups_of_dead(chunk.len()), &ids_bound(chunk))
+                    .execute(c)?;
                 dynamic::<Sqlite>(&requeue(chunk.len()), &ids_bound(chunk)).execute(c)?;
                 dynamic::<Sqlite>(&purge_at(chunk.len()), &ids_bound(chunk)).execute(c)?;
             }
@@ -853,6 +933,9 @@ mod tests {
             (DEAD_POSITIONS, 1),
             (BLOCKED_KEYS, 1),
             (CANDIDATES, 2),
+            (GROUPS, 2),
+            (GROUP_SHARE, 2),
+            (REMOVE_EMPTY_GROUPS, 0),
             (RESCHEDULE, 5),
             (COPY_TO_DEAD, 3),
             (DELETE_OWNED, 2),
