@@ -58,6 +58,8 @@ pub enum Kind {
     KeyedNoop(usize),
     /// Published to a broker.
     Relay,
+    /// Delivered to the receiver, every message in this group.
+    GroupedHook(&'static str),
 }
 
 /// Enqueues `count` messages in transactions of `Batch`es; returns messages per second.
@@ -80,6 +82,10 @@ pub fn prefill<C: BenchConnection>(db: &BenchDb, count: usize, kind: Kind) -> Re
                     Kind::SizedHook(bytes) => batch.push_with(
                         &Hook::sized(n + i, bytes),
                         &outbox_diesel::EnqueueOptions::new().max_payload_bytes(bytes + 1024),
+                    )?,
+                    Kind::GroupedHook(group) => batch.push_with(
+                        &Hook::new(n + i),
+                        &outbox_diesel::EnqueueOptions::new().group(group),
                     )?,
                     Kind::Noop => batch.push(&Noop::new(n + i))?,
                     Kind::Relay => batch.push(&Relayed::new(n + i))?,

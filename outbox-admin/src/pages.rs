@@ -590,13 +590,16 @@ pub(crate) fn message(page: Page<'_>, found: &FoundMessage) -> String {
         FoundMessage::Pending(m) => (
             format!(
                 "<dt>state</dt><dd>{}</dd><dt>position</dt><dd>#{}</dd><dt>type</dt><dd>{}</dd>\
-                 <dt>ordering key</dt><dd>{}</dd><dt>attempts</dt><dd>{}</dd>\
+                 <dt>ordering key</dt><dd>{}</dd><dt>priority</dt><dd>{}</dd>\
+                 <dt>group</dt><dd>{}</dd><dt>attempts</dt><dd>{}</dd>\
                  <dt>enqueued</dt><dd>{}</dd><dt>next attempt</dt><dd>{}</dd>\
                  <dt>last error</dt><dd><pre>{}</pre></dd>",
                 state_of(m),
                 m.position,
                 escape(&m.message_type),
                 escape(m.ordering_key.as_deref().unwrap_or("none")),
+                m.priority.as_str(),
+                escape(m.group.as_deref().unwrap_or("none")),
                 m.attempts,
                 when(m.created_at),
                 next_attempt(m),

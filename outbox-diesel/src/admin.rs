@@ -186,6 +186,8 @@ pub struct PendingMessage {
     pub paused: bool,
     /// How soon it is claimed against other due messages.
     pub priority: Priority,
+    /// The group it shares claims with (`EnqueueOptions::group`), if any.
+    pub group: Option<String>,
     /// The error of the last failed attempt.
     pub last_error: Option<String>,
     /// The headers set at enqueue.
@@ -280,6 +282,7 @@ fn pending_message(row: PendingRow, preview: Option<u32>) -> Result<PendingMessa
         parked: row.parked != 0,
         paused: row.paused != 0,
         priority: Priority::from_level(row.priority),
+        group: row.group_name,
         last_error: row.last_error,
         headers: listed_headers("outbox_message", m.id, m.headers.as_deref()),
     })

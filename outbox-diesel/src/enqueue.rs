@@ -582,6 +582,31 @@ mod tests {
     }
 
     #[test]
+    fn groups_are_checked() {
+        for bad in ["", "line\nbreak", "tab\there", "nul\0"] {
+            assert!(
+                matches!(
+                    NewMessage::new(&Probe, &EnqueueOptions::new().group(bad)),
+                    Err(Error::InvalidGroup)
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            NewMessage::new(&Probe, &EnqueueOptions::new().group("é".repeat(128))),
+            Err(Error::TooLong {
+                what: "group",
+                len: 256
+            })
+        ));
+        let (_, row) = NewMessage::new(&Probe, &EnqueueOptions::new().group("tenant-42")).unwrap();
+        assert_eq!(row.group(), Some("tenant-42"));
+        let (_, row) =
+            NewMessage::new(&Probe, &EnqueueOptions::new().group("é".repeat(127))).unwrap();
+        assert_eq!(row.group().map(str::len), Some(254));
+    }
+
+    #[test]
     fn ordering_keys_are_checked_and_rows_behind_a_key_in_the_same_insert_are_marked() {
         for bad in ["", "a\r\nb", "tab\there", "nul\0"] {
             assert!(

@@ -248,7 +248,8 @@ fn per_key_order_holds_under_groups<C: TestConnection>(db: &TestDb) {
 
 /// A group missing from the list (removed by hand, or by the housekeeper while an enqueue into
 /// it was still open) costs its fairness, never its messages: they are claimed in due order.
-/// The housekeeper removes the groups without a pending message and keeps the others.
+/// The housekeeper removes the groups without a pending message and keeps the others;
+/// listings show each message's group.
 fn groups_are_listed_and_removed_once_empty_and_a_missing_one_is_still_delivered<
     C: TestConnection,
 >(

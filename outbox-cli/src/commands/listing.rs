@@ -196,6 +196,7 @@ fn pending_fields(m: &PendingMessage) -> String {
         ("type", m.message_type.clone()),
         ("state", state.to_owned()),
         ("priority", m.priority.as_str().to_owned()),
+        ("group", or_dash(m.group.as_deref())),
         ("attempts", m.attempts.to_string()),
         ("ordering key", or_dash(m.ordering_key.as_deref())),
         ("created at", when(m.created_at, now)),

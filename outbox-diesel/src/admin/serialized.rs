@@ -72,6 +72,7 @@ impl Serialize for PendingMessage {
         map.serialize_entry("parked", &self.parked)?;
         map.serialize_entry("paused", &self.paused)?;
         map.serialize_entry("priority", self.priority.as_str())?;
+        map.serialize_entry("group", &self.group)?;
         map.serialize_entry("created_at", &timestamp(self.created_at))?;
         map.serialize_entry("next_attempt_at", &timestamp(self.next_attempt_at))?;
         map.serialize_entry("last_error", &self.last_error)?;

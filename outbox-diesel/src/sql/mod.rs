@@ -279,6 +279,8 @@ pub(crate) struct PendingRow {
     #[diesel(sql_type = BigInt)]
     pub(crate) priority: i64,
     #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) group_name: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
     pub(crate) last_error: Option<String>,
 }
 
@@ -1114,6 +1116,49 @@ mod tests {
     use outbox_core::MessageId;
 
     use super::*;
+
+    /// A candidate as the shares see it: position, group, raised or not, due time.
+    type Row = (i64, Option<&'static str>, bool, i64);
+
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    fn shared_out(read: Vec<Row>, shares: Vec<Vec<Row>>) -> Vec<i64> {
+        share_out(
+            read,
+            shares,
+            |row| row.0,
+            |row| row.1,
+            |row| row.2,
+            |row| (std::cmp::Reverse(row.2), row.3, row.0),
+        )
+        .into_iter()
+        .map(|row| row.0)
+        .collect()
+    }
+
+    /// Raised first; then the first of every group (ungrouped rows being one more) before the
+    /// second of any; a row read in both lanes counted once, in its share; and a group's rows in
+    /// the ordinary lane after its share, so that cutting the batch anywhere never takes a
+    /// group's later row without its earlier ones.
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    #[test]
+    fn claims_share_out_groups_in_turn_each_in_its_order() {
+        let a = Some("a");
+        let b = Some("b");
+        let read = vec![
+            (1, a, false, 1),
+            (2, a, false, 2),
+            (3, a, false, 3),
+            (4, a, false, 4),
+            (5, None, false, 5),
+            (6, None, false, 6),
+            (20, None, true, 20),
+        ];
+        let shares = vec![
+            vec![(1, a, false, 1), (2, a, false, 2)],
+            vec![(10, b, false, 10), (11, b, false, 11), (12, b, false, 12)],
+        ];
+        assert_eq!(shared_out(read, shares), [20, 1, 5, 10, 2, 6, 11, 3, 12, 4]);
+    }
 
     fn outcome(
         token: ClaimToken,

@@ -328,7 +328,7 @@ macro_rules! pending_columns {
              AS in_flight, \
          CASE WHEN parked THEN 1 ELSE 0 END AS parked, \
          CASE WHEN paused THEN 1 ELSE 0 END AS paused, CAST(priority AS SIGNED) AS priority, \
-         last_error \
+         group_name, last_error \
          FROM outbox_message "
     };
 }

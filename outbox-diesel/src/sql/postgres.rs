@@ -382,7 +382,8 @@ macro_rules! pending_columns {
          CASE WHEN locked_by IS NOT NULL AND next_attempt_at > now() THEN 1 ELSE 0 END \
              AS in_flight, \
          CASE WHEN parked THEN 1 ELSE 0 END AS parked, \
-         CASE WHEN paused THEN 1 ELSE 0 END AS paused, priority::bigint AS priority, last_error \
+         CASE WHEN paused THEN 1 ELSE 0 END AS paused, priority::bigint AS priority, \
+         group_name, last_error \
          FROM outbox_message "
     };
 }

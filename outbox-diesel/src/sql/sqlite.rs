@@ -248,7 +248,8 @@ macro_rules! pending_columns {
             " AS next_attempt_at, \
              CASE WHEN locked_by IS NOT NULL AND next_attempt_at > ",
             now!(),
-            " THEN 1 ELSE 0 END AS in_flight, parked, paused, priority, last_error \
+            " THEN 1 ELSE 0 END AS in_flight, parked, paused, priority, group_name, \
+             last_error \
              FROM outbox_message "
         )
     };

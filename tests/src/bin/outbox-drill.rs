@@ -1,5 +1,5 @@
 //! Fault drills: a mixed workload (a third of it under 16 ordering keys, three in seven
-//! messages at a raised priority) through worker processes against a real database while
+//! messages at a raised priority, four in five in one of five groups) through worker processes against a real database while
 //! faults are injected, then the delivery checker.
 //!
 //! ```text
@@ -531,7 +531,7 @@ fn enqueue<C: TestConnection + Connection>(plan: &Plan, pool: &TestPool<C>, ledg
                 key: key.clone(),
             };
             // Some raised priorities, keyed and not: the checker holds each key to its order
-            // whatever the priorities of its messages.
+            // whatever the priorities (and groups) of its messages.
             let priority = match n % 7 {
                 0 => Priority::Urgent,
                 1 | 2 => Priority::High,
@@ -542,6 +542,12 @@ fn enqueue<C: TestConnection + Connection>(plan: &Plan, pool: &TestPool<C>, ledg
                 None => EnqueueOptions::new(),
             }
             .priority(priority);
+            // Groups too, a key's messages in more than one of them: fairness shares claims
+            // out among groups, and must not reorder a key either.
+            let options = match n % 5 {
+                0 => options,
+                g => options.group(format!("tenant-{g}")),
+            };
             let id = if plan.broker.is_some() {
                 batch.push_with(&Relayed::new(n as u32, key.as_deref()), &options)
             } else if plan.stall_every > 0 && n.is_multiple_of(plan.stall_every) {
