@@ -178,6 +178,14 @@ where
         .map(drop)
     }
 
+    fn groups_after(&self) -> std::sync::MutexGuard<'_, String> {
+        // Every update leaves the state whole: a panic elsewhere while it was locked left
+        // nothing half-done.
+        self.groups_after
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn with_held<T>(
         &self,
         slot: &Mutex<Option<HeldConnection<M>>>,
@@ -274,11 +282,7 @@ where
         lease: Duration,
     ) -> Result<Vec<ClaimedMessage>, StoreError> {
         let token_text = token.to_string();
-        let groups_after = self
-            .groups_after
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
+        let groups_after = self.groups_after().clone();
         let claim = Claim {
             token: &token_text,
             limit,
@@ -295,10 +299,7 @@ where
             self.claim_cursor.advance(first);
         }
         if let Some(last_group) = claimed.last_group {
-            *self
-                .groups_after
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()) = last_group;
+            *self.groups_after() = last_group;
         }
         let (claimed, unreadable) = read_claimed(token, claimed.rows);
         self.dead_letter_unreadable(&self.claim_connection, &unreadable)?;

@@ -456,17 +456,18 @@ pub(crate) const GROUPS: &str = "(SELECT name, CAST(0 AS SIGNED) AS pass FROM ou
          WHERE name <= ? ORDER BY name LIMIT 8)";
 
 /// A group's share of a claim's candidates: its first due, unparked, ordinary messages from the
-/// claim cursor on (see [`CANDIDATES`] for the cursor given twice and the index named).
+/// claim cursor on (see [`CANDIDATES`] for the cursor given twice and the index named), by
+/// `group_due` (the due time of a grouped message, which the index holds).
 /// Binds: group, the cursor's due time, its due time and id, the share.
 pub const GROUP_SHARE: &str = concat!(
     "SELECT ",
     candidate_columns!(),
     " FROM outbox_message m FORCE INDEX (outbox_message_grouped) \
      WHERE group_name = ? AND parked = 0 AND priority <= 0 \
-         AND next_attempt_at <= UTC_TIMESTAMP(6) \
-         AND next_attempt_at >= TIMESTAMPADD(MICROSECOND, ?, '1970-01-01') \
-         AND (next_attempt_at, id) >= (TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), ?) \
-     ORDER BY next_attempt_at, id LIMIT ?"
+         AND group_due <= UTC_TIMESTAMP(6) \
+         AND group_due >= TIMESTAMPADD(MICROSECOND, ?, '1970-01-01') \
+         AND (group_due, id) >= (TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), ?) \
+     ORDER BY group_due, id LIMIT ?"
 );
 
 /// Dead letters deleted. Binds: ids.
@@ -651,17 +652,7 @@ fn claim_once(
             Bind::BigInt(claim.candidates()),
         ];
         let read: Vec<Candidate> = Prepared::new(CANDIDATES, STYLE, &binds).load(c)?;
-        let groups = super::groups_in_turn(
-            Prepared::new(
-                GROUPS,
-                STYLE,
-                &[
-                    Bind::Text(claim.groups_after),
-                    Bind::Text(claim.groups_after),
-                ],
-            )
-            .load(c)?,
-        );
+        let groups = groups_to_visit(c, claim)?;
         let mut shares = Vec::with_capacity(groups.len());
         for group in &groups {
             let binds = [
@@ -768,6 +759,14 @@ fn claim_once(
         };
         Ok((claimed, parked))
     })
+}
+
+/// The groups a claim visits, in turn.
+fn groups_to_visit(c: &mut MysqlConnection, claim: &Claim<'_>) -> QueryResult<Vec<String>> {
+    let after = Bind::Text(claim.groups_after);
+    Ok(super::groups_in_turn(
+        Prepared::new(GROUPS, STYLE, &[after, after]).load(c)?,
+    ))
 }
 
 fn run(c: &mut MysqlConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {

@@ -559,6 +559,14 @@ pub(crate) const PAUSES: &str = concat!(
     " AS paused_at FROM outbox_pause ORDER BY kind, name"
 );
 
+/// The groups a claim visits, in turn.
+fn groups_to_visit(c: &mut SqliteConnection, claim: &Claim<'_>) -> QueryResult<Vec<String>> {
+    let after = Bind::Text(claim.groups_after);
+    Ok(super::groups_in_turn(
+        Prepared::new(GROUPS, STYLE, &[after, after]).load(c)?,
+    ))
+}
+
 fn run(c: &mut SqliteConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -636,17 +644,7 @@ impl Statements for SqliteConnection {
         write(self, |c| {
             let limit = Bind::BigInt(claim.candidates());
             let read: Vec<Candidate> = Prepared::new(CANDIDATES, STYLE, &[limit, limit]).load(c)?;
-            let groups = super::groups_in_turn(
-                Prepared::new(
-                    GROUPS,
-                    STYLE,
-                    &[
-                        Bind::Text(claim.groups_after),
-                        Bind::Text(claim.groups_after),
-                    ],
-                )
-                .load(c)?,
-            );
+            let groups = groups_to_visit(c, claim)?;
             let mut shares = Vec::with_capacity(groups.len());
             for group in &groups {
                 let binds = [Bind::Text(group), Bind::BigInt(claim.per_group())];
