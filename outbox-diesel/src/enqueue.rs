@@ -140,7 +140,7 @@ impl EnqueueOptions {
     /// messages. Messages without a group are one more group as far as a claim reads them, in
     /// due order behind the groups' overflow: give every tenant a group if none may hold up
     /// another. Priorities come first, and order within an [ordering key](Self::ordering_key)
-    /// first of all. At most 255 bytes, without control characters; compared byte for byte.
+    /// first of all. At most 255 bytes, without control characters.
     ///
     /// ```
     /// # use outbox_diesel::EnqueueOptions;

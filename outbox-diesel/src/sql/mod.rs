@@ -537,6 +537,7 @@ impl Claim<'_> {
 }
 
 /// How many groups one claim gives a share of its batch (PostgreSQL's claim writes it in).
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
 pub(crate) const GROUPS_PER_CLAIM: usize = 8;
 
 /// What a claim leased, and where the next one starts.
