@@ -226,28 +226,12 @@ impl NewMessage {
                 len: M::MESSAGE_TYPE.len(),
             });
         }
-        if let Some(key) = &options.ordering_key {
-            if key.len() > MAX_KEY_LEN {
-                return Err(Error::TooLong {
-                    what: "ordering key",
-                    len: key.len(),
-                });
-            }
-            if key.is_empty() || key.chars().any(char::is_control) {
-                return Err(Error::InvalidOrderingKey);
-            }
-        }
-        if let Some(group) = &options.group {
-            if group.len() > MAX_KEY_LEN {
-                return Err(Error::TooLong {
-                    what: "group",
-                    len: group.len(),
-                });
-            }
-            if group.is_empty() || group.chars().any(char::is_control) {
-                return Err(Error::InvalidGroup);
-            }
-        }
+        check_printable(
+            options.ordering_key.as_deref(),
+            "ordering key",
+            Error::InvalidOrderingKey,
+        )?;
+        check_printable(options.group.as_deref(), "group", Error::InvalidGroup)?;
         if let Some(key) = &options.idempotency_key {
             if key.len() > MAX_KEY_LEN {
                 return Err(Error::TooLong {
@@ -331,6 +315,24 @@ impl NewMessage {
     pub(crate) fn group(&self) -> Option<&str> {
         self.group.as_deref()
     }
+}
+
+/// Refuses a name (an ordering key, a group) longer than 255 bytes, or one that is empty or
+/// holds control characters (`invalid`): such names travel as headers and labels.
+fn check_printable(name: Option<&str>, what: &'static str, invalid: Error) -> Result<()> {
+    let Some(name) = name else {
+        return Ok(());
+    };
+    if name.len() > MAX_KEY_LEN {
+        return Err(Error::TooLong {
+            what,
+            len: name.len(),
+        });
+    }
+    if name.is_empty() || name.chars().any(char::is_control) {
+        return Err(invalid);
+    }
+    Ok(())
 }
 
 /// Marks the rows behind an earlier row of their ordering key in the same insert, which are
