@@ -7,6 +7,7 @@ use crate::destination::{DestinationRef, Destinations, Envelope};
 use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message::MessageId;
+use crate::priority::Priority;
 
 /// Shared resources handlers need, such as a pool, a client or configuration, built once by
 /// the application when it starts the worker and keyed by type: one of each type.
@@ -76,6 +77,8 @@ pub struct Delivery {
     /// The ordering key it was enqueued with: messages of one key are processed one at a
     /// time, in enqueue order. Relays to brokers carry it as the record key.
     pub ordering_key: Option<String>,
+    /// Its priority (see [`Envelope::priority`]).
+    pub priority: Priority,
 }
 
 impl Delivery {
@@ -85,6 +88,7 @@ impl Delivery {
         envelope.ordering_key = self.ordering_key.clone();
         envelope.attempt = self.attempt;
         envelope.headers = self.headers.clone();
+        envelope.priority = self.priority;
         envelope
     }
 }
@@ -259,6 +263,7 @@ mod tests {
             attempt: 1,
             headers: Headers::new(),
             ordering_key: None,
+            priority: Priority::Normal,
         };
         let ctx = Context::new(&delivery, &resources);
         assert_eq!(ctx.resource::<ApiKey>().unwrap().0, "secret");

@@ -52,7 +52,8 @@ impl ProcessError {
     }
 
     /// The message was not attempted because its destination is known to be down: it waits
-    /// `delay` and the attempt is not counted (see [`FailureKind::Deferred`]).
+    /// `delay` (a quarter of a second at least; a second for a zero delay) and the attempt is
+    /// not counted (see [`FailureKind::Deferred`]).
     pub fn defer(reason: impl fmt::Display, delay: Duration) -> Self {
         ProcessError {
             kind: FailureKind::Deferred,

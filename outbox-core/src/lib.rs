@@ -38,6 +38,7 @@
 //!     attempt: 1,
 //!     headers: Default::default(),
 //!     ordering_key: None,
+//!     priority: Default::default(),
 //! };
 //! ThankYou { member_id: 7 }
 //!     .process(&mut Context::new(&delivery, &resources))
@@ -53,6 +54,7 @@ mod error;
 mod headers;
 mod message;
 pub mod metrics;
+mod priority;
 mod registry;
 mod retry;
 pub mod store;
@@ -67,6 +69,7 @@ pub use headers::{
     TRACESTATE,
 };
 pub use message::{Handler, Message, MessageId, ParseMessageIdError};
+pub use priority::Priority;
 pub use registry::{DispatchError, HandlerRegistration, Registry, RegistryError};
 pub use retry::RetryPolicy;
 pub use worker::{Health, Stopper, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats};

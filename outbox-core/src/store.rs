@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message::MessageId;
+use crate::priority::Priority;
 
 /// Identifies one claim: the worker that made it writes it into the rows it leases, and every
 /// later change to those rows is conditioned on it (fencing). A worker whose lease expired and
@@ -109,6 +110,9 @@ pub struct ClaimedMessage {
     pub enqueued_at: SystemTime,
     /// The headers set at enqueue.
     pub headers: Headers,
+    /// Its priority: how soon it was claimed against other due messages, and whether a paced
+    /// destination lets it ahead of the turns it gave the backlog.
+    pub priority: Priority,
 }
 
 /// What became of a claimed message.

@@ -392,6 +392,7 @@ impl Store for MemoryStore {
                 attempt: row.attempts,
                 enqueued_at: row.enqueued_at,
                 headers: Default::default(),
+                priority: Default::default(),
             });
         }
         Ok(claimed)

@@ -9,8 +9,9 @@ use outbox_core::store::Backlog;
 use outbox_core::{Headers, MessageId};
 
 use crate::connection::{with_backend, OutboxConnection};
-use crate::enqueue::Priority;
+use crate::enqueue::priority_from_level;
 use crate::error::{Error, Result};
+use outbox_core::Priority;
 mod serialized;
 
 use crate::sql::{
@@ -281,7 +282,7 @@ fn pending_message(row: PendingRow, preview: Option<u32>) -> Result<PendingMessa
         in_flight: row.in_flight != 0,
         parked: row.parked != 0,
         paused: row.paused != 0,
-        priority: Priority::from_level(row.priority),
+        priority: priority_from_level(row.priority),
         group: row.group_name,
         last_error: row.last_error,
         headers: listed_headers("outbox_message", m.id, m.headers.as_deref()),

@@ -20,6 +20,7 @@ use crate::claim_cursor::{ClaimCursor, Listening};
 use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
 use crate::database::ensure_busy_timeout;
+use crate::enqueue::priority_from_level;
 use crate::error::Error;
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::retention::Retention;
@@ -686,6 +687,7 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
         let ClaimRow {
             message: m,
             created_micros,
+            priority,
         } = row;
         let readable = parse_message_id("outbox_message", m.id, &m.message_id).and_then(|id| {
             let headers =
@@ -706,6 +708,7 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
                 ordering_key: m.ordering_key,
                 attempt: m.attempts.max(0).unsigned_abs(),
                 enqueued_at: time_from_micros(created_micros),
+                priority: priority_from_level(priority),
             }),
             Err(error) => unreadable.push(Outcome {
                 token,

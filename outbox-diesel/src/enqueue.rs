@@ -1,6 +1,6 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outbox_core::{Headers, Message, MessageId};
+use outbox_core::{Headers, Message, MessageId, Priority};
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
@@ -32,54 +32,22 @@ enum NotBefore {
     After(Duration),
 }
 
-/// How soon a due message is claimed, against other due messages: every claim takes the due
-/// messages of a higher priority before any of a lower one, and those of one priority in due
-/// order. Order within an [ordering key](EnqueueOptions::ordering_key) comes first: a `High`
-/// message waits for the earlier messages of its key, whatever their priority.
-///
-/// For the few messages someone waits on (a password reset, a sign-in code) ahead of a backlog
-/// of the rest (a newsletter, a re-index): claims read the raised priorities apart from the
-/// backlog (an index of their own on PostgreSQL and SQLite; one more on MySQL), so a message of
-/// a higher priority does not wait for the backlog however long it is. Raise few: every claim
-/// reads the raised ones first, in priority order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Priority {
-    /// Most messages: due order among themselves.
-    #[default]
-    Normal,
-    /// Claimed before every due `Normal` message.
-    High,
-    /// Claimed before every due `High` and `Normal` message.
-    Urgent,
+/// The level stored in the outbox's `priority` column: 0, 1 or 2.
+pub(crate) fn priority_level(priority: Priority) -> i16 {
+    match priority {
+        Priority::Normal => 0,
+        Priority::High => 1,
+        Priority::Urgent => 2,
+    }
 }
 
-impl Priority {
-    /// The level stored in the outbox's `priority` column: 0, 1 or 2.
-    pub(crate) fn level(self) -> i16 {
-        match self {
-            Priority::Normal => 0,
-            Priority::High => 1,
-            Priority::Urgent => 2,
-        }
-    }
-
-    /// The priority of a stored level (a level above the highest, written by hand, is
-    /// `Urgent`; one below 1, `Normal`).
-    pub(crate) fn from_level(level: i64) -> Priority {
-        match level {
-            i64::MIN..=0 => Priority::Normal,
-            1 => Priority::High,
-            _ => Priority::Urgent,
-        }
-    }
-
-    /// `"normal"`, `"high"` or `"urgent"`, as listings print it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Normal => "normal",
-            Priority::High => "high",
-            Priority::Urgent => "urgent",
-        }
+/// The priority of a stored level (a level above the highest, written by hand, is `Urgent`;
+/// one below 1, `Normal`).
+pub(crate) fn priority_from_level(level: i64) -> Priority {
+    match level {
+        i64::MIN..=0 => Priority::Normal,
+        1 => Priority::High,
+        _ => Priority::Urgent,
     }
 }
 
@@ -506,7 +474,7 @@ impl NewMessage {
             Bind::NullableBigInt(self.not_before_micros),
             Bind::NullableBigInt(self.delay_micros),
             Bind::NullableText(self.headers.as_deref()),
-            Bind::BigInt(i64::from(self.priority.level())),
+            Bind::BigInt(i64::from(priority_level(self.priority))),
             Bind::NullableText(self.group.as_deref()),
             Bind::Bool(self.behind_in_batch),
         ]

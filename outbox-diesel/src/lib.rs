@@ -116,9 +116,7 @@ pub use database::{
     configure_connection, establish, Backend, DatabaseUrl, Establish, OutboxManager, PoolCustomizer,
 };
 pub use diesel_store::DieselStore;
-pub use enqueue::{
-    enqueue_all, Batch, Enqueue, EnqueueOptions, Priority, DEFAULT_MAX_PAYLOAD_BYTES,
-};
+pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use error::{Error, Result};
 pub use exactly_once::exactly_once;
 pub use migrations::run_migrations;
@@ -126,9 +124,9 @@ pub use outbox_core::destination;
 pub use outbox_core::metrics;
 pub use outbox_core::{
     Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, HeaderError,
-    Headers, Message, MessageId, ParseMessageIdError, ProcessError, Registry, RegistryError,
-    Resources, RetryPolicy, Stopper, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats,
-    MAX_HEADERS, MAX_HEADER_BYTES,
+    Headers, Message, MessageId, ParseMessageIdError, Priority, ProcessError, Registry,
+    RegistryError, Resources, RetryPolicy, Stopper, Worker, WorkerBuilder, WorkerError,
+    WorkerHandle, WorkerStats, MAX_HEADERS, MAX_HEADER_BYTES,
 };
 pub use transaction::write_transaction;
 

@@ -3,13 +3,20 @@ use std::time::Duration;
 use outbox_core::destination::{DeliveryError, Scope};
 use outbox_core::FailureKind;
 
+/// How long a broker that pushes back ([`RelayError::Refused`]) is left alone before the next
+/// delivery to it: as long as a webhook answering `429` without `Retry-After`. Brokers name no
+/// time; pushing back again lowers the destination's rate instead.
+pub const PUSH_BACK_WAIT: Duration = Duration::from_secs(1);
+
 /// Why a message was not relayed, or a destination could not be configured.
 ///
 /// Each variant says whether another attempt can succeed ([`RelayError::kind`]): a broker that
-/// is down, slow or pushing back is worth retrying with backoff (and pauses the destination
-/// after enough in a row); a message the broker will never take (nowhere to route it, too
-/// large, an invalid subject or topic) goes to the dead-letter table at once, with this error as
-/// its reason (see [`RelayError::into_delivery_error`]).
+/// is down or slow is worth retrying with backoff (and pauses the destination after enough in
+/// a row); a broker that asks for no more for now ([`RelayError::Refused`]: a full stream or
+/// queue, a blocked connection) holds the destination a moment without spending an attempt; a
+/// message the broker will never take (nowhere to route it, too large, an invalid subject or
+/// topic) goes to the dead-letter table at once, with this error as its reason (see
+/// [`RelayError::into_delivery_error`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
@@ -40,8 +47,13 @@ pub enum RelayError {
         /// How long the destination waited.
         timeout: Duration,
     },
-    /// The broker refused the message for now (a negative acknowledgement, flow control, too
-    /// many publishes awaiting acknowledgement): retried with backoff.
+    /// The broker pushes back: it takes no more for now (a JetStream stream full under its
+    /// `discard: new` policy or out of storage, a RabbitMQ queue at its `x-max-length` with
+    /// `reject-publish`, a connection RabbitMQ blocked for a resource alarm, Kafka's local queue
+    /// full, too many publishes awaiting acknowledgement). Like a webhook's `429`, every delivery
+    /// to the destination waits [`PUSH_BACK_WAIT`], no attempt is counted and the destination is
+    /// not paused as if it were down; push-back again and again lowers its rate (see
+    /// [`outbox_core::destination::pace`]).
     #[error("{destination} refused the message for now: {reason}")]
     Refused {
         /// The destination.
@@ -81,9 +93,8 @@ impl RelayError {
     /// Whether another attempt may succeed.
     pub fn kind(&self) -> FailureKind {
         match self {
-            RelayError::Unavailable { .. }
-            | RelayError::Timeout { .. }
-            | RelayError::Refused { .. } => FailureKind::Retryable,
+            RelayError::Unavailable { .. } | RelayError::Timeout { .. } => FailureKind::Retryable,
+            RelayError::Refused { .. } => FailureKind::Deferred,
             RelayError::Config { .. }
             | RelayError::Unroutable { .. }
             | RelayError::TooLarge { .. }
@@ -91,16 +102,18 @@ impl RelayError {
         }
     }
 
-    /// The failure classified for the worker: a broker that is down, slow or refusing for now
-    /// is a retryable failure of the destination (enough in a row pause it); what the broker
-    /// will never take is a permanent failure of the message; a configuration or encoding
-    /// error never reached the broker.
+    /// The failure classified for the worker: a broker that is down or slow is a retryable
+    /// failure of the destination (enough in a row pause it); one that refuses for now pushes
+    /// the destination back for [`PUSH_BACK_WAIT`]; what the broker will never take is a
+    /// permanent failure of the message; a configuration or encoding error never reached the
+    /// broker.
     pub fn into_delivery_error(self) -> DeliveryError {
         let reason = self.to_string();
         match &self {
-            RelayError::Unavailable { .. }
-            | RelayError::Timeout { .. }
-            | RelayError::Refused { .. } => DeliveryError::unavailable(reason),
+            RelayError::Unavailable { .. } | RelayError::Timeout { .. } => {
+                DeliveryError::unavailable(reason)
+            }
+            RelayError::Refused { .. } => DeliveryError::push_back(reason, PUSH_BACK_WAIT),
             RelayError::Unroutable { .. }
             | RelayError::TooLarge { .. }
             | RelayError::Invalid { .. } => DeliveryError::permanent(reason),
@@ -120,13 +133,9 @@ mod tests {
     }
 
     #[test]
-    fn brokers_down_slow_or_pushing_back_are_retried() {
+    fn brokers_down_or_slow_are_retried() {
         let retried = [
             named(|destination, reason| RelayError::Unavailable {
-                destination,
-                reason,
-            }),
-            named(|destination, reason| RelayError::Refused {
                 destination,
                 reason,
             }),
@@ -142,6 +151,29 @@ mod tests {
             assert_eq!(failure.scope(), Scope::Destination, "{reason}");
             assert_eq!(failure.reason(), reason);
         }
+    }
+
+    #[test]
+    fn brokers_pushing_back_hold_the_destination_without_an_attempt() {
+        let error = named(|destination, reason| RelayError::Refused {
+            destination,
+            reason,
+        });
+        assert_eq!(error.kind(), FailureKind::Deferred);
+        let reason = error.to_string();
+        let failure = error.into_delivery_error();
+        assert_eq!(
+            failure.kind(),
+            FailureKind::Deferred,
+            "no attempt is counted"
+        );
+        assert_eq!(
+            failure.scope(),
+            Scope::Destination,
+            "the whole destination waits"
+        );
+        assert_eq!(failure.delay(), Some(PUSH_BACK_WAIT));
+        assert_eq!(failure.reason(), reason);
     }
 
     #[test]

@@ -34,8 +34,10 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// as NATS headers (see [`MESSAGE_ID_HEADER`](crate::MESSAGE_ID_HEADER)), its id also as
 /// `Nats-Msg-Id`; a duplicate the stream dropped counts as published. No stream for the
 /// subject, an invalid subject and a message over the server's or the stream's size limit are
-/// permanent failures; a server that cannot be reached or does not acknowledge in time is
-/// retried, and pauses the destination after enough in a row.
+/// permanent failures; a stream that is full under its `discard: new` policy, or a server out
+/// of storage, pushes back ([`RelayError::Refused`]: the destination waits, no attempt is
+/// counted); a server that cannot be reached or does not acknowledge in time is retried, and
+/// pauses the destination after enough in a row.
 ///
 /// Build it once at start-up and give it to the worker under a name; clones share one
 /// connection, which reconnects by itself. Publishing blocks the handler thread until the
@@ -194,20 +196,22 @@ impl Inner {
                 destination,
                 reason,
             },
-            _ => match jetstream_error_code(&error) {
-                Some(code) if is_permanent(code) => RelayError::Unroutable {
+            _ => match api_error(&error) {
+                Some(api) if is_permanent(api.error_code()) => RelayError::Unroutable {
                     destination,
                     reason,
                 },
-                Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => RelayError::TooLarge {
+                Some(api) if api.error_code() == ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM => {
+                    RelayError::TooLarge {
+                        destination,
+                        reason,
+                    }
+                }
+                Some(api) if pushes_back(api) => RelayError::Refused {
                     destination,
                     reason,
                 },
-                Some(_) => RelayError::Refused {
-                    destination,
-                    reason,
-                },
-                None => RelayError::Unavailable {
+                Some(_) | None => RelayError::Unavailable {
                     destination,
                     reason,
                 },
@@ -235,15 +239,31 @@ impl Inner {
     }
 }
 
-fn jetstream_error_code(error: &PublishError) -> Option<ErrorCode> {
+fn api_error(error: &PublishError) -> Option<&jetstream::Error> {
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         if let Some(api) = cause.downcast_ref::<jetstream::Error>() {
-            return Some(api.error_code());
+            return Some(api);
         }
         source = cause.source();
     }
     None
+}
+
+/// JetStream API errors that say "not now": the stream is full under its `discard: new` policy
+/// (`maximum messages exceeded`, `maximum bytes exceeded`: a store failure with status 503),
+/// or the server or account is out of storage or memory. Consumers draining the stream, or an
+/// operator raising a limit, end them; no retry of the message alone would.
+fn pushes_back(api: &jetstream::Error) -> bool {
+    api.code() == 503
+        || [
+            ErrorCode::STREAM_STORE_FAILED,
+            ErrorCode::INSUFFICIENT_RESOURCES,
+            ErrorCode::STORAGE_RESOURCES_EXCEEDED,
+            ErrorCode::MEMORY_RESOURCES_EXCEEDED,
+            ErrorCode::ACCOUNT_RESOURCES_EXCEEDED,
+        ]
+        .contains(&api.error_code())
 }
 
 /// JetStream API errors no retry fixes: the stream does not take the subject or is sealed.

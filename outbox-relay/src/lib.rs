@@ -16,7 +16,10 @@
 //! (`#[outbox_handler("order.shipped", deliver_to = "orders")]`) or deliver to it from a
 //! handler (`ctx.destination("orders")?.deliver_to("orders.shipped", &self)`). The worker wraps
 //! it as it wraps webhooks: a broker that keeps failing is paused and probed, its messages wait
-//! without spending attempts, and its deliveries are counted in the metrics. A publish blocks
+//! without spending attempts; a broker that pushes back (a full stream or queue, a blocked
+//! connection: [`RelayError::Refused`]) is held as a webhook answering `429` is, without
+//! spending attempts or pausing it, and its rate is learned; its deliveries are counted in the
+//! metrics. A publish blocks
 //! the handler thread until the broker acknowledges. The async clients (JetStream, RabbitMQ)
 //! run on one small runtime the destination owns for its lifetime, built and dropped safely
 //! even inside another async runtime (e.g. a web framework's start-up); librdkafka runs on its
@@ -59,7 +62,7 @@ mod rabbitmq;
 #[cfg(any(feature = "jetstream", feature = "rabbitmq"))]
 mod runtime;
 
-pub use error::RelayError;
+pub use error::{RelayError, PUSH_BACK_WAIT};
 #[cfg(feature = "jetstream")]
 pub use jetstream::{JetStreamDestination, JetStreamDestinationBuilder};
 #[cfg(feature = "kafka")]

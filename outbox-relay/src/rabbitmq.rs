@@ -39,6 +39,10 @@ const PERSISTENT: u8 = 2;
 /// the broker refuses by closing the channel (one over `max_message_size`, say) fails alone,
 /// never the messages beside it.
 ///
+/// A broker that pushes back (a queue at its `x-max-length` with overflow `reject-publish`
+/// answers `basic.nack`; a memory or disk alarm blocks the connection) holds the destination
+/// without spending attempts ([`RelayError::Refused`]), as a webhook's `429` does.
+///
 /// RabbitMQ does not drop duplicates: a message whose confirm was lost (a broker restart, a
 /// worker killed after publishing) is published again, so consumers drop duplicates by
 /// `message_id`.
@@ -82,7 +86,9 @@ struct Link {
     /// Which connection this is, counting from 1: a publish that failed on one forgets that
     /// one only, never a newer one another thread opened since.
     generation: u64,
-    connection: Connection,
+    /// Shared with the publishes opening channels on it, which do so without the lock: on a
+    /// connection the broker blocked, opening a channel waits until the alarm clears.
+    connection: Arc<Connection>,
     /// Channels no publish is using, each with nothing awaiting a confirm.
     idle: Vec<Channel>,
 }
@@ -139,6 +145,9 @@ impl Inner {
         })?;
         let properties = self.properties(envelope)?;
         self.runtime.block_on(async {
+            if self.blocked(None).await {
+                return Err(self.blocked_error());
+            }
             let used = AtomicU64::new(0);
             match tokio::time::timeout(
                 self.timeout,
@@ -148,8 +157,14 @@ impl Inner {
             {
                 Ok(result) => result,
                 Err(_) => {
+                    let generation = used.load(Ordering::Relaxed);
+                    // A blocked connection is healthy: the broker reads from it again once its
+                    // alarm clears, and the publish stuck on it completes then.
+                    if self.blocked((generation != 0).then_some(generation)).await {
+                        return Err(self.blocked_error());
+                    }
                     // The channel may be stuck on a connection the broker no longer serves.
-                    self.forget_link(used.load(Ordering::Relaxed)).await;
+                    self.forget_link(generation).await;
                     Err(RelayError::Timeout {
                         destination: self.name.clone(),
                         timeout: self.timeout,
@@ -219,7 +234,9 @@ impl Inner {
             }),
             Ok(Confirmation::Nack(_)) => Err(RelayError::Refused {
                 destination: self.name.clone(),
-                reason: "the broker did not confirm the message (basic.nack)".into(),
+                reason: "the broker did not take the message (basic.nack: a queue at its \
+                         x-max-length with overflow reject-publish, or an error in a queue)"
+                    .into(),
             }),
             Ok(Confirmation::NotRequested) => Err(RelayError::Unavailable {
                 destination: self.name.clone(),
@@ -250,8 +267,13 @@ impl Inner {
                     return Ok((channel, open.generation));
                 }
             }
-            let channel = self.confirming_channel(&open.connection).await?;
-            return Ok((channel, open.generation));
+            if open.connection.status().blocked() {
+                return Err(self.blocked_error());
+            }
+            let (connection, generation) = (Arc::clone(&open.connection), open.generation);
+            drop(link);
+            let channel = self.confirming_channel(&connection).await?;
+            return Ok((channel, generation));
         }
         *link = None;
         let unavailable = |reason: String| RelayError::Unavailable {
@@ -269,7 +291,7 @@ impl Inner {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         *link = Some(Link {
             generation,
-            connection,
+            connection: Arc::new(connection),
             idle: Vec::new(),
         });
         Ok((channel, generation))
@@ -308,6 +330,27 @@ impl Inner {
         link.as_ref().is_some_and(|open| {
             open.generation == generation && open.connection.status().connected()
         })
+    }
+
+    /// Whether the broker blocked the current connection (or connection `generation`, if it is
+    /// still the current one) for a resource alarm: it then reads nothing from it, so a publish
+    /// would only wait for its timeout.
+    async fn blocked(&self, generation: Option<u64>) -> bool {
+        let link = self.link.lock().await;
+        link.as_ref().is_some_and(|open| {
+            generation.is_none_or(|generation| open.generation == generation)
+                && open.connection.status().connected()
+                && open.connection.status().blocked()
+        })
+    }
+
+    fn blocked_error(&self) -> RelayError {
+        RelayError::Refused {
+            destination: self.name.clone(),
+            reason: "the broker blocked the connection (a memory or disk alarm): it takes no \
+                     publishes until the alarm clears"
+                .into(),
+        }
     }
 
     /// Forgets connection `generation` (0: none was taken) if it is still the current one.

@@ -145,6 +145,46 @@ impl Drop for RabbitMqMessageLimit {
     }
 }
 
+/// A RabbitMQ memory alarm for as long as it lives: the high watermark set below what the broker
+/// uses, so it blocks every connection that publishes, as a broker low on memory does. Dropped,
+/// the watermark it found is back and the alarm clears.
+#[derive(Debug)]
+pub struct RabbitMqAlarm {
+    watermark: String,
+}
+
+impl RabbitMqAlarm {
+    /// Raises the alarm.
+    pub fn raise() -> RabbitMqAlarm {
+        let found = Command::new("rabbitmqctl")
+            .args(["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."])
+            .output()
+            .expect("running rabbitmqctl");
+        let found = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+        // A relative watermark reads as a fraction; anything else (an absolute one left by a
+        // test that was killed) gets RabbitMQ's default back.
+        let watermark = if found.parse::<f64>().is_ok_and(|f| f > 0.0 && f < 1.0) {
+            found
+        } else {
+            "0.4".to_owned()
+        };
+        run(
+            "rabbitmqctl",
+            &["set_vm_memory_high_watermark", "absolute", "10MB"],
+        );
+        RabbitMqAlarm { watermark }
+    }
+}
+
+impl Drop for RabbitMqAlarm {
+    fn drop(&mut self) {
+        run(
+            "rabbitmqctl",
+            &["set_vm_memory_high_watermark", &self.watermark],
+        );
+    }
+}
+
 fn set_max_message_size(bytes: usize) {
     run(
         "rabbitmqctl",
@@ -288,6 +328,26 @@ impl TestStream {
     /// A file-backed stream taking `<prefix>.>`, with the given size limit per message (`-1`:
     /// none) and duplicate window.
     pub fn create(label: &str, max_message_size: i32, duplicate_window: Duration) -> TestStream {
+        Self::create_with(label, |config| {
+            config.max_message_size = max_message_size;
+            config.duplicate_window = duplicate_window;
+        })
+    }
+
+    /// A stream that holds at most `max_messages` and refuses more (`discard: new`) until some
+    /// are taken out ([`take_oldest`](Self::take_oldest)): a stream its consumers are behind.
+    pub fn bounded(label: &str, max_messages: i64) -> TestStream {
+        Self::create_with(label, |config| {
+            config.max_messages = max_messages;
+            config.discard = jetstream::stream::DiscardPolicy::New;
+            config.duplicate_window = Duration::from_secs(120);
+        })
+    }
+
+    fn create_with(
+        label: &str,
+        configure: impl FnOnce(&mut jetstream::stream::Config),
+    ) -> TestStream {
         let runtime = runtime();
         let tag = format!("{label}_{}", fastrand::u64(..));
         let prefix = format!("outbox_test.{tag}");
@@ -296,13 +356,15 @@ impl TestStream {
             connect()
                 .await
                 .expect("connecting to NATS")
-                .create_stream(jetstream::stream::Config {
-                    name: name.clone(),
-                    subjects: vec![format!("{prefix}.>")],
-                    max_message_size,
-                    duplicate_window,
-                    storage: jetstream::stream::StorageType::File,
-                    ..Default::default()
+                .create_stream({
+                    let mut config = jetstream::stream::Config {
+                        name: name.clone(),
+                        subjects: vec![format!("{prefix}.>")],
+                        storage: jetstream::stream::StorageType::File,
+                        ..Default::default()
+                    };
+                    configure(&mut config);
+                    config
                 })
                 .await
                 .expect("creating the stream");
@@ -321,21 +383,38 @@ impl TestStream {
 
     /// Every message in the stream, in stream order.
     pub fn messages(&self) -> Vec<Received> {
+        self.read(usize::MAX, false)
+    }
+
+    /// Takes up to `count` of the oldest messages out of the stream (a consumer catching up),
+    /// in stream order.
+    pub fn take_oldest(&self, count: usize) -> Vec<Received> {
+        self.read(count, true)
+    }
+
+    fn read(&self, count: usize, delete: bool) -> Vec<Received> {
         self.runtime.block_on(async {
             let context = connect().await.expect("connecting to NATS");
             let mut stream = context.get_stream(&self.name).await.expect("the stream");
-            let last = stream
-                .info()
-                .await
-                .expect("stream info")
-                .state
-                .last_sequence;
+            let state = stream.info().await.expect("stream info").state.clone();
             let mut out = Vec::new();
-            for sequence in 1..=last {
-                let message = stream
-                    .get_raw_message(sequence)
-                    .await
-                    .expect("a stored message");
+            if state.messages == 0 {
+                return out;
+            }
+            for sequence in state.first_sequence..=state.last_sequence {
+                if out.len() == count {
+                    break;
+                }
+                let Ok(message) = stream.get_raw_message(sequence).await else {
+                    assert!(delete, "message {sequence} of the stream is missing");
+                    continue;
+                };
+                if delete {
+                    stream
+                        .delete_message(sequence)
+                        .await
+                        .expect("deleting a message");
+                }
                 let headers = message
                     .headers
                     .iter()
@@ -387,6 +466,23 @@ pub struct TestQueue {
 impl TestQueue {
     /// Declares a durable queue.
     pub fn declare(label: &str) -> TestQueue {
+        Self::declare_with(label, FieldTable::default())
+    }
+
+    /// Declares a durable queue that holds at most `max_length` messages and refuses more
+    /// (`x-overflow: reject-publish`: publishers get `basic.nack`) until some are taken out:
+    /// a queue its consumers are behind.
+    pub fn bounded(label: &str, max_length: u32) -> TestQueue {
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), AMQPValue::LongUInt(max_length));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        Self::declare_with(label, arguments)
+    }
+
+    fn declare_with(label: &str, arguments: FieldTable) -> TestQueue {
         let queue = TestQueue {
             runtime: runtime(),
             url: Broker::RabbitMq.url(),
@@ -401,7 +497,7 @@ impl TestQueue {
                         durable: true,
                         ..Default::default()
                     },
-                    FieldTable::default(),
+                    arguments,
                 )
                 .await
                 .expect("declaring the queue");
@@ -437,14 +533,22 @@ impl TestQueue {
 
     /// Takes every message in the queue, in queue order.
     pub fn take_all(&self) -> Vec<Received> {
+        self.take(usize::MAX)
+    }
+
+    /// Takes up to `count` messages out of the queue, in queue order.
+    pub fn take(&self, count: usize) -> Vec<Received> {
         self.runtime.block_on(async {
             let channel = self.channel().await;
             let mut out = Vec::new();
-            while let Some(message) = channel
-                .basic_get(self.name.as_str().into(), BasicGetOptions { no_ack: true })
-                .await
-                .expect("basic.get")
-            {
+            while out.len() < count {
+                let Some(message) = channel
+                    .basic_get(self.name.as_str().into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .expect("basic.get")
+                else {
+                    break;
+                };
                 let properties = &message.delivery.properties;
                 let mut headers: Vec<(String, String)> = Vec::new();
                 if let Some(table) = properties.headers() {

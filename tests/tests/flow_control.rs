@@ -1,7 +1,8 @@
 //! Pacing destinations, against real receivers on 127.0.0.1 on every backend: a receiver that
 //! rate-limits (`429` with `Retry-After`) gets everything at about the rate it allows, with few
 //! requests over it and no attempt spent; a static rate limit holds in every second; a limit of
-//! nothing is refused at spawn. Operators pause and resume message types and destinations:
+//! nothing is refused at spawn; a paced backlog is claimed about twice, and a raised priority
+//! is not put behind its turns. Operators pause and resume message types and destinations:
 //! their messages stay pending without spending attempts, per-key order holds across a pause,
 //! and a resume racing the workers strands nothing.
 
@@ -11,8 +12,8 @@ use std::time::{Duration, Instant};
 use outbox_diesel::admin::{self, PauseKind};
 use outbox_diesel::destination::{DestinationOptions, RateLimit};
 use outbox_diesel::{
-    outbox_handler, Batch, Context, DieselStore, EnqueueOptions, Handler, ProcessError, Worker,
-    WorkerError,
+    outbox_handler, Batch, Context, DieselStore, Enqueue, EnqueueOptions, Handler, Priority,
+    ProcessError, Worker, WorkerError,
 };
 use outbox_testkit::http::{Receiver, Reply, Request};
 use outbox_testkit::outbox::{dead, endpoint, pending};
@@ -183,6 +184,68 @@ fn a_static_rate_limit_holds_in_every_second<C: TestConnection>(db: &TestDb) {
     // 40 a second and a burst of 5; 16 threads unpaced send all 120 within a second.
     let busiest = busiest_second(&receiver.requests());
     assert!(busiest <= 40 + 5 + 1, "{busiest} requests in one second");
+}
+
+/// A backlog of 16 for a destination that takes one delivery every 400 ms. Each message over
+/// the limit is deferred to a turn of its own, so the backlog is claimed about twice (once to
+/// hand out the turns, once at each turn), not again every time a deferral ends. A `High`
+/// message enqueued in the middle is not put behind the backlog's turns: it takes the next free
+/// one.
+fn a_paced_backlog_is_claimed_about_twice_and_a_raised_priority_goes_first<C: TestConnection>(
+    db: &TestDb,
+) {
+    const MESSAGES: u32 = 16;
+    let receiver = Receiver::ok();
+    let pool = db.pool::<C>(6);
+    enqueue(&pool, MESSAGES);
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .destination_with(
+            "paced",
+            endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+            DestinationOptions::new()
+                .rate_limit(RateLimit::one_every(Duration::from_millis(400)).burst(1)),
+        )
+        .spawn()
+        .unwrap();
+    // Right after a delivery, when the next free turn is furthest (400 ms: too far to wait for
+    // in the handler thread, so the message is deferred to a turn).
+    assert!(eventually(PATIENCE, || accepted(&receiver).len() >= 3));
+    Paced { n: 10_000 }
+        .enqueue_with(
+            &mut pool.get().unwrap(),
+            &EnqueueOptions::new().priority(Priority::High),
+        )
+        .unwrap();
+    let before = accepted(&receiver).len();
+    assert!(
+        eventually(PATIENCE, || pending(&pool).is_empty()),
+        "{} still pending",
+        pending(&pool).len()
+    );
+    let stats = worker.shutdown(PATIENCE).unwrap();
+    let delivered = accepted(&receiver);
+    assert_eq!(receiver.unique(), u64::from(MESSAGES) + 1);
+    assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+    // Once each, once more at each turn, and a few more: the High message's own deferral to the
+    // next free turn, and the message whose turn it took.
+    assert!(
+        stats.claimed <= 2 * u64::from(MESSAGES + 1) + 4,
+        "{} claims for {} messages: {stats:?}",
+        stats.claimed,
+        MESSAGES + 1
+    );
+    let urgent_at = delivered
+        .iter()
+        .position(|(_, n)| *n == 10_000)
+        .expect("the High message was delivered");
+    assert!(
+        urgent_at <= before + 2,
+        "the High message went {} deliveries after its enqueue, behind the backlog ({} \
+         delivered before it)",
+        urgent_at - before,
+        before
+    );
 }
 
 fn a_rate_limit_of_nothing_is_refused_at_spawn<C: TestConnection>(db: &TestDb) {
@@ -464,5 +527,6 @@ backend_tests!(
     names_no_type_or_destination_could_have_are_refused,
     a_receiver_that_rate_limits_gets_everything_without_spent_attempts,
     a_static_rate_limit_holds_in_every_second,
+    a_paced_backlog_is_claimed_about_twice_and_a_raised_priority_goes_first,
     a_rate_limit_of_nothing_is_refused_at_spawn,
 );

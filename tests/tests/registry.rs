@@ -33,6 +33,7 @@ fn delivery(message_type: &str) -> Delivery {
         attempt: 1,
         headers: Default::default(),
         ordering_key: None,
+        priority: Default::default(),
     }
 }
 

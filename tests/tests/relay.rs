@@ -3,7 +3,9 @@
 //! broker will never take is dead-lettered with the reason and the rest retried; a broker
 //! restart mid-drain pauses the destination (its messages wait without spending attempts, a
 //! probe resumes them) and loses nothing, a worker killed mid-drain loses nothing, and on
-//! JetStream each message enters the stream once.
+//! JetStream each message enters the stream once. A broker that pushes back (a full stream,
+//! queue or producer queue, a connection blocked by a memory alarm) holds the destination without spending
+//! attempts, and everything arrives once it takes messages again.
 //!
 //! The tests of one broker take turns (one restarts it while another would be reading).
 
@@ -22,7 +24,8 @@ use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use outbox_testkit::outbox::{dead, pending};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
 use outbox_tests::brokers::{
-    arrivals, Broker, RabbitMqMessageLimit, Received, TestQueue, TestStream, TestTopic,
+    arrivals, Broker, RabbitMqAlarm, RabbitMqMessageLimit, Received, TestQueue, TestStream,
+    TestTopic,
 };
 use outbox_tests::checker::{check, Ledger, Report};
 use outbox_tests::handlers::{Relayed, RELAY};
@@ -248,11 +251,171 @@ fn every_message_arrives_in_key_order_in_kafka_partitions<C: TestConnection>(db:
     });
 }
 
+/// How many messages the push-back tests relay, and how many the broker holds at once.
+const BEHIND: u32 = 40;
+const ROOM: usize = 10;
+
+/// Relays [`BEHIND`] messages to a broker that holds [`ROOM`] and refuses more until a consumer
+/// takes some out (`take` takes up to so many), then checks that each arrived once, in key
+/// order, and that the refusals were push-back: a message has two attempts, so counted ones
+/// would dead-letter, and none was retried (the destination was not taken for down either).
+fn behind_consumer<C: TestConnection>(
+    db: &TestDb,
+    target: impl Destination,
+    take: impl Fn(usize) -> Vec<Received>,
+) {
+    let pool = db.pool::<C>(23);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, BEHIND, 7, &mut ledger);
+    let worker = worker_with_attempts(&pool, target, 2);
+    let mut received = Vec::new();
+    let start = std::time::Instant::now();
+    while !pending(&pool).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "{} still pending, {} received",
+            pending(&pool).len(),
+            received.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        received.extend(take(ROOM / 2));
+    }
+    let stats = worker.shutdown(Duration::from_secs(10)).unwrap();
+    received.extend(take(usize::MAX));
+    let report = check(&ledger, &arrivals(&received), &dead_ids(&pool));
+    assert!(report.holds(0), "{report:#?}");
+    assert_eq!(report.delivered, BEHIND as usize);
+    assert_eq!(
+        (stats.retried, stats.dead_lettered),
+        (0, 0),
+        "push-back never spends an attempt: {stats:?}"
+    );
+    assert!(
+        stats.deferred > 0,
+        "the broker never pushed back: {stats:?}"
+    );
+    assert_faithful(&received);
+}
+
+fn a_full_stream_holds_the_destination_without_spending_attempts<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::JetStream) else {
+        return;
+    };
+    let stream = TestStream::bounded("full", ROOM as i64);
+    behind_consumer::<C>(
+        db,
+        jetstream_to(&stream.subject("events"), Duration::from_secs(5)),
+        |count| stream.take_oldest(count),
+    );
+}
+
+fn a_full_queue_holds_the_destination_without_spending_attempts<C: TestConnection>(db: &TestDb) {
+    let Some(_broker) = take(Broker::RabbitMq) else {
+        return;
+    };
+    let queue = TestQueue::bounded("full", ROOM as u32);
+    behind_consumer::<C>(
+        db,
+        rabbitmq_to(&queue.name, Duration::from_secs(5)),
+        |count| queue.take(count),
+    );
+}
+
 backend_tests!(
     every_message_arrives_once_in_key_order_on_jetstream,
     every_message_arrives_in_key_order_on_rabbitmq,
-    every_message_arrives_in_key_order_in_kafka_partitions
+    every_message_arrives_in_key_order_in_kafka_partitions,
+    a_full_stream_holds_the_destination_without_spending_attempts,
+    a_full_queue_holds_the_destination_without_spending_attempts
 );
+
+/// A Kafka producer whose local queue holds one record, fed by eight handler threads: the
+/// others find it full (librdkafka's `QueueFull`), which is push-back too. Each message has two
+/// attempts; all arrive, none retried.
+fn a_full_producer_queue_holds_the_destination_without_spending_attempts<C: TestConnection>(
+    db: &TestDb,
+) {
+    let Some(_broker) = take(Broker::Kafka) else {
+        return;
+    };
+    let topic = TestTopic::create("full");
+    let target = KafkaDestination::builder(Broker::Kafka.url())
+        .topic(&topic.name)
+        .timeout(Duration::from_secs(10))
+        .set("queue.buffering.max.messages", "1")
+        .build()
+        .unwrap();
+    let pool = db.pool::<C>(23);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, BEHIND, 7, &mut ledger);
+    let worker = worker_with_attempts(&pool, target, 2);
+    assert!(
+        eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
+        "{} still pending",
+        pending(&pool).len()
+    );
+    let stats = worker.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (stats.retried, stats.dead_lettered),
+        (0, 0),
+        "push-back never spends an attempt: {stats:?}"
+    );
+    assert!(stats.deferred > 0, "the queue was never full: {stats:?}");
+    let received = by_partition(topic.records());
+    let report = check(&ledger, &arrivals(&received), &dead_ids(&pool));
+    assert!(report.holds(0), "{report:#?}");
+    assert_eq!(report.delivered, BEHIND as usize);
+}
+
+/// RabbitMQ raises a memory alarm while the worker relays: it blocks the connection (it reads
+/// no more publishes from it), so publishes get no confirm. Each message has one attempt, so a
+/// publish timing out counted as a failure would dead-letter it; instead the destination is
+/// held while the connection is blocked, and everything arrives once the alarm clears (a
+/// publish stuck in the blocked connection may arrive twice, as after any lost confirm).
+fn a_blocked_rabbitmq_connection_holds_the_destination_without_spending_attempts<
+    C: TestConnection,
+>(
+    db: &TestDb,
+) {
+    let Some(_broker) = take(Broker::RabbitMq) else {
+        return;
+    };
+    let queue = TestQueue::declare("blocked");
+    let pool = db.pool::<C>(24);
+    let mut ledger = Ledger::new();
+    enqueue(&pool, 30, 5, &mut ledger);
+    let alarm = RabbitMqAlarm::raise();
+    let worker = worker_with_attempts(&pool, rabbitmq_to(&queue.name, Duration::from_secs(1)), 1);
+    // Past the publish timeout a few times over: the blocked publishes time out, and the
+    // destination is held instead of the messages failing.
+    std::thread::sleep(Duration::from_secs(4));
+    let waiting = pending(&pool);
+    assert!(dead(&pool).is_empty(), "{:#?}", dead(&pool));
+    assert!(
+        waiting.len() > 20 && waiting.iter().all(|m| m.attempts == 0),
+        "{waiting:#?}"
+    );
+    drop(alarm);
+    assert!(
+        eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
+        "{} still pending after the alarm cleared",
+        pending(&pool).len()
+    );
+    let stats = worker.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (stats.retried, stats.dead_lettered),
+        (0, 0),
+        "a blocked connection never spends an attempt: {stats:?}"
+    );
+    assert!(
+        stats.deferred > 0,
+        "the destination was never held: {stats:?}"
+    );
+    let received = queue.take_all();
+    let report = check(&ledger, &arrivals(&received), &dead_ids(&pool));
+    assert!(report.holds(8), "{report:#?}");
+    assert_eq!(report.delivered, 30);
+}
 
 /// Delivers `data` to `subject` of `destination` as the worker would, outside any worker.
 fn send(
@@ -741,6 +904,24 @@ fn a_killed_worker_duplicates_only_what_was_in_flight_on_kafka<C: TestConnection
 
 mod on_postgres {
     use outbox_testkit::{diesel::PgConnection, Backend, TestDb};
+
+    #[test]
+    fn a_blocked_rabbitmq_connection_holds_the_destination_without_spending_attempts() {
+        if let Some(db) = TestDb::new(Backend::Postgres) {
+            super::a_blocked_rabbitmq_connection_holds_the_destination_without_spending_attempts::<
+                PgConnection,
+            >(&db);
+        }
+    }
+
+    #[test]
+    fn a_full_producer_queue_holds_the_destination_without_spending_attempts() {
+        if let Some(db) = TestDb::new(Backend::Postgres) {
+            super::a_full_producer_queue_holds_the_destination_without_spending_attempts::<
+                PgConnection,
+            >(&db);
+        }
+    }
 
     #[test]
     fn a_message_rabbitmq_refuses_fails_alone() {

@@ -61,6 +61,7 @@ use std::time::Duration;
 use crate::error::{FailureKind, ProcessError};
 use crate::headers::Headers;
 use crate::message::MessageId;
+use crate::priority::Priority;
 
 pub use health::{DestinationState, HealthPolicy};
 pub(crate) use named::Destinations;
@@ -143,6 +144,9 @@ pub struct Envelope {
     pub body: Vec<u8>,
     /// The body's media type.
     pub content_type: String,
+    /// The message's priority: a destination paced by a rate limit gives a raised one the next
+    /// free turn instead of a turn after the backlog's.
+    pub priority: Priority,
 }
 
 impl Envelope {
@@ -157,6 +161,7 @@ impl Envelope {
             subject: None,
             body,
             content_type: JSON.to_owned(),
+            priority: Priority::Normal,
         }
     }
 

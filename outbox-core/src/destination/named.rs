@@ -13,6 +13,7 @@ use super::{DeliveryError, Destination, DestinationState, Envelope, HealthPolicy
 use crate::context::Delivery;
 use crate::error::{FailureKind, ProcessError};
 use crate::metrics;
+use crate::priority::Priority;
 use crate::store::{DestinationReport, StoredDestination, SyncedDestination};
 
 /// The longest destination name, in characters: the store's key column holds 255.
@@ -151,7 +152,7 @@ impl Registered {
         }
         let probe = match self.health.gate(Instant::now()) {
             Gate::Send => {
-                self.take_turn()?;
+                self.take_turn(envelope.priority)?;
                 false
             }
             Gate::Probe => {
@@ -237,8 +238,8 @@ impl Registered {
 
     /// Waits for this delivery's turn under the destination's pace, or defers its message to
     /// the turn when it is far (without counting an attempt).
-    fn take_turn(&self) -> Result<(), ProcessError> {
-        match self.pacer.pace(Instant::now()) {
+    fn take_turn(&self, priority: Priority) -> Result<(), ProcessError> {
+        match self.pacer.pace(Instant::now(), priority) {
             Pace::Go => Ok(()),
             Pace::GoAfter(wait) => {
                 std::thread::sleep(wait);

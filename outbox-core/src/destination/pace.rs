@@ -26,6 +26,8 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::priority::Priority;
+
 /// The longest a handler thread waits for a paced delivery's turn; a later turn defers the
 /// message instead, so that one slow destination does not hold the threads other messages need.
 pub(crate) const LONGEST_PACING_WAIT: Duration = Duration::from_millis(250);
@@ -140,6 +142,10 @@ struct State {
     accepted: VecDeque<Instant>,
     /// Push-backs since the last accepted delivery.
     pushed_in_a_row: u32,
+    /// The last turn handed to a deferred message: the next deferral gets the turn after it.
+    booked_until: Option<Instant>,
+    /// When a delivery last took a turn.
+    last_turn: Instant,
 }
 
 impl Pacer {
@@ -155,6 +161,8 @@ impl Pacer {
                 dropped: None,
                 accepted: VecDeque::new(),
                 pushed_in_a_row: 0,
+                booked_until: None,
+                last_turn: now,
             }),
         }
     }
@@ -181,8 +189,14 @@ impl Pacer {
         self.in_force(&state).map(|(rate, _)| rate)
     }
 
-    /// Takes a turn for one delivery.
-    pub fn pace(&self, now: Instant) -> Pace {
+    /// Takes a turn for one delivery of a message of `priority`.
+    ///
+    /// A message whose turn is far is deferred to a turn of its own: the one after the last
+    /// handed out, so a backlog comes back one message per turn, each claimed once more, instead
+    /// of all of it at the next free turn, to be claimed and deferred again and again. A message
+    /// of a raised priority is not put at the end of that line: it is deferred to the next
+    /// free turn, which it takes from the line (the message that expected it gets a later one).
+    pub fn pace(&self, now: Instant, priority: Priority) -> Pace {
         let mut state = self.state();
         let Some((rate, bucket)) = self.in_force(&state) else {
             return Pace::Go;
@@ -190,17 +204,32 @@ impl Pacer {
         let elapsed = now.saturating_duration_since(state.refilled).as_secs_f64();
         state.tokens = (state.tokens + elapsed * rate).min(bucket);
         state.refilled = now;
+        if now.saturating_duration_since(state.last_turn).as_secs_f64() > (2.0 / rate).max(1.0) {
+            // Nobody came for the turns handed out (their messages were deleted, or another
+            // process took them): the line is gone.
+            state.booked_until = None;
+        }
         if state.tokens >= 1.0 {
             state.tokens -= 1.0;
+            state.last_turn = now;
             return Pace::Go;
         }
         let wait = Duration::from_secs_f64((1.0 - state.tokens) / rate);
         if wait <= LONGEST_PACING_WAIT {
             state.tokens -= 1.0;
-            Pace::GoAfter(wait)
-        } else {
-            Pace::Defer(wait)
+            state.last_turn = now;
+            return Pace::GoAfter(wait);
         }
+        let next_free = now + wait;
+        if priority > Priority::Normal {
+            return Pace::Defer(wait);
+        }
+        let turn = match state.booked_until {
+            Some(last) => (last + Duration::from_secs_f64(1.0 / rate)).max(next_free),
+            None => next_free,
+        };
+        state.booked_until = Some(turn);
+        Pace::Defer(turn.saturating_duration_since(now))
     }
 
     /// A delivery was accepted: counted, and the learned rate rises.
@@ -267,7 +296,7 @@ mod tests {
     /// Turns taken at `now` until one is not `Go`.
     fn burst(pacer: &Pacer, now: Instant) -> usize {
         (0..1_000)
-            .take_while(|_| pacer.pace(now) == Pace::Go)
+            .take_while(|_| pacer.pace(now, Priority::Normal) == Pace::Go)
             .count()
     }
 
@@ -277,12 +306,12 @@ mod tests {
         let pacer = Pacer::new(Some(RateLimit::per_second(10).burst(3)), true, t0);
         assert_eq!(burst(&pacer, t0), 3);
         // The fourth turn was reserved a tenth of a second ahead (the call that ended the burst).
-        let Pace::GoAfter(wait) = pacer.pace(t0) else {
+        let Pace::GoAfter(wait) = pacer.pace(t0, Priority::Normal) else {
             panic!("the next turns are near: they wait");
         };
         assert!((wait.as_secs_f64() - 0.2).abs() < 1e-6, "{wait:?}");
         // Turns further off than a quarter second are deferred, not waited for.
-        match pacer.pace(t0) {
+        match pacer.pace(t0, Priority::Normal) {
             Pace::Defer(wait) => assert!(wait > LONGEST_PACING_WAIT, "{wait:?}"),
             other => panic!("expected a deferral, got {other:?}"),
         }
@@ -297,13 +326,82 @@ mod tests {
         for ms in 0..60_000u64 {
             let now = t0 + Duration::from_millis(ms);
             for _ in 0..16 {
-                if matches!(pacer.pace(now), Pace::Go | Pace::GoAfter(_)) {
+                if matches!(
+                    pacer.pace(now, Priority::Normal),
+                    Pace::Go | Pace::GoAfter(_)
+                ) {
                     sent += 1;
                 }
             }
         }
         // 14 a second plus the first burst, and the turns reserved at the end.
         assert!((840..=14 * 60 + 14 + 4).contains(&sent), "{sent}");
+    }
+
+    /// The waits of `count` deliveries asking at `now`, each deferred or not.
+    fn ask(pacer: &Pacer, now: Instant, count: usize, priority: Priority) -> Vec<Pace> {
+        (0..count).map(|_| pacer.pace(now, priority)).collect()
+    }
+
+    #[test]
+    fn a_backlog_gets_a_turn_each_and_is_deferred_once() {
+        let t0 = Instant::now();
+        let pacer = Pacer::new(Some(RateLimit::per_second(10).burst(1)), true, t0);
+        let first = ask(&pacer, t0, 500, Priority::Normal);
+        let deferred: Vec<Duration> = first
+            .iter()
+            .filter_map(|pace| match pace {
+                Pace::Defer(wait) => Some(*wait),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deferred.len(), 497, "one now, two within a quarter second");
+        for pair in deferred.windows(2) {
+            let gap = pair[1].saturating_sub(pair[0]).as_secs_f64();
+            assert!((gap - 0.1).abs() < 1e-6, "one turn apart: {pair:?}");
+        }
+        // Each comes back at its turn, as the store makes it due, and goes.
+        for wait in &deferred {
+            let pace = pacer.pace(t0 + *wait, Priority::Normal);
+            assert!(
+                matches!(pace, Pace::Go | Pace::GoAfter(_)),
+                "deferred twice: {pace:?} at {wait:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_raised_priority_takes_the_next_free_turn_not_the_end_of_the_line() {
+        let t0 = Instant::now();
+        let pacer = Pacer::new(Some(RateLimit::per_second(10).burst(1)), true, t0);
+        let line = ask(&pacer, t0, 1_000, Priority::Normal);
+        assert!(matches!(line.last(), Some(Pace::Defer(wait)) if *wait > Duration::from_secs(90)));
+        for priority in [Priority::High, Priority::Urgent] {
+            match pacer.pace(t0, priority) {
+                Pace::Defer(wait) => assert!(wait < Duration::from_millis(400), "{wait:?}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A normal message still goes to the end of the line.
+        match pacer.pace(t0, Priority::Normal) {
+            Pace::Defer(wait) => assert!(wait > Duration::from_secs(90), "{wait:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_line_nobody_comes_for_is_forgotten() {
+        let t0 = Instant::now();
+        let pacer = Pacer::new(Some(RateLimit::per_second(10).burst(1)), true, t0);
+        ask(&pacer, t0, 100, Priority::Normal);
+        // The 97 deferred messages were deleted: none comes back for its turn.
+        let later = t0 + Duration::from_secs(5);
+        let paces = ask(&pacer, later, 4, Priority::Normal);
+        assert_eq!(paces[0], Pace::Go);
+        match paces[3] {
+            Pace::Defer(wait) => assert!(wait < Duration::from_millis(400), "{wait:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::context::{Context, Delivery, SettleWithin};
+use crate::destination::pace::LONGEST_PACING_WAIT;
 use crate::error::{FailureKind, ProcessError};
 use crate::registry::DispatchError;
 use crate::retry::RetryPolicy;
@@ -44,9 +45,15 @@ pub(crate) enum Attempt {
     StillStuck,
 }
 
-/// The least a deferred message waits: a handler that defers without saying how long must
-/// not have its message claimed again at once, over and over.
+/// How long a deferred message waits when its handler says nothing (or zero): it must not be
+/// claimed again at once, over and over.
 const DEFERRED_WITHOUT_DELAY: Duration = Duration::from_secs(1);
+
+/// The least a deferral that names a delay waits, for the same reason. Shorter than a second:
+/// a paced destination defers messages to turns a fraction of a second apart (nearer ones are
+/// waited for in the handler thread), and a deferral stretched to a second would bring a
+/// second's worth of them back at once, to be deferred again.
+const SHORTEST_DEFERRAL: Duration = LONGEST_PACING_WAIT;
 
 /// What a finished attempt means for its message: the settlement, given the message's retry
 /// policy. Pure, so that the settlement policy is tested without threads or a store.
@@ -60,10 +67,10 @@ pub(crate) fn settle_attempt(n: u32, attempt: Attempt, policy: &RetryPolicy) -> 
         }
         Attempt::Failed(failure) if failure.kind() == FailureKind::Deferred => {
             return Settlement::Defer {
-                delay: failure
-                    .retry_after()
-                    .unwrap_or(DEFERRED_WITHOUT_DELAY)
-                    .clamp(DEFERRED_WITHOUT_DELAY, MAX_DURATION),
+                delay: match failure.retry_after() {
+                    Some(delay) if !delay.is_zero() => delay.clamp(SHORTEST_DEFERRAL, MAX_DURATION),
+                    _ => DEFERRED_WITHOUT_DELAY,
+                },
                 reason: storable(failure.reason().to_owned()),
             };
         }
@@ -251,6 +258,7 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         attempt: message.attempt,
         headers: message.headers.clone(),
         ordering_key: message.ordering_key.clone(),
+        priority: message.priority,
     };
     let payload = std::mem::take(&mut message.payload);
     let settle = JobSettle {
@@ -502,6 +510,7 @@ mod tests {
             attempt,
             enqueued_at: SystemTime::now() - age,
             headers: Default::default(),
+            priority: Default::default(),
         }
     }
 
@@ -546,6 +555,13 @@ mod tests {
         );
         let endless = settle_attempt(1, deferred(Duration::MAX), &policy());
         assert!(matches!(endless, Settlement::Defer { delay, .. } if delay == MAX_DURATION));
+        // A paced destination's turns, a fraction of a second apart, are kept apart.
+        let turn = settle_attempt(1, deferred(Duration::from_millis(300)), &policy());
+        assert!(
+            matches!(turn, Settlement::Defer { delay, .. } if delay == Duration::from_millis(300))
+        );
+        let tiny = settle_attempt(1, deferred(Duration::from_millis(1)), &policy());
+        assert!(matches!(tiny, Settlement::Defer { delay, .. } if delay == SHORTEST_DEFERRAL));
     }
 
     #[test]

@@ -275,6 +275,7 @@ mod tests {
             attempt: 1,
             enqueued_at: SystemTime::now(),
             headers: Default::default(),
+            priority: Default::default(),
         }
     }
 

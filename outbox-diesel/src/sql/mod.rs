@@ -252,13 +252,15 @@ pub(crate) struct MessageRow {
     pub(crate) headers: Option<String>,
 }
 
-/// A claimed row: the message and when it was enqueued.
+/// A claimed row: the message, when it was enqueued, and its priority level.
 #[derive(QueryableByName, Debug)]
 pub(crate) struct ClaimRow {
     #[diesel(embed)]
     pub(crate) message: MessageRow,
     #[diesel(sql_type = BigInt)]
     pub(crate) created_micros: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) priority: i64,
 }
 
 /// A pending message as listed.

@@ -186,7 +186,8 @@ fn leased(n: usize) -> String {
     format!(
         "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload, ordering_key, \
              attempts, headers, \
-             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros, \
+             CAST(priority AS SIGNED) AS priority \
          FROM outbox_message FORCE INDEX (PRIMARY) WHERE id IN ({}) \
          ORDER BY priority DESC, id",
         placeholders(n)

@@ -185,7 +185,7 @@ macro_rules! claim {
      RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
          o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
          (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
-         o.priority, first.due AS first_due, first.id AS first_id, \
+         o.priority::bigint AS priority, first.due AS first_due, first.id AS first_id, \
          last_group.name AS last_group"
         )
     };
@@ -297,9 +297,10 @@ pub(crate) const DELETE_DONE_LEASING: &str = concat!(
         RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
             o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
             (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
+            o.priority::bigint AS priority, \
             o.locked_by IS NOT DISTINCT FROM $4::uuid AS leased) \
      SELECT (SELECT count(*) FROM gone) AS n, m.id, m.message_id, m.message_type, m.payload, \
-         m.ordering_key, m.attempts, m.headers, m.created_micros \
+         m.ordering_key, m.attempts, m.headers, m.created_micros, m.priority \
      FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"
 );
 
@@ -661,8 +662,6 @@ fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResu
 struct CursoredClaimRow {
     #[diesel(embed)]
     claimed: ClaimRow,
-    #[diesel(sql_type = diesel::sql_types::SmallInt)]
-    priority: i16,
     #[diesel(sql_type = Nullable<BigInt>)]
     first_due: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
@@ -692,6 +691,8 @@ struct SettledRow {
     headers: Option<String>,
     #[diesel(sql_type = Nullable<BigInt>)]
     created_micros: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    priority: Option<i64>,
 }
 
 impl SettledRow {
@@ -708,6 +709,7 @@ impl SettledRow {
                 headers: self.headers,
             },
             created_micros: self.created_micros?,
+            priority: self.priority?,
         })
     }
 }
@@ -766,7 +768,12 @@ impl Statements for PgConnection {
         let mut rows: Vec<CursoredClaimRow> = Prepared::new(sql, STYLE, &binds).load(self)?;
         // Handed to the handlers in this order: a raised priority first in its batch too
         // (RETURNING promises no order).
-        rows.sort_by_key(|row| (std::cmp::Reverse(row.priority), row.claimed.message.id));
+        rows.sort_by_key(|row| {
+            (
+                std::cmp::Reverse(row.claimed.priority),
+                row.claimed.message.id,
+            )
+        });
         let first = rows.first().and_then(|row| {
             Some(Cursor {
                 due_micros: row.first_due?,

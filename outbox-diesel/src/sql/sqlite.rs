@@ -131,7 +131,8 @@ fn lease(n: usize) -> String {
              next_attempt_at = ",
             now_plus_bind!(),
             " WHERE id IN ({}) \
-             RETURNING id, message_id, message_type, payload, ordering_key, attempts, headers, ",
+             RETURNING id, message_id, message_type, payload, ordering_key, attempts, headers, \
+             priority, ",
             micros_of!("created_at"),
             " AS created_micros"
         ),
@@ -689,12 +690,7 @@ impl Statements for SqliteConnection {
                 dynamic::<Sqlite>(&lease(chosen.len()), &binds).load(c)?;
             // Handed to the handlers by priority, then position: a raised priority first in
             // its batch too (RETURNING promises no order).
-            let priorities: std::collections::HashMap<i64, i32> =
-                heads.iter().map(|h| (h.id, h.priority)).collect();
-            rows.sort_by_key(|row| {
-                let priority = priorities.get(&row.message.id).copied().unwrap_or(0);
-                (Reverse(priority), row.message.id)
-            });
+            rows.sort_by_key(|row| (Reverse(row.priority), row.message.id));
             Ok(Claimed {
                 rows,
                 first: None,
