@@ -7,7 +7,8 @@
 //!    answered 429, dead letters, and attempts spent (retries).
 //! 2. **Static limit.** A receiver that accepts everything and a worker whose destination has
 //!    `RateLimit::per_second(14)` (Amazon SES's default), for `--seconds` (default 60): the
-//!    rate delivered, and the busiest second.
+//!    rate delivered, the busiest second, and the claims per delivery (messages over the limit
+//!    are claimed, deferred to their turns and claimed again).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -140,7 +141,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         std::thread::sleep(Duration::from_secs_f64(seconds));
         let delivered = receiver.unique();
         let elapsed = started.elapsed().as_secs_f64();
-        worker
+        let stats = worker
             .shutdown(Duration::from_secs(30))
             .ctx("stopping the worker")?;
         let mut times: Vec<Instant> = receiver
@@ -157,6 +158,12 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "static_busiest_second".into(),
             json!(busiest_second(&times)),
         );
+        // A claim and a settlement each: what pacing costs the database beyond the deliveries.
+        figures.insert(
+            "static_claims_per_delivery".into(),
+            json!(round(stats.claimed as f64 / delivered.max(1) as f64, 2)),
+        );
+        figures.insert("static_claims".into(), json!(stats.claimed));
         report.run(figures);
     }
     if !opts.quick {

@@ -188,7 +188,8 @@ fn a_static_rate_limit_holds_in_every_second<C: TestConnection>(db: &TestDb) {
 
 /// A backlog of 16 for a destination that takes one delivery every 400 ms. Each message over
 /// the limit is deferred to a turn of its own, so the backlog is claimed about twice (once to
-/// hand out the turns, once at each turn), not again every time a deferral ends. A `High`
+/// hand out the turns, once at each turn), not again every time a deferral ends (nine times a
+/// message, when every deferral ended at the next free turn). A `High`
 /// message enqueued in the middle is not put behind the backlog's turns: it takes the next free
 /// one.
 fn a_paced_backlog_is_claimed_about_twice_and_a_raised_priority_goes_first<C: TestConnection>(
@@ -227,10 +228,12 @@ fn a_paced_backlog_is_claimed_about_twice_and_a_raised_priority_goes_first<C: Te
     let delivered = accepted(&receiver);
     assert_eq!(receiver.unique(), u64::from(MESSAGES) + 1);
     assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
-    // Once each, once more at each turn, and a few more: the High message's own deferral to the
-    // next free turn, and the message whose turn it took.
+    // Once each, once more at each turn, and some more: the High message's own deferral to the
+    // next free turn, the message whose turn it took, and messages that came back so late (a
+    // loaded machine) that the next turn was too far to wait for. Every deferral ending at the
+    // next free turn, the whole backlog came back for each: 152 claims here.
     assert!(
-        stats.claimed <= 2 * u64::from(MESSAGES + 1) + 4,
+        stats.claimed <= 3 * u64::from(MESSAGES + 1),
         "{} claims for {} messages: {stats:?}",
         stats.claimed,
         MESSAGES + 1

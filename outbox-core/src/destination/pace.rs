@@ -194,8 +194,9 @@ impl Pacer {
     /// A message whose turn is far is deferred to a turn of its own: the one after the last
     /// handed out, so a backlog comes back one message per turn, each claimed once more, instead
     /// of all of it at the next free turn, to be claimed and deferred again and again. A message
-    /// of a raised priority is not put at the end of that line: it is deferred to the next
-    /// free turn, which it takes from the line (the message that expected it gets a later one).
+    /// of a raised priority is not put at the end of that line: it is deferred to just before
+    /// the next free turn, which it then waits for and takes from the line (the message that
+    /// expected it gets a later one).
     pub fn pace(&self, now: Instant, priority: Priority) -> Pace {
         let mut state = self.state();
         let Some((rate, bucket)) = self.in_force(&state) else {
@@ -222,7 +223,10 @@ impl Pacer {
         }
         let next_free = now + wait;
         if priority > Priority::Normal {
-            return Pace::Defer(wait);
+            // Back a little before the turn, ahead of the line's message due at it, to wait
+            // for it in the handler thread: back at the turn itself, it would find the turn
+            // taken, and again at the next one.
+            return Pace::Defer(wait.saturating_sub(LONGEST_PACING_WAIT / 2));
         }
         let turn = match state.booked_until {
             Some(last) => (last + Duration::from_secs_f64(1.0 / rate)).max(next_free),
@@ -376,17 +380,20 @@ mod tests {
         let pacer = Pacer::new(Some(RateLimit::per_second(10).burst(1)), true, t0);
         let line = ask(&pacer, t0, 1_000, Priority::Normal);
         assert!(matches!(line.last(), Some(Pace::Defer(wait)) if *wait > Duration::from_secs(90)));
-        for priority in [Priority::High, Priority::Urgent] {
-            match pacer.pace(t0, priority) {
-                Pace::Defer(wait) => assert!(wait < Duration::from_millis(400), "{wait:?}"),
-                other => panic!("{other:?}"),
-            }
-        }
         // A normal message still goes to the end of the line.
         match pacer.pace(t0, Priority::Normal) {
             Pace::Defer(wait) => assert!(wait > Duration::from_secs(90), "{wait:?}"),
             other => panic!("{other:?}"),
         }
+        let Pace::Defer(wait) = pacer.pace(t0, Priority::High) else {
+            panic!("the next free turn is too far to wait for");
+        };
+        assert!(wait < Duration::from_millis(400), "{wait:?}");
+        // Back before the turn, it waits for it, ahead of the message due at it.
+        assert!(matches!(
+            pacer.pace(t0 + wait, Priority::Urgent),
+            Pace::GoAfter(turn) if turn <= LONGEST_PACING_WAIT
+        ));
     }
 
     #[test]
