@@ -124,8 +124,9 @@ impl Destination for KafkaDestination {
     /// Produces the envelope's body keyed by its ordering key (no key if it has none), and
     /// waits for the delivery report. An invalid topic name, a record over
     /// `message.max.bytes` and a topic the cluster says does not exist are permanent failures;
-    /// a cluster that cannot be reached, a full producer queue and a report not received
-    /// within the timeout are retried.
+    /// a full producer queue pushes back ([`RelayError::Refused`]: the destination waits, no
+    /// attempt is counted); a cluster that cannot be reached and a report not received within
+    /// the timeout are retried.
     fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
         self.inner
             .send(envelope)
