@@ -691,6 +691,7 @@ fn scaled_drain<C: BenchConnection>(
                 opts.handler_threads,
                 opts.batch_size,
                 None,
+                None,
                 drain_timeout(count),
             )
         })

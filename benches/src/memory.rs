@@ -59,6 +59,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             opts.handler_threads,
             opts.batch_size,
             opts.max_in_flight_bytes,
+            None,
             Duration::from_secs_f64(seconds + 120.0),
         )?;
         let begun = Instant::now();

@@ -9,6 +9,8 @@
 //!    `RateLimit::per_second(14)` (Amazon SES's default), for `--seconds` (default 60): the
 //!    rate delivered, the busiest second, and the claims per delivery (messages over the limit
 //!    are claimed, deferred to their turns and claimed again).
+//! 3. **Two processes.** The same backlog and receiver, two worker processes each limited to
+//!    half (7 a second: limits are per process): the rate they deliver together.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +24,7 @@ use crate::drain::{endpoint, prefill, Kind};
 use crate::handlers::HOOK;
 use crate::report::Report;
 use crate::stats::round;
+use crate::worker_process::{self, ChildWorker};
 use crate::{Opts, Res, WithContext};
 use outbox_testkit::http::{Receiver, Reply, Request};
 
@@ -164,6 +167,48 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             json!(round(stats.claimed as f64 / delivered.max(1) as f64, 2)),
         );
         figures.insert("static_claims".into(), json!(stats.claimed));
+
+        // The same limit over two worker processes, each given half (limits are per process).
+        db.empty::<C>()?;
+        receiver.reset();
+        prefill::<C>(db, backlog, Kind::Hook)?;
+        let children: Vec<ChildWorker> = (0..2)
+            .map(|_| {
+                worker_process::spawn(
+                    db,
+                    &receiver.url("/hook"),
+                    opts.handler_threads,
+                    opts.batch_size,
+                    None,
+                    Some(STATIC_LIMIT / 2),
+                    Duration::from_secs_f64(seconds + 120.0),
+                )
+            })
+            .collect::<Res<_>>()?;
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        let delivered = receiver.unique();
+        let elapsed = started.elapsed().as_secs_f64();
+        let mut each = Vec::new();
+        for child in children {
+            each.push(child.stop(Duration::from_secs(60))?.succeeded);
+        }
+        let mut times: Vec<Instant> = receiver
+            .take_times()
+            .into_iter()
+            .map(|(_, at)| at)
+            .collect();
+        times.sort();
+        figures.insert(
+            "two_processes_delivered_per_s".into(),
+            json!(round(delivered as f64 / elapsed, 2)),
+        );
+        figures.insert(
+            "two_processes_busiest_second".into(),
+            json!(busiest_second(&times)),
+        );
+        // How the deliveries split between the two (each may deliver half).
+        figures.insert("two_processes_each_delivered".into(), json!(each));
         report.run(figures);
     }
     if !opts.quick {
@@ -182,6 +227,19 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         report.target(
             "static: rate at most 110 % of the limit",
             rate,
+            limit * 1.1,
+            false,
+        );
+        let shared = report.median("two_processes_delivered_per_s");
+        report.target(
+            "two processes, half each: rate at least 90 % of the limit",
+            shared,
+            limit * 0.9,
+            true,
+        );
+        report.target(
+            "two processes, half each: rate at most 110 % of the limit",
+            shared,
             limit * 1.1,
             false,
         );

@@ -7,6 +7,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use outbox_diesel::destination::{DestinationOptions, RateLimit};
 use outbox_diesel::{DieselStore, Worker};
 use serde_json::{json, Value};
 
@@ -39,6 +40,9 @@ pub struct WorkerArgs {
     /// Stop by itself after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub max_seconds: u64,
+    /// A static rate limit on the receiver's destination, deliveries a second.
+    #[arg(long)]
+    pub rate_limit: Option<u32>,
 }
 
 /// Runs the worker process.
@@ -54,7 +58,16 @@ fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
         .handler_threads(args.handler_threads)
         .batch_size(args.batch_size)
         .max_in_flight_bytes(args.max_in_flight_bytes)
-        .destination(crate::handlers::HOOK, endpoint(&args.receiver)?)
+        .destination_with(
+            crate::handlers::HOOK,
+            endpoint(&args.receiver)?,
+            match args.rate_limit {
+                Some(per_second) => {
+                    DestinationOptions::new().rate_limit(RateLimit::per_second(per_second))
+                }
+                None => DestinationOptions::new(),
+            },
+        )
         .spawn()
         .ctx("starting the worker")?;
     let (closed_tx, closed_rx) = std::sync::mpsc::channel::<()>();
@@ -107,13 +120,15 @@ pub struct ChildResult {
     pub vm_hwm_kb: u64,
 }
 
-/// Starts a worker process on `db` delivering to `receiver`.
+/// Starts a worker process on `db` delivering to `receiver` (at most `rate_limit` a second, if
+/// given).
 pub fn spawn(
     db: &BenchDb,
     receiver: &str,
     handler_threads: usize,
     batch_size: usize,
     max_in_flight_bytes: Option<usize>,
+    rate_limit: Option<u32>,
     max_time: Duration,
 ) -> Res<ChildWorker> {
     let exe = std::env::current_exe().ctx("finding the benchmark's own executable")?;
@@ -121,6 +136,9 @@ pub fn spawn(
     command.arg("worker");
     if let Some(bytes) = max_in_flight_bytes {
         command.arg("--max-in-flight-bytes").arg(bytes.to_string());
+    }
+    if let Some(per_second) = rate_limit {
+        command.arg("--rate-limit").arg(per_second.to_string());
     }
     if let Ok(threshold) = std::env::var("OUTBOX_BENCH_MMAP_THRESHOLD") {
         // glibc keeps freed multi-MB buffers in its per-thread arenas unless large
