@@ -229,11 +229,12 @@ fn a_paced_backlog_is_claimed_about_twice_and_a_raised_priority_goes_first<C: Te
     assert_eq!(receiver.unique(), u64::from(MESSAGES) + 1);
     assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
     // Once each, once more at each turn, and some more: the High message's own deferral to the
-    // next free turn, the message whose turn it took, and messages that came back so late (a
-    // loaded machine) that the next turn was too far to wait for. Every deferral ending at the
-    // next free turn, the whole backlog came back for each: 152 claims here.
+    // next free turn, the message whose turn it took, and messages whose returns bunched up (a
+    // loaded machine: one back late takes the turn of the next, which goes to the end of the
+    // line; 3.4 a message seen in CI). Every deferral ending at the next free turn, the whole
+    // backlog came back for each: 152 claims here, 9 a message.
     assert!(
-        stats.claimed <= 3 * u64::from(MESSAGES + 1),
+        stats.claimed <= 5 * u64::from(MESSAGES + 1),
         "{} claims for {} messages: {stats:?}",
         stats.claimed,
         MESSAGES + 1
