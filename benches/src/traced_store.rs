@@ -195,6 +195,18 @@ impl<S: Store> Store for TracedStore<S> {
         self.inner.sync_destinations(destinations, reconcile)
     }
 
+    fn take_turn(
+        &self,
+        name: &str,
+        kind: &str,
+        take: &mut dyn FnMut(
+            Option<outbox_diesel::store::Turns>,
+            i64,
+        ) -> outbox_diesel::store::Turns,
+    ) -> Result<(), StoreError> {
+        self.inner.take_turn(name, kind, take)
+    }
+
     fn promote_stranded(&self) -> Result<usize, StoreError> {
         self.inner.promote_stranded()
     }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+pub use crate::destination::pace::Turns;
 use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message::MessageId;
@@ -338,6 +339,28 @@ pub trait Store: Send + Sync + 'static {
         destinations: &[SyncedDestination<'_>],
         reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
     ) -> Result<(), StoreError>;
+
+    /// Takes a turn of a destination's rate limit
+    /// [`across_processes`](crate::destination::RateLimit::across_processes): hands `take` the
+    /// [`Turns`] the store keeps for destination `name` (of `kind`; `None` before the first)
+    /// and the store's clock in microseconds, and keeps the turns it returns, with the
+    /// destination locked meanwhile so that workers take turns one at a time. The worker calls
+    /// it for each paced delivery. A store that cannot share turns returns an error (the
+    /// default): the message then waits a second without counting an attempt, and the worker
+    /// says why in its log.
+    fn take_turn(
+        &self,
+        name: &str,
+        kind: &str,
+        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
+    ) -> Result<(), StoreError> {
+        let _ = (name, kind, take);
+        Err(StoreError::new(
+            "taking a turn of a rate limit across processes",
+            "this store keeps no shared rate limits: use a store that does (outbox-diesel's), \
+             or a limit of each process",
+        ))
+    }
 
     /// The message types and destinations an operator paused, which the worker reads every few
     /// seconds: it settles a claimed message of a paused type, or for a paused destination, as

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::message::{Message, MessageId};
 use crate::store::{
     ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Outcome, Paused, Settlement, Store,
-    StoreError, StoredDestination, SyncedDestination,
+    StoreError, StoredDestination, SyncedDestination, Turns,
 };
 
 /// A message in a [`MemoryStore`].
@@ -101,6 +101,8 @@ struct State {
     rows: BTreeMap<i64, MemoryRow>,
     dead: BTreeMap<i64, MemoryDeadLetter>,
     destinations: BTreeMap<String, (StoredDestination, Option<DestinationReport>)>,
+    /// The turns of rate limits across processes, by destination.
+    turns: BTreeMap<String, Turns>,
     /// What an operator paused, and the rows settled as paused.
     paused: Paused,
     paused_rows: BTreeSet<i64>,
@@ -148,6 +150,7 @@ impl MemoryStore {
                 rows: BTreeMap::new(),
                 dead: BTreeMap::new(),
                 destinations: BTreeMap::new(),
+                turns: BTreeMap::new(),
                 paused: Paused::default(),
                 paused_rows: BTreeSet::new(),
                 next_position: 1,
@@ -508,6 +511,19 @@ impl Store for MemoryStore {
     fn promote_stranded(&self) -> Result<usize, StoreError> {
         // Claims find each key's head by looking: nothing is ever parked.
         self.call("promoting stranded keys").map(|_| 0)
+    }
+
+    fn take_turn(
+        &self,
+        name: &str,
+        _kind: &str,
+        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call("taking a turn of a rate limit across processes")?;
+        let now = i64::try_from(state.now().as_micros()).unwrap_or(i64::MAX);
+        let turns = take(state.turns.get(name).copied(), now);
+        state.turns.insert(name.to_owned(), turns);
+        Ok(())
     }
 
     fn sync_destinations(

@@ -10,7 +10,7 @@ use diesel::{Connection, QueryResult};
 use outbox_core::store::{
     Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Outcome, Paused,
     Pruned, SettleTarget, Settlement, Store, StoreError, StoreErrorKind, StoredDestination,
-    SuccessorLease, SyncedDestination,
+    SuccessorLease, SyncedDestination, Turns,
 };
 use outbox_core::{Headers, MessageId, ProcessError};
 
@@ -416,6 +416,17 @@ where
         )
     }
 
+    fn take_turn(
+        &self,
+        name: &str,
+        kind: &str,
+        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection()?;
+        with_backend!(conn.backend_connection(), c => sql::take_turn(c, name, kind, take))
+            .map_err(|e| StoreError::new("taking a turn of a rate limit across processes", e))
+    }
+
     fn paused(&self) -> Result<Paused, StoreError> {
         let rows = self.with_held(
             &self.chores_connection,
@@ -516,7 +527,7 @@ where
             .and_then(|_| {
                 execute_batch(
                     &mut *conn,
-                    "SELECT kind FROM outbox_destination WHERE 1 = 0",
+                    "SELECT kind, last_turn FROM outbox_destination WHERE 1 = 0",
                 )
             })
             .map_err(|e| {

@@ -186,6 +186,58 @@ fn a_static_rate_limit_holds_in_every_second<C: TestConnection>(db: &TestDb) {
     assert!(busiest <= 40 + 5 + 1, "{busiest} requests in one second");
 }
 
+/// Two workers (two processes, as far as pacing knows: each has its own pacer) under one limit
+/// across processes: together they keep to it in every second, as one worker would, whichever
+/// of them claims the messages. With a limit of each process instead, they send twice the rate.
+fn a_limit_across_processes_holds_for_two_workers_together<C: TestConnection>(db: &TestDb) {
+    const MESSAGES: u32 = 80;
+    let receiver = Receiver::ok();
+    let pool = db.pool::<C>(12);
+    let spawn = || {
+        Worker::builder(DieselStore::new(pool.clone()))
+            .poll_interval(Duration::from_millis(20))
+            .batch_size(4)
+            .destination_with(
+                "paced",
+                endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+                DestinationOptions::new()
+                    .rate_limit(RateLimit::per_second(20).burst(2).across_processes()),
+            )
+            .spawn()
+            .unwrap()
+    };
+    let workers = [spawn(), spawn()];
+    // Arriving faster than the limit, in small batches both workers claim from: neither lines
+    // up the whole backlog at once (which would spread it over its own turns only).
+    for round in 0..MESSAGES / 4 {
+        let mut batch = Batch::new();
+        for n in round * 4..(round + 1) * 4 {
+            batch.push(&Paced { n }).unwrap();
+        }
+        batch.enqueue(&mut pool.get().unwrap()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        eventually(PATIENCE, || pending(&pool).is_empty()),
+        "{} still pending",
+        pending(&pool).len()
+    );
+    let mut delivered = Vec::new();
+    for worker in workers {
+        let stats = worker.shutdown(PATIENCE).unwrap();
+        assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+        delivered.push(stats.succeeded);
+    }
+    assert!(dead(&pool).is_empty(), "{:?}", dead(&pool));
+    assert_eq!(receiver.unique(), u64::from(MESSAGES));
+    // 20 a second and a burst of 2 for both together; each at 20 would send 40.
+    let busiest = busiest_second(&receiver.requests());
+    assert!(
+        busiest <= 20 + 2 + 1,
+        "{busiest} requests in one second (delivered by each worker: {delivered:?})"
+    );
+}
+
 /// A backlog of 16 for a destination that takes one delivery every 400 ms. Each message over
 /// the limit is deferred to a turn of its own, so the backlog is claimed about twice (once to
 /// hand out the turns, once at each turn), not again every time a deferral ends (nine times a
@@ -531,6 +583,7 @@ backend_tests!(
     names_no_type_or_destination_could_have_are_refused,
     a_receiver_that_rate_limits_gets_everything_without_spent_attempts,
     a_static_rate_limit_holds_in_every_second,
+    a_limit_across_processes_holds_for_two_workers_together,
     a_paced_backlog_is_claimed_about_twice_and_a_raised_priority_goes_first,
     a_rate_limit_of_nothing_is_refused_at_spawn,
 );

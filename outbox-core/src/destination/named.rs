@@ -8,13 +8,17 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::health::{adopt, Adopt, Gate, Health, Observed, Transition};
-use super::pace::{Pace, Pacer, RateLimit};
+use super::pace::{Pace, Pacer, RateLimit, SharedTurns};
 use super::{DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope};
 use crate::context::Delivery;
 use crate::error::{FailureKind, ProcessError};
 use crate::metrics;
 use crate::priority::Priority;
-use crate::store::{DestinationReport, StoredDestination, SyncedDestination};
+use crate::store::{DestinationReport, Store, StoredDestination, SyncedDestination};
+
+/// How long a message waits when its turn under a rate limit across processes could not be
+/// taken from the store.
+const UNSHARED_TURN_WAIT: Duration = Duration::from_secs(1);
 
 /// The longest destination name, in characters: the store's key column holds 255.
 pub const MAX_DESTINATION_NAME: usize = 255;
@@ -78,6 +82,9 @@ pub(crate) struct Registered {
     destination: Arc<dyn Destination>,
     health: Health,
     pacer: Pacer,
+    /// The store, which keeps the turns of a rate limit across processes (the worker's; none
+    /// in a destination's own tests).
+    turns: Option<Arc<dyn Store>>,
     /// Why an operator paused it, while paused (read from the store every few seconds).
     operator_pause: Mutex<Option<String>>,
 }
@@ -102,6 +109,7 @@ impl Registered {
             destination,
             health: Health::new(options.health_policy),
             pacer: Pacer::new(options.rate_limit, options.learn_rate, Instant::now()),
+            turns: None,
             operator_pause: Mutex::new(None),
         }
     }
@@ -239,22 +247,41 @@ impl Registered {
     /// Waits for this delivery's turn under the destination's pace, or defers its message to
     /// the turn when it is far (without counting an attempt).
     fn take_turn(&self, priority: Priority) -> Result<(), ProcessError> {
-        match self.pacer.pace(Instant::now(), priority) {
-            Pace::Go => Ok(()),
-            Pace::GoAfter(wait) => {
+        let name = &self.name;
+        let shared = SharedTurns {
+            store: self.turns.as_deref(),
+            name,
+            kind: self.kind(),
+        };
+        match self.pacer.pace(Instant::now(), priority, &shared) {
+            Ok(Pace::Go) => Ok(()),
+            Ok(Pace::GoAfter(wait)) => {
                 std::thread::sleep(wait);
                 Ok(())
             }
-            Pace::Defer(wait) => {
-                metrics::destination_attempt(&self.name, "paced");
+            Ok(Pace::Defer(wait)) => {
+                metrics::destination_attempt(name, "paced");
                 Err(ProcessError::defer(
                     format!(
-                        "not sent: destination {} is paced to {:.1} deliveries a second; its \
+                        "not sent: destination {name} is paced to {:.1} deliveries a second; its \
                          turn comes in {wait:?}",
-                        self.name,
                         self.pacer.rate().unwrap_or_default()
                     ),
                     wait,
+                ))
+            }
+            Err(error) => {
+                metrics::destination_attempt(name, "paced");
+                log::warn!(
+                    "outbox destination {name}: no turn of its rate limit across processes could \
+                     be taken from the store ({error}); its message waits a second"
+                );
+                Err(ProcessError::defer(
+                    format!(
+                        "not sent: the turn of destination {name}'s rate limit across processes \
+                         could not be taken from the store: {error}"
+                    ),
+                    UNSHARED_TURN_WAIT,
                 ))
             }
         }
@@ -377,6 +404,15 @@ impl Destinations {
             by_name.insert(name, registered);
         }
         Ok(Destinations { by_name })
+    }
+
+    /// The same destinations, taking the turns of their rate limits across processes from
+    /// `store`.
+    pub fn keeping_turns_in(mut self, store: &Arc<dyn Store>) -> Self {
+        for registered in self.by_name.values_mut() {
+            registered.turns = Some(Arc::clone(store));
+        }
+        self
     }
 
     pub fn get(&self, name: &str) -> Option<&Registered> {

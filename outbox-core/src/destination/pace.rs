@@ -18,15 +18,19 @@
 //!   already spaces them. A destination that never pushes back is never paced. Turn it off
 //!   with [`DestinationOptions::learn_rate`](super::DestinationOptions::learn_rate).
 //!
-//! Both are per process. Several worker processes share a destination's static limit only if
-//! each is given its share (the limit divided by the processes); learned limits need no such
-//! care: each process learns its share from the push-back it gets.
+//! A static limit is per process, unless it is made
+//! [`across_processes`](RateLimit::across_processes): then every worker on the store takes its
+//! turns from one bucket and one line the store keeps for the destination (a short write
+//! transaction on the destination's row per paced delivery), so that the limit holds however
+//! many processes deliver, and whichever of them claims the messages. A learned limit is per
+//! process: each process learns its share from the push-back it gets.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::priority::Priority;
+use crate::store::{Store, StoreError};
 
 /// The longest a handler thread waits for a paced delivery's turn; a later turn defers the
 /// message instead, so that one slow destination does not hold the threads other messages need.
@@ -64,6 +68,7 @@ const WINDOW: Duration = Duration::from_secs(1);
 pub struct RateLimit {
     interval: Duration,
     burst: u32,
+    across_processes: bool,
 }
 
 impl RateLimit {
@@ -75,19 +80,48 @@ impl RateLimit {
                 .checked_div(deliveries)
                 .unwrap_or(Duration::ZERO),
             burst: deliveries.max(1),
+            across_processes: false,
         }
     }
 
     /// One delivery every `interval`, in bursts of one. A zero interval is refused when the
     /// worker starts.
     pub fn one_every(interval: Duration) -> Self {
-        RateLimit { interval, burst: 1 }
+        RateLimit {
+            interval,
+            burst: 1,
+            across_processes: false,
+        }
     }
 
     /// How many deliveries may go out at once after a quiet spell (at least one).
     pub fn burst(mut self, burst: u32) -> Self {
         self.burst = burst.max(1);
         self
+    }
+
+    /// The limit holds for every worker process on the store together, not for each: the
+    /// workers take their turns from one bucket and one line the store keeps (on the
+    /// destination's row), whichever of them claims the messages. Each paced delivery costs a
+    /// short write transaction on that row, so this suits limits up to some hundreds a second;
+    /// without it, give each process its share of the limit, and know that a process that claims
+    /// a backlog first lines all of it up at its own share.
+    ///
+    /// ```
+    /// use outbox_core::destination::RateLimit;
+    ///
+    /// // Amazon SES's 14 a second, for the account, however many workers send.
+    /// let ses = RateLimit::per_second(14).across_processes();
+    /// assert!(ses.is_across_processes());
+    /// ```
+    pub fn across_processes(mut self) -> Self {
+        self.across_processes = true;
+        self
+    }
+
+    /// Whether the limit holds for every worker process together.
+    pub fn is_across_processes(&self) -> bool {
+        self.across_processes
     }
 
     /// The average time between deliveries.
@@ -118,11 +152,106 @@ pub(crate) enum Pace {
     Defer(Duration),
 }
 
+/// A paced destination's turns: a bucket of them, and the line of messages deferred to one.
+/// Times are microseconds on one clock: the process's own for a limit of one process, the
+/// store's for a limit [`across_processes`](RateLimit::across_processes), which the store keeps
+/// as these four numbers ([`Store::take_turn`](crate::store::Store::take_turn)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Turns {
+    /// Turns in the bucket; below zero, turns handed out ahead.
+    pub tokens: f64,
+    /// When the bucket was last filled up.
+    pub refilled: i64,
+    /// The last turn handed to a deferred message: the next deferral gets the turn after it.
+    pub booked_until: Option<i64>,
+    /// When a delivery last took a turn.
+    pub last_turn: i64,
+}
+
+impl Turns {
+    /// A full bucket of `burst` turns at `now`, and nobody in line.
+    pub fn full(burst: f64, now: i64) -> Self {
+        Turns {
+            tokens: burst,
+            refilled: now,
+            booked_until: None,
+            last_turn: now,
+        }
+    }
+
+    /// Takes a turn for one delivery of a message of `priority`, at `rate` deliveries a second
+    /// in bursts of `bucket`.
+    ///
+    /// A message whose turn is far is deferred to a turn of its own: the one after the last
+    /// handed out, so a backlog comes back one message per turn, each claimed once more, instead
+    /// of all of it at the next free turn, to be claimed and deferred again and again. A message
+    /// of a raised priority is not put at the end of that line: it is deferred to just before
+    /// the next free turn, which it then waits for and takes from the line (the message that
+    /// expected it gets a later one).
+    fn take(&mut self, now: i64, rate: f64, bucket: f64, priority: Priority) -> Pace {
+        let elapsed = seconds(now.saturating_sub(self.refilled));
+        self.tokens = (self.tokens + elapsed * rate).min(bucket);
+        self.refilled = self.refilled.max(now);
+        if seconds(now.saturating_sub(self.last_turn)) > (2.0 / rate).max(1.0) {
+            // Nobody came for the turns handed out (their messages were deleted, or another
+            // process took them): the line is gone.
+            self.booked_until = None;
+        }
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            self.last_turn = now;
+            return Pace::Go;
+        }
+        let wait = Duration::from_secs_f64((1.0 - self.tokens) / rate);
+        if wait <= LONGEST_PACING_WAIT {
+            self.tokens -= 1.0;
+            self.last_turn = now;
+            return Pace::GoAfter(wait);
+        }
+        if priority > Priority::Normal {
+            // Back a little before the turn, ahead of the line's message due at it, to wait
+            // for it in the handler thread: back at the turn itself, it would find the turn
+            // taken, and again at the next one.
+            return Pace::Defer(wait.saturating_sub(LONGEST_PACING_WAIT / 2));
+        }
+        let next_free = now.saturating_add(micros(wait));
+        let turn = match self.booked_until {
+            Some(last) => last
+                .saturating_add(micros(Duration::from_secs_f64(1.0 / rate)))
+                .max(next_free),
+            None => next_free,
+        };
+        self.booked_until = Some(turn);
+        Pace::Defer(Duration::from_micros(
+            u64::try_from(turn.saturating_sub(now)).unwrap_or_default(),
+        ))
+    }
+}
+
+fn seconds(micros: i64) -> f64 {
+    micros.max(0) as f64 / 1e6
+}
+
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Where a limit [`across_processes`](RateLimit::across_processes) keeps its turns: the store,
+/// under the destination's name and kind.
+pub(crate) struct SharedTurns<'a> {
+    /// `None` outside a worker (a destination's own tests).
+    pub store: Option<&'a dyn Store>,
+    pub name: &'a str,
+    pub kind: &'a str,
+}
+
 /// One destination's pacing.
 #[derive(Debug)]
 pub(crate) struct Pacer {
     limit: Option<RateLimit>,
     learns: bool,
+    /// What the process's clock counts turns from.
+    epoch: Instant,
     state: Mutex<State>,
 }
 
@@ -130,9 +259,8 @@ pub(crate) struct Pacer {
 struct State {
     /// The learned rate, deliveries a second, since the last push-back.
     learned: Option<f64>,
-    /// Tokens in the bucket; below zero, turns reserved ahead.
-    tokens: f64,
-    refilled: Instant,
+    /// The turns of this process (all of them but those of a limit across processes).
+    turns: Turns,
     /// When the learned rate last rose.
     raised: Instant,
     /// When the learned rate last dropped: the requests in flight then all come back pushed
@@ -142,27 +270,31 @@ struct State {
     accepted: VecDeque<Instant>,
     /// Push-backs since the last accepted delivery.
     pushed_in_a_row: u32,
-    /// The last turn handed to a deferred message: the next deferral gets the turn after it.
-    booked_until: Option<Instant>,
-    /// When a delivery last took a turn.
-    last_turn: Instant,
+}
+
+/// The pace in force: deliveries a second, the bucket's size, and whether the store keeps the
+/// turns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct InForce {
+    rate: f64,
+    bucket: f64,
+    across_processes: bool,
 }
 
 impl Pacer {
     pub fn new(limit: Option<RateLimit>, learns: bool, now: Instant) -> Self {
+        let burst = limit.map_or(0.0, |limit| f64::from(limit.burst));
         Pacer {
             limit,
             learns,
+            epoch: now,
             state: Mutex::new(State {
                 learned: None,
-                tokens: limit.map_or(0.0, |limit| f64::from(limit.burst)),
-                refilled: now,
+                turns: Turns::full(burst, 0),
                 raised: now,
                 dropped: None,
                 accepted: VecDeque::new(),
                 pushed_in_a_row: 0,
-                booked_until: None,
-                last_turn: now,
             }),
         }
     }
@@ -171,14 +303,21 @@ impl Pacer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The rate in force, deliveries a second, and the bucket's size; `None`: unpaced.
-    fn in_force(&self, state: &State) -> Option<(f64, f64)> {
-        let fixed = self
-            .limit
-            .map(|limit| (limit.rate(), f64::from(limit.burst)));
-        let learned = state.learned.map(|rate| (rate, (rate / 10.0).max(1.0)));
+    /// The pace in force; `None`: unpaced. A learned rate below the static limit is this
+    /// process's own, even under a limit across processes.
+    fn in_force(&self, state: &State) -> Option<InForce> {
+        let fixed = self.limit.map(|limit| InForce {
+            rate: limit.rate(),
+            bucket: f64::from(limit.burst),
+            across_processes: limit.across_processes,
+        });
+        let learned = state.learned.map(|rate| InForce {
+            rate,
+            bucket: (rate / 10.0).max(1.0),
+            across_processes: false,
+        });
         match (fixed, learned) {
-            (Some(f), Some(l)) => Some(if l.0 < f.0 { l } else { f }),
+            (Some(f), Some(l)) => Some(if l.rate < f.rate { l } else { f }),
             (f, l) => f.or(l),
         }
     }
@@ -186,54 +325,39 @@ impl Pacer {
     /// The rate in force, if any: what the metrics show.
     pub fn rate(&self) -> Option<f64> {
         let state = self.state();
-        self.in_force(&state).map(|(rate, _)| rate)
+        self.in_force(&state).map(|pace| pace.rate)
     }
 
-    /// Takes a turn for one delivery of a message of `priority`.
-    ///
-    /// A message whose turn is far is deferred to a turn of its own: the one after the last
-    /// handed out, so a backlog comes back one message per turn, each claimed once more, instead
-    /// of all of it at the next free turn, to be claimed and deferred again and again. A message
-    /// of a raised priority is not put at the end of that line: it is deferred to just before
-    /// the next free turn, which it then waits for and takes from the line (the message that
-    /// expected it gets a later one).
-    pub fn pace(&self, now: Instant, priority: Priority) -> Pace {
+    /// Takes a turn for one delivery of a message of `priority` ([`Turns::take`]): from the
+    /// process's turns, or under a limit across processes from those `shared` keeps.
+    pub fn pace(
+        &self,
+        now: Instant,
+        priority: Priority,
+        shared: &SharedTurns<'_>,
+    ) -> Result<Pace, StoreError> {
         let mut state = self.state();
-        let Some((rate, bucket)) = self.in_force(&state) else {
-            return Pace::Go;
+        let Some(pace) = self.in_force(&state) else {
+            return Ok(Pace::Go);
         };
-        let elapsed = now.saturating_duration_since(state.refilled).as_secs_f64();
-        state.tokens = (state.tokens + elapsed * rate).min(bucket);
-        state.refilled = now;
-        if now.saturating_duration_since(state.last_turn).as_secs_f64() > (2.0 / rate).max(1.0) {
-            // Nobody came for the turns handed out (their messages were deleted, or another
-            // process took them): the line is gone.
-            state.booked_until = None;
+        if !pace.across_processes {
+            let now = micros(now.saturating_duration_since(self.epoch));
+            return Ok(state.turns.take(now, pace.rate, pace.bucket, priority));
         }
-        if state.tokens >= 1.0 {
-            state.tokens -= 1.0;
-            state.last_turn = now;
-            return Pace::Go;
-        }
-        let wait = Duration::from_secs_f64((1.0 - state.tokens) / rate);
-        if wait <= LONGEST_PACING_WAIT {
-            state.tokens -= 1.0;
-            state.last_turn = now;
-            return Pace::GoAfter(wait);
-        }
-        let next_free = now + wait;
-        if priority > Priority::Normal {
-            // Back a little before the turn, ahead of the line's message due at it, to wait
-            // for it in the handler thread: back at the turn itself, it would find the turn
-            // taken, and again at the next one.
-            return Pace::Defer(wait.saturating_sub(LONGEST_PACING_WAIT / 2));
-        }
-        let turn = match state.booked_until {
-            Some(last) => (last + Duration::from_secs_f64(1.0 / rate)).max(next_free),
-            None => next_free,
-        };
-        state.booked_until = Some(turn);
-        Pace::Defer(turn.saturating_duration_since(now))
+        drop(state);
+        let store = shared.store.ok_or_else(|| {
+            StoreError::new(
+                "taking a turn of a rate limit across processes",
+                "the destination is not a worker's: no store keeps its turns",
+            )
+        })?;
+        let mut taken = Pace::Go;
+        store.take_turn(shared.name, shared.kind, &mut |turns, now| {
+            let mut turns = turns.unwrap_or_else(|| Turns::full(pace.bucket, now));
+            taken = turns.take(now, pace.rate, pace.bucket, priority);
+            turns
+        })?;
+        Ok(taken)
     }
 
     /// A delivery was accepted: counted, and the learned rate rises.
@@ -270,7 +394,7 @@ impl Pacer {
         }
         forget_before(&mut state.accepted, now);
         let accepted = state.accepted.len() as f64;
-        let current = self.in_force(&state).map(|(rate, _)| rate);
+        let current = self.in_force(&state).map(|pace| pace.rate);
         let base = match current {
             Some(rate) if accepted > 0.0 => rate.min(accepted),
             Some(rate) => rate,
@@ -280,7 +404,7 @@ impl Pacer {
         state.raised = now;
         state.dropped = Some(now);
         // The turns already handed out went out; the bucket starts again from one.
-        state.tokens = state.tokens.min(1.0);
+        state.turns.tokens = state.turns.tokens.min(1.0);
     }
 }
 
@@ -296,11 +420,29 @@ fn forget_before(accepted: &mut VecDeque<Instant>, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::MemoryStore;
+
+    /// Takes a turn from `pacer`, whose turns across processes (if any) `store` keeps.
+    fn turn(pacer: &Pacer, now: Instant, priority: Priority) -> Pace {
+        turn_in(&MemoryStore::with_manual_clock(), pacer, now, priority)
+    }
+
+    fn turn_in(store: &MemoryStore, pacer: &Pacer, now: Instant, priority: Priority) -> Pace {
+        let shared = SharedTurns {
+            store: Some(store),
+            name: "mail",
+            kind: "webhook",
+        };
+        match pacer.pace(now, priority, &shared) {
+            Ok(pace) => pace,
+            Err(error) => panic!("{error}"),
+        }
+    }
 
     /// Turns taken at `now` until one is not `Go`.
     fn burst(pacer: &Pacer, now: Instant) -> usize {
         (0..1_000)
-            .take_while(|_| pacer.pace(now, Priority::Normal) == Pace::Go)
+            .take_while(|_| turn(pacer, now, Priority::Normal) == Pace::Go)
             .count()
     }
 
@@ -310,12 +452,12 @@ mod tests {
         let pacer = Pacer::new(Some(RateLimit::per_second(10).burst(3)), true, t0);
         assert_eq!(burst(&pacer, t0), 3);
         // The fourth turn was reserved a tenth of a second ahead (the call that ended the burst).
-        let Pace::GoAfter(wait) = pacer.pace(t0, Priority::Normal) else {
+        let Pace::GoAfter(wait) = turn(&pacer, t0, Priority::Normal) else {
             panic!("the next turns are near: they wait");
         };
         assert!((wait.as_secs_f64() - 0.2).abs() < 1e-6, "{wait:?}");
         // Turns further off than a quarter second are deferred, not waited for.
-        match pacer.pace(t0, Priority::Normal) {
+        match turn(&pacer, t0, Priority::Normal) {
             Pace::Defer(wait) => assert!(wait > LONGEST_PACING_WAIT, "{wait:?}"),
             other => panic!("expected a deferral, got {other:?}"),
         }
@@ -331,7 +473,7 @@ mod tests {
             let now = t0 + Duration::from_millis(ms);
             for _ in 0..16 {
                 if matches!(
-                    pacer.pace(now, Priority::Normal),
+                    turn(&pacer, now, Priority::Normal),
                     Pace::Go | Pace::GoAfter(_)
                 ) {
                     sent += 1;
@@ -344,7 +486,7 @@ mod tests {
 
     /// The waits of `count` deliveries asking at `now`, each deferred or not.
     fn ask(pacer: &Pacer, now: Instant, count: usize, priority: Priority) -> Vec<Pace> {
-        (0..count).map(|_| pacer.pace(now, priority)).collect()
+        (0..count).map(|_| turn(pacer, now, priority)).collect()
     }
 
     #[test]
@@ -366,7 +508,7 @@ mod tests {
         }
         // Each comes back at its turn, as the store makes it due, and goes.
         for wait in &deferred {
-            let pace = pacer.pace(t0 + *wait, Priority::Normal);
+            let pace = turn(&pacer, t0 + *wait, Priority::Normal);
             assert!(
                 matches!(pace, Pace::Go | Pace::GoAfter(_)),
                 "deferred twice: {pace:?} at {wait:?}"
@@ -381,17 +523,17 @@ mod tests {
         let line = ask(&pacer, t0, 1_000, Priority::Normal);
         assert!(matches!(line.last(), Some(Pace::Defer(wait)) if *wait > Duration::from_secs(90)));
         // A normal message still goes to the end of the line.
-        match pacer.pace(t0, Priority::Normal) {
+        match turn(&pacer, t0, Priority::Normal) {
             Pace::Defer(wait) => assert!(wait > Duration::from_secs(90), "{wait:?}"),
             other => panic!("{other:?}"),
         }
-        let Pace::Defer(wait) = pacer.pace(t0, Priority::High) else {
+        let Pace::Defer(wait) = turn(&pacer, t0, Priority::High) else {
             panic!("the next free turn is too far to wait for");
         };
         assert!(wait < Duration::from_millis(400), "{wait:?}");
         // Back before the turn, it waits for it, ahead of the message due at it.
         assert!(matches!(
-            pacer.pace(t0 + wait, Priority::Urgent),
+            turn(&pacer, t0 + wait, Priority::Urgent),
             Pace::GoAfter(turn) if turn <= LONGEST_PACING_WAIT
         ));
     }
@@ -409,6 +551,76 @@ mod tests {
             Pace::Defer(wait) => assert!(wait < Duration::from_millis(400), "{wait:?}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Two processes under one limit across processes: whichever claims the messages, the
+    /// turns come from one bucket and one line, as if one process sent them all.
+    #[test]
+    fn a_limit_across_processes_is_one_bucket_and_one_line_for_every_process() {
+        let store = MemoryStore::with_manual_clock();
+        let t0 = Instant::now();
+        let limit = Some(RateLimit::per_second(10).burst(2).across_processes());
+        let (a, b) = (Pacer::new(limit, true, t0), Pacer::new(limit, true, t0));
+        // One burst between them, not one each.
+        assert_eq!(turn_in(&store, &a, t0, Priority::Normal), Pace::Go);
+        assert_eq!(turn_in(&store, &b, t0, Priority::Normal), Pace::Go);
+        for _ in 0..2 {
+            assert!(matches!(
+                turn_in(&store, &b, t0, Priority::Normal),
+                Pace::GoAfter(_)
+            ));
+        }
+        // Process A lines up a backlog; process B's deferrals queue behind it, one turn apart.
+        let line = |pacer: &Pacer, count: usize| -> Vec<Duration> {
+            (0..count)
+                .map(|_| match turn_in(&store, pacer, t0, Priority::Normal) {
+                    Pace::Defer(wait) => wait,
+                    other => panic!("expected a deferral, got {other:?}"),
+                })
+                .collect()
+        };
+        let first = line(&a, 50);
+        let second = line(&b, 50);
+        let whole: Vec<Duration> = first.iter().chain(&second).copied().collect();
+        for pair in whole.windows(2) {
+            let gap = pair[1].saturating_sub(pair[0]).as_secs_f64();
+            assert!((gap - 0.1).abs() < 1e-3, "one turn apart: {pair:?}");
+        }
+        // Each comes back at its turn to whichever process claims it, and goes.
+        let mut sent = 0;
+        for (n, wait) in whole.iter().enumerate() {
+            store.advance(wait.saturating_sub(store.now()));
+            let pacer = if n % 3 == 0 { &a } else { &b };
+            let pace = turn_in(&store, pacer, t0 + *wait, Priority::Normal);
+            assert!(
+                matches!(pace, Pace::Go | Pace::GoAfter(_)),
+                "deferred twice: {pace:?} at {wait:?}"
+            );
+            sent += 1;
+        }
+        assert_eq!(sent, 100);
+        // The rate is the limit's for both together: 100 turns took 10 s of the store's clock.
+        assert!(
+            (store.now().as_secs_f64() - 10.0).abs() < 0.35,
+            "{:?}",
+            store.now()
+        );
+    }
+
+    #[test]
+    fn a_limit_across_processes_outside_a_worker_says_no_store_keeps_it() {
+        let t0 = Instant::now();
+        let pacer = Pacer::new(Some(RateLimit::per_second(10).across_processes()), true, t0);
+        let shared = SharedTurns {
+            store: None,
+            name: "mail",
+            kind: "webhook",
+        };
+        let error = pacer.pace(t0, Priority::Normal, &shared).unwrap_err();
+        assert!(
+            error.to_string().contains("no store keeps its turns"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -146,12 +146,13 @@ impl<S: Store> WorkerBuilder<S> {
             (listens && self.store.wants_local_wakeups()).then(|| wake::subscribe(wake_tx.clone()));
 
         let handler_threads = config.handler_threads;
+        let store: Arc<dyn Store> = Arc::new(self.store);
         let parts = Parts {
             config,
-            store: Box::new(self.store),
+            destinations: destinations.keeping_turns_in(&store),
+            store,
             registry,
             resources: self.resources,
-            destinations,
         };
         let shared = Arc::new(Shared::new(
             parts,

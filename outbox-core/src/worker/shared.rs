@@ -22,7 +22,7 @@ use super::held::Held;
 /// The state every role of one worker reads.
 pub(crate) struct Shared {
     pub config: Config,
-    pub store: Box<dyn Store>,
+    pub store: Arc<dyn Store>,
     pub registry: Registry,
     pub resources: Resources,
     pub destinations: Destinations,
@@ -50,7 +50,7 @@ pub(crate) struct Shared {
 /// What a worker is made of, besides its threads' channels.
 pub(crate) struct Parts {
     pub config: Config,
-    pub store: Box<dyn Store>,
+    pub store: Arc<dyn Store>,
     pub registry: Registry,
     pub resources: Resources,
     pub destinations: Destinations,

@@ -78,7 +78,7 @@ impl SimWorker {
         let (outcomes, _) = bounded(1);
         let parts = Parts {
             config: config.clone(),
-            store: Box::new(store.clone()),
+            store: Arc::new(store.clone()),
             registry: Registry::empty(),
             resources: Resources::new(),
             destinations: Destinations::default(),

@@ -146,6 +146,21 @@ macro_rules! fixed_statement_methods {
             Prepared::new(LOCK_DESTINATION, STYLE, &[Bind::Text(name)]).load(self)
         }
 
+        fn lock_turns(&mut self, name: &str) -> QueryResult<Vec<TurnsRow>> {
+            Prepared::new(LOCK_TURNS, STYLE, &[Bind::Text(name)]).load(self)
+        }
+
+        fn write_turns(&mut self, name: &str, turns: &Turns) -> QueryResult<()> {
+            let binds = [
+                Bind::BigInt(TurnsRow::millionths(turns.tokens)),
+                Bind::BigInt(turns.refilled),
+                Bind::NullableBigInt(turns.booked_until),
+                Bind::BigInt(turns.last_turn),
+                Bind::Text(name),
+            ];
+            run(self, WRITE_TURNS, &binds).map(drop)
+        }
+
         fn report_destination(&mut self, report: &DestinationReport) -> QueryResult<()> {
             let binds = [
                 Bind::Text(report.kind),
@@ -227,7 +242,7 @@ use std::collections::BTreeMap;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName};
 use outbox_core::store::{
-    ClaimLimit, DestinationReport, Outcome, Settlement, StoredDestination, SyncedDestination,
+    ClaimLimit, DestinationReport, Outcome, Settlement, StoredDestination, SyncedDestination, Turns,
 };
 
 use crate::enqueue::NewMessage;
@@ -374,6 +389,60 @@ pub(crate) struct StoredDestinationRow {
     pub(crate) disabled_reason: Option<String>,
     #[diesel(sql_type = BigInt)]
     pub(crate) enables: i64,
+}
+
+/// A destination's turns as [`Statements::lock_turns`] reads them, with the database's clock.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct TurnsRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    turn_tokens: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    turns_refilled: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    turns_booked_until: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    last_turn: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    now: i64,
+}
+
+impl TurnsRow {
+    /// The turns kept, if a worker took one before.
+    fn turns(&self) -> Option<Turns> {
+        Some(Turns {
+            tokens: self.turn_tokens? as f64 / 1e6,
+            refilled: self.turns_refilled?,
+            booked_until: self.turns_booked_until,
+            last_turn: self.last_turn?,
+        })
+    }
+
+    /// Turns in millionths, as the column keeps them.
+    fn millionths(tokens: f64) -> i64 {
+        (tokens * 1e6).round() as i64
+    }
+}
+
+/// Takes a turn of destination `name`'s rate limit across processes
+/// ([`Store::take_turn`](outbox_core::store::Store::take_turn)): its row locked (added first if
+/// no worker of this destination synced it yet), its turns handed to `take` with the
+/// database's clock, and what `take` returns written back, in one short transaction.
+pub(crate) fn take_turn<C: Statements>(
+    c: &mut C,
+    name: &str,
+    kind: &str,
+    take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
+) -> QueryResult<()> {
+    c.settle_transaction(|c| {
+        let mut rows = c.lock_turns(name)?;
+        if rows.is_empty() {
+            c.add_destination(name, kind)?;
+            rows = c.lock_turns(name)?;
+        }
+        let row = rows.pop().ok_or(diesel::result::Error::NotFound)?;
+        let turns = take(row.turns(), row.now);
+        c.write_turns(name, &turns)
+    })
 }
 
 impl StoredDestinationRow {
@@ -869,6 +938,13 @@ pub(crate) trait Statements: Sized {
 
     /// A destination, locked until the transaction ends (no row: unknown).
     fn lock_destination(&mut self, name: &str) -> QueryResult<Vec<StoredDestinationRow>>;
+
+    /// A destination's turns under a rate limit across processes, locked until the
+    /// transaction ends (no row: unknown).
+    fn lock_turns(&mut self, name: &str) -> QueryResult<Vec<TurnsRow>>;
+
+    /// Writes a destination's turns back.
+    fn write_turns(&mut self, name: &str, turns: &Turns) -> QueryResult<()>;
 
     /// Writes a worker's report of a destination.
     fn report_destination(&mut self, report: &DestinationReport) -> QueryResult<()>;

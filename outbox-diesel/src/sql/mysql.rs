@@ -13,7 +13,7 @@ use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, Claimed, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, PauseRow,
-    PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
+    PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, Turns, TurnsRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -577,6 +577,21 @@ pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination \
 /// A destination as the store keeps it, locked until the transaction ends. Binds: name.
 pub(crate) const LOCK_DESTINATION: &str = "SELECT name, state, disabled_reason, enables \
      FROM outbox_destination WHERE name = ? FOR UPDATE";
+
+/// A destination's turns under a rate limit across processes, with the database's clock in
+/// µs, locked until the transaction ends. Binds: name.
+pub(crate) const LOCK_TURNS: &str = concat!(
+    "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
+    "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))",
+    " AS now FROM outbox_destination WHERE name = ? FOR UPDATE"
+);
+
+/// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
+/// µs (NULL: nobody in line), last turn µs, name.
+pub(crate) const WRITE_TURNS: &str = "UPDATE outbox_destination \
+     SET turn_tokens = ?, turns_refilled = ?, turns_booked_until = ?, \
+         last_turn = ? \
+     WHERE name = ?";
 
 /// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
 /// last error, µs until the next probe (NULL: none), why it is disabled, name.
@@ -1147,6 +1162,8 @@ mod tests {
             (EXPIRE_KEYS, 2),
             (ADD_DESTINATION, 2),
             (LOCK_DESTINATION, 1),
+            (LOCK_TURNS, 1),
+            (WRITE_TURNS, 5),
             (REPORT_DESTINATION, 7),
             (DESTINATIONS, 0),
             (ENABLE_DESTINATION, 1),

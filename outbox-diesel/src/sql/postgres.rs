@@ -13,7 +13,8 @@ use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, CountRow, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow,
-    MessageRow, PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
+    MessageRow, PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, Turns,
+    TurnsRow,
 };
 use crate::enqueue::NewMessage;
 
@@ -591,6 +592,21 @@ pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination (name, 
 pub(crate) const LOCK_DESTINATION: &str = "SELECT name, state, disabled_reason, enables \
      FROM outbox_destination WHERE name = $1 FOR UPDATE";
 
+/// A destination's turns under a rate limit across processes, with the database's clock in
+/// µs, locked until the transaction ends. Binds: name.
+pub(crate) const LOCK_TURNS: &str = concat!(
+    "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
+    "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT",
+    " AS now FROM outbox_destination WHERE name = $1 FOR UPDATE"
+);
+
+/// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
+/// µs (NULL: nobody in line), last turn µs, name.
+pub(crate) const WRITE_TURNS: &str = "UPDATE outbox_destination \
+     SET turn_tokens = $1, turns_refilled = $2, turns_booked_until = $3, \
+         last_turn = $4 \
+     WHERE name = $5";
+
 /// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
 /// last error, µs until the next probe (NULL: none), why it is disabled, name.
 pub(crate) const REPORT_DESTINATION: &str = "UPDATE outbox_destination \
@@ -1029,6 +1045,8 @@ mod tests {
             EXPIRE_KEYS,
             ADD_DESTINATION,
             LOCK_DESTINATION,
+            LOCK_TURNS,
+            WRITE_TURNS,
             REPORT_DESTINATION,
             DESTINATIONS,
             ENABLE_DESTINATION,

@@ -13,7 +13,8 @@ use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, Cursor,
     DeadLetterRow, DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow,
-    PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, ID_CHUNK,
+    PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, Turns, TurnsRow,
+    ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -499,6 +500,21 @@ pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination (name, 
 pub(crate) const LOCK_DESTINATION: &str =
     "SELECT name, state, disabled_reason, enables FROM outbox_destination WHERE name = ?";
 
+/// A destination's turns under a rate limit across processes, with the database's clock in
+/// µs, (the transaction is a write transaction already, so nobody takes one meanwhile). Binds: name.
+pub(crate) const LOCK_TURNS: &str = concat!(
+    "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
+    micros_of!("'now'"),
+    " AS now FROM outbox_destination WHERE name = ?"
+);
+
+/// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
+/// µs (NULL: nobody in line), last turn µs, name.
+pub(crate) const WRITE_TURNS: &str = "UPDATE outbox_destination \
+     SET turn_tokens = ?, turns_refilled = ?, turns_booked_until = ?, \
+         last_turn = ? \
+     WHERE name = ?";
+
 /// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
 /// last error, µs until the next probe (NULL: none; a NULL modifier makes `strftime` NULL),
 /// why it is disabled, name.
@@ -953,6 +969,8 @@ mod tests {
             (EXPIRE_KEYS, 2),
             (ADD_DESTINATION, 2),
             (LOCK_DESTINATION, 1),
+            (LOCK_TURNS, 1),
+            (WRITE_TURNS, 5),
             (REPORT_DESTINATION, 7),
             (DESTINATIONS, 0),
             (ENABLE_DESTINATION, 1),
