@@ -9,8 +9,11 @@
 //!    `RateLimit::per_second(14)` (Amazon SES's default), for `--seconds` (default 60): the
 //!    rate delivered, the busiest second, and the claims per delivery (messages over the limit
 //!    are claimed, deferred to their turns and claimed again).
-//! 3. **Two processes.** The same backlog and receiver, two worker processes each limited to
-//!    half (7 a second: limits are per process): the rate they deliver together.
+//! 3. **Two processes, half each.** The same backlog and receiver, two worker processes each
+//!    limited to half (7 a second, a limit of each process): the rate they deliver together.
+//! 4. **Two processes, one limit.** The same, with one limit of 14 a second
+//!    `across_processes` (the store keeps its turns): the rate they deliver together, the
+//!    busiest second, and the claims per delivery.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -168,47 +171,59 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         );
         figures.insert("static_claims".into(), json!(stats.claimed));
 
-        // The same limit over two worker processes, each given half (limits are per process).
-        db.empty::<C>()?;
-        receiver.reset();
-        prefill::<C>(db, backlog, Kind::Hook)?;
-        let children: Vec<ChildWorker> = (0..2)
-            .map(|_| {
-                worker_process::spawn(
-                    db,
-                    &receiver.url("/hook"),
-                    opts.handler_threads,
-                    opts.batch_size,
-                    None,
-                    Some(STATIC_LIMIT / 2),
-                    Duration::from_secs_f64(seconds + 120.0),
-                )
-            })
-            .collect::<Res<_>>()?;
-        let started = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(seconds));
-        let delivered = receiver.unique();
-        let elapsed = started.elapsed().as_secs_f64();
-        let mut each = Vec::new();
-        for child in children {
-            each.push(child.stop(Duration::from_secs(60))?.succeeded);
+        // The same limit over two worker processes: each given half (a limit of each
+        // process), then one limit across processes.
+        let halves = Some(RateLimit::per_second(STATIC_LIMIT / 2));
+        let shared = Some(RateLimit::per_second(STATIC_LIMIT).across_processes());
+        for (part, limit) in [("two_processes", halves), ("across_processes", shared)] {
+            db.empty::<C>()?;
+            receiver.reset();
+            prefill::<C>(db, backlog, Kind::Hook)?;
+            let children: Vec<ChildWorker> = (0..2)
+                .map(|_| {
+                    worker_process::spawn(
+                        db,
+                        &receiver.url("/hook"),
+                        opts.handler_threads,
+                        opts.batch_size,
+                        None,
+                        limit,
+                        Duration::from_secs_f64(seconds + 120.0),
+                    )
+                })
+                .collect::<Res<_>>()?;
+            let started = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(seconds));
+            let delivered = receiver.unique();
+            let elapsed = started.elapsed().as_secs_f64();
+            let mut each = Vec::new();
+            let mut claimed = 0;
+            for child in children {
+                let result = child.stop(Duration::from_secs(60))?;
+                each.push(result.succeeded);
+                claimed += result.claimed;
+            }
+            let mut times: Vec<Instant> = receiver
+                .take_times()
+                .into_iter()
+                .map(|(_, at)| at)
+                .collect();
+            times.sort();
+            figures.insert(
+                format!("{part}_delivered_per_s"),
+                json!(round(delivered as f64 / elapsed, 2)),
+            );
+            figures.insert(
+                format!("{part}_busiest_second"),
+                json!(busiest_second(&times)),
+            );
+            // How the deliveries split between the two.
+            figures.insert(format!("{part}_each_delivered"), json!(each));
+            figures.insert(
+                format!("{part}_claims_per_delivery"),
+                json!(round(claimed as f64 / delivered.max(1) as f64, 2)),
+            );
         }
-        let mut times: Vec<Instant> = receiver
-            .take_times()
-            .into_iter()
-            .map(|(_, at)| at)
-            .collect();
-        times.sort();
-        figures.insert(
-            "two_processes_delivered_per_s".into(),
-            json!(round(delivered as f64 / elapsed, 2)),
-        );
-        figures.insert(
-            "two_processes_busiest_second".into(),
-            json!(busiest_second(&times)),
-        );
-        // How the deliveries split between the two (each may deliver half).
-        figures.insert("two_processes_each_delivered".into(), json!(each));
         report.run(figures);
     }
     if !opts.quick {
@@ -230,15 +245,25 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             limit * 1.1,
             false,
         );
-        let shared = report.median("two_processes_delivered_per_s");
+        // Half each: a limit of each process, never above the limit together; how close to it
+        // they come depends on which claims the backlog (a figure, not a target: the README
+        // says why). One limit across processes: the target.
+        let halves = report.median("two_processes_delivered_per_s");
         report.target(
-            "two processes, half each: rate at least 90 % of the limit",
+            "two processes, half each: rate at most 110 % of the limit",
+            halves,
+            limit * 1.1,
+            false,
+        );
+        let shared = report.median("across_processes_delivered_per_s");
+        report.target(
+            "two processes, one limit across processes: rate at least 90 % of the limit",
             shared,
             limit * 0.9,
             true,
         );
         report.target(
-            "two processes, half each: rate at most 110 % of the limit",
+            "two processes, one limit across processes: rate at most 110 % of the limit",
             shared,
             limit * 1.1,
             false,

@@ -43,6 +43,9 @@ pub struct WorkerArgs {
     /// A static rate limit on the receiver's destination, deliveries a second.
     #[arg(long)]
     pub rate_limit: Option<u32>,
+    /// The rate limit holds for every worker process together (`RateLimit::across_processes`).
+    #[arg(long)]
+    pub across_processes: bool,
 }
 
 /// Runs the worker process.
@@ -52,7 +55,8 @@ pub fn run(args: &WorkerArgs) -> Res<()> {
 
 fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
     let db = BenchDb::existing(args.backend, &args.url);
-    let pool = db.worker_pool::<C>(4)?;
+    // The worker's four, and one for the turns of a limit across processes.
+    let pool = db.worker_pool::<C>(4 + u32::from(args.across_processes))?;
     let trace = TraceHandle::default();
     let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
         .handler_threads(args.handler_threads)
@@ -62,6 +66,8 @@ fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
             crate::handlers::HOOK,
             endpoint(&args.receiver)?,
             match args.rate_limit {
+                Some(per_second) if args.across_processes => DestinationOptions::new()
+                    .rate_limit(RateLimit::per_second(per_second).across_processes()),
                 Some(per_second) => {
                     DestinationOptions::new().rate_limit(RateLimit::per_second(per_second))
                 }
@@ -115,20 +121,21 @@ pub struct ChildWorker {
 #[derive(Debug, Clone)]
 pub struct ChildResult {
     pub store: Value,
+    pub claimed: u64,
     pub succeeded: u64,
     pub released: u64,
     pub vm_hwm_kb: u64,
 }
 
-/// Starts a worker process on `db` delivering to `receiver` (at most `rate_limit` a second, if
-/// given).
+/// Starts a worker process on `db` delivering to `receiver` (at most `rate_limit`, if given: a
+/// number of deliveries a second, for this process or for all together).
 pub fn spawn(
     db: &BenchDb,
     receiver: &str,
     handler_threads: usize,
     batch_size: usize,
     max_in_flight_bytes: Option<usize>,
-    rate_limit: Option<u32>,
+    rate_limit: Option<RateLimit>,
     max_time: Duration,
 ) -> Res<ChildWorker> {
     let exe = std::env::current_exe().ctx("finding the benchmark's own executable")?;
@@ -137,8 +144,12 @@ pub fn spawn(
     if let Some(bytes) = max_in_flight_bytes {
         command.arg("--max-in-flight-bytes").arg(bytes.to_string());
     }
-    if let Some(per_second) = rate_limit {
+    if let Some(limit) = rate_limit {
+        let per_second = (1.0 / limit.interval().as_secs_f64()).round();
         command.arg("--rate-limit").arg(per_second.to_string());
+        if limit.is_across_processes() {
+            command.arg("--across-processes");
+        }
     }
     if let Ok(threshold) = std::env::var("OUTBOX_BENCH_MMAP_THRESHOLD") {
         // glibc keeps freed multi-MB buffers in its per-thread arenas unless large
@@ -216,6 +227,7 @@ impl ChildWorker {
         let field = |name: &str| value.get(name).and_then(Value::as_u64).unwrap_or(0);
         Ok(ChildResult {
             store: value.get("store").cloned().unwrap_or(Value::Null),
+            claimed: field("claimed"),
             succeeded: field("succeeded"),
             released: field("released"),
             vm_hwm_kb: field("vm_hwm_kb"),

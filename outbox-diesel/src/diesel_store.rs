@@ -90,6 +90,10 @@ pub struct DieselStore<M: ManageConnection> {
     settle_connection: Mutex<Option<HeldConnection<M>>>,
     /// The housekeeper's: its chores (a backlog count, a prune) never hold up a claim.
     chores_connection: Mutex<Option<HeldConnection<M>>>,
+    /// The handler threads' turns under rate limits across processes, one at a time (the
+    /// destination's row lock takes them one at a time anyway), taken only once such a limit
+    /// is: a turn never waits for a pool an application may have drained.
+    turns_connection: Mutex<Option<HeldConnection<M>>>,
     /// Where the next claim reads from (see `sql::Cursor`).
     claim_cursor: ClaimCursor,
     /// The last group the last claim visited: the next visits the groups after it, so that
@@ -121,6 +125,7 @@ where
             claim_connection: Mutex::new(None),
             settle_connection: Mutex::new(None),
             chores_connection: Mutex::new(None),
+            turns_connection: Mutex::new(None),
             claim_cursor: ClaimCursor::default(),
             groups_after: Mutex::new(String::new()),
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
@@ -422,9 +427,11 @@ where
         kind: &str,
         take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
     ) -> Result<(), StoreError> {
-        let mut conn = self.connection()?;
-        with_backend!(conn.backend_connection(), c => sql::take_turn(c, name, kind, take))
-            .map_err(|e| StoreError::new("taking a turn of a rate limit across processes", e))
+        self.with_held(
+            &self.turns_connection,
+            "taking a turn of a rate limit across processes",
+            |conn| with_backend!(conn.backend_connection(), c => sql::take_turn(c, name, kind, take)),
+        )
     }
 
     fn paused(&self) -> Result<Paused, StoreError> {
@@ -507,8 +514,9 @@ where
                 "the connection pool is too small for the worker",
                 format!(
                     "it lends at most {max} connections, and the worker holds {connections} for \
-                     as long as it runs (its claimer's, its acker's and its housekeeper's, and on \
-                     PostgreSQL its LISTEN connection); build the pool with \
+                     as long as it runs (its claimer's, its acker's and its housekeeper's, on \
+                     PostgreSQL its LISTEN connection, and one for the turns of rate limits \
+                     across processes if it has any); build the pool with \
                      max_size({connections}) plus what the application needs at once"
                 ),
             ));

@@ -238,6 +238,37 @@ fn a_limit_across_processes_holds_for_two_workers_together<C: TestConnection>(db
     );
 }
 
+/// A limit across processes takes its turns over a connection of its own: a pool just large
+/// enough for the worker without one is refused at spawn, saying so, instead of every paced
+/// delivery waiting for a connection the worker's own threads hold.
+fn a_limit_across_processes_asks_the_pool_for_one_more_connection<C: TestConnection>(db: &TestDb) {
+    let receiver = Receiver::ok();
+    let without = if db.backend() == outbox_testkit::Backend::Postgres {
+        4
+    } else {
+        3
+    };
+    let spawn = |size: u32| {
+        Worker::builder(DieselStore::new(db.pool::<C>(size)))
+            .destination_with(
+                "paced",
+                endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+                DestinationOptions::new().rate_limit(RateLimit::per_second(20).across_processes()),
+            )
+            .spawn()
+    };
+    let refused = spawn(without).unwrap_err();
+    assert!(
+        refused.to_string().contains(&format!(
+            "the worker holds {} for as long as it runs",
+            without + 1
+        )) && refused.to_string().contains("rate limits across processes"),
+        "{refused}"
+    );
+    let worker = spawn(without + 1).expect("one more connection is enough");
+    worker.shutdown(PATIENCE).unwrap();
+}
+
 /// A backlog of 16 for a destination that takes one delivery every 400 ms. Each message over
 /// the limit is deferred to a turn of its own, so the backlog is claimed about twice (once to
 /// hand out the turns, once at each turn), not again every time a deferral ends (nine times a
@@ -584,6 +615,7 @@ backend_tests!(
     a_receiver_that_rate_limits_gets_everything_without_spent_attempts,
     a_static_rate_limit_holds_in_every_second,
     a_limit_across_processes_holds_for_two_workers_together,
+    a_limit_across_processes_asks_the_pool_for_one_more_connection,
     a_paced_backlog_is_claimed_about_twice_and_a_raised_priority_goes_first,
     a_rate_limit_of_nothing_is_refused_at_spawn,
 );

@@ -406,6 +406,11 @@ impl Destinations {
         Ok(Destinations { by_name })
     }
 
+    /// Whether any destination has a rate limit across processes (whose turns the store keeps).
+    pub fn any_across_processes(&self) -> bool {
+        self.iter().any(|d| d.pacer.across_processes())
+    }
+
     /// The same destinations, taking the turns of their rate limits across processes from
     /// `store`.
     pub fn keeping_turns_in(mut self, store: &Arc<dyn Store>) -> Self {

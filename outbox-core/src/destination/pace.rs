@@ -103,9 +103,10 @@ impl RateLimit {
     /// The limit holds for every worker process on the store together, not for each: the
     /// workers take their turns from one bucket and one line the store keeps (on the
     /// destination's row), whichever of them claims the messages. Each paced delivery costs a
-    /// short write transaction on that row, so this suits limits up to some hundreds a second;
-    /// without it, give each process its share of the limit, and know that a process that claims
-    /// a backlog first lines all of it up at its own share.
+    /// short write transaction on that row, over one more connection the worker holds from its
+    /// pool, so this suits limits up to some hundreds a second. Without it, give each process its
+    /// share of the limit, and know that a process that claims a backlog first lines all of it
+    /// up at its own share.
     ///
     /// ```
     /// use outbox_core::destination::RateLimit;
@@ -320,6 +321,11 @@ impl Pacer {
             (Some(f), Some(l)) => Some(if l.rate < f.rate { l } else { f }),
             (f, l) => f.or(l),
         }
+    }
+
+    /// Whether the static limit holds across processes.
+    pub fn across_processes(&self) -> bool {
+        self.limit.is_some_and(|limit| limit.across_processes)
     }
 
     /// The rate in force, if any: what the metrics show.

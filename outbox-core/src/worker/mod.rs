@@ -86,7 +86,8 @@ impl<S: Store> WorkerBuilder<S> {
     /// Fails on a setting out of range, two handlers with one type string, two destinations
     /// with one name, a routed type whose destination the worker does not have, two resources
     /// of one type, or a store that is unreachable, not migrated, or cannot lend the worker the
-    /// connections it holds (three, plus one for `LISTEN`).
+    /// connections it holds (three, plus one for `LISTEN` and one for rate limits across
+    /// processes).
     pub fn spawn(self) -> Result<WorkerHandle, WorkerError> {
         let mut config = self.config()?;
         let registry = Registry::from_inventory()?;
@@ -115,8 +116,11 @@ impl<S: Store> WorkerBuilder<S> {
         // The watchdog must never abandon a delivery that its destination would still finish.
         config.handler_timeout = config.handler_timeout.max(destinations.longest_timeout());
         let listens = config.listen;
-        // The claimer's, the acker's and the housekeeper's, and the listener's.
-        let connections = 3 + usize::from(listens && self.store.listens());
+        // The claimer's, the acker's and the housekeeper's, the listener's, and the one that
+        // takes the turns of rate limits across processes.
+        let connections = 3
+            + usize::from(listens && self.store.listens())
+            + usize::from(destinations.any_across_processes());
         self.store.check(connections).map_err(WorkerError::Store)?;
         log::info!(
             "outbox worker starting: {} handler threads, batches of {}, lease {:?}, handler \
