@@ -705,6 +705,56 @@ mod tests {
         assert!(mail.send(&envelope()).is_ok());
     }
 
+    /// A limit across processes whose turns the store cannot give (down, or a store that keeps
+    /// none): the message waits a second without spending an attempt, the destination is not
+    /// called, and the next turn is asked for again.
+    #[test]
+    fn a_turn_the_store_cannot_give_defers_the_message_and_calls_nothing() {
+        let store: Arc<dyn Store> = Arc::new(crate::testing::MemoryStore::new());
+        let scripted = Arc::new(Scripted::default());
+        let limit = RateLimit::per_second(100).across_processes();
+        let destinations = Destinations::new(vec![(
+            "mail".to_owned(),
+            scripted.clone() as Arc<dyn Destination>,
+            DestinationOptions::new().rate_limit(limit),
+        )])
+        .unwrap()
+        .keeping_turns_in(&store);
+        let mail = destinations.get("mail").unwrap();
+        assert!(destinations.any_across_processes());
+        assert!(mail.send(&envelope()).is_ok(), "the store gives turns");
+        let memory = crate::testing::MemoryStore::new();
+        let down: Arc<dyn Store> = Arc::new(memory.clone());
+        let destinations = Destinations::new(vec![(
+            "mail".to_owned(),
+            scripted.clone() as Arc<dyn Destination>,
+            DestinationOptions::new().rate_limit(limit),
+        )])
+        .unwrap()
+        .keeping_turns_in(&down);
+        memory.set_down(true);
+        let waited = destinations
+            .get("mail")
+            .unwrap()
+            .send(&envelope())
+            .unwrap_err();
+        assert_eq!(waited.kind(), FailureKind::Deferred);
+        assert_eq!(waited.retry_after(), Some(UNSHARED_TURN_WAIT));
+        assert!(
+            waited
+                .reason()
+                .contains("could not be taken from the store"),
+            "{waited:?}"
+        );
+        assert_eq!(
+            *scripted.calls.lock().unwrap(),
+            1,
+            "not called without a turn"
+        );
+        memory.set_down(false);
+        assert!(destinations.get("mail").unwrap().send(&envelope()).is_ok());
+    }
+
     #[test]
     fn names_are_unique_printable_and_bounded() {
         let any = || Arc::new(Scripted::default()) as Arc<dyn Destination>;

@@ -156,7 +156,7 @@ pub(crate) enum Pace {
 /// A paced destination's turns: a bucket of them, and the line of messages deferred to one.
 /// Times are microseconds on one clock: the process's own for a limit of one process, the
 /// store's for a limit [`across_processes`](RateLimit::across_processes), which the store keeps
-/// as these four numbers ([`Store::take_turn`](crate::store::Store::take_turn)).
+/// as these four numbers ([`Store::take_turn`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Turns {
     /// Turns in the bucket; below zero, turns handed out ahead.
@@ -190,6 +190,13 @@ impl Turns {
     /// the next free turn, which it then waits for and takes from the line (the message that
     /// expected it gets a later one).
     fn take(&mut self, now: i64, rate: f64, bucket: f64, priority: Priority) -> Pace {
+        if now < self.refilled {
+            // The clock stepped back (a database server's wall clock set back): counting from
+            // the old times would refill nothing until it caught up, and hold every turn.
+            self.refilled = now;
+            self.last_turn = self.last_turn.min(now);
+            self.booked_until = None;
+        }
         let elapsed = seconds(now.saturating_sub(self.refilled));
         self.tokens = (self.tokens + elapsed * rate).min(bucket);
         self.refilled = self.refilled.max(now);
@@ -611,6 +618,31 @@ mod tests {
             "{:?}",
             store.now()
         );
+    }
+
+    /// The store's clock is a database server's wall clock, which an operator or NTP may set
+    /// back: the turns carry on from the new time instead of waiting for the old one.
+    #[test]
+    fn a_clock_set_back_an_hour_holds_no_turn() {
+        let hour = 3_600_000_000;
+        let mut turns = Turns::full(1.0, 10 * hour);
+        let limit = |turns: &mut Turns, now: i64| turns.take(now, 10.0, 1.0, Priority::Normal);
+        assert_eq!(limit(&mut turns, 10 * hour), Pace::Go);
+        // Two turns handed out ahead, a backlog lined up, then the clock goes back an hour.
+        let paces: Vec<Pace> = (0..50).map(|_| limit(&mut turns, 10 * hour)).collect();
+        assert!(paces[2..].iter().all(|pace| matches!(pace, Pace::Defer(_))));
+        let back = 9 * hour;
+        match limit(&mut turns, back) {
+            Pace::Defer(wait) => assert!(wait <= Duration::from_millis(300), "{wait:?}"),
+            other => panic!("{other:?}"),
+        }
+        // A second later on the new clock: turns again, at the limit's rate.
+        let later = back + 1_000_000;
+        assert_eq!(limit(&mut turns, later), Pace::Go);
+        match limit(&mut turns, later) {
+            Pace::GoAfter(wait) => assert!(wait <= Duration::from_millis(100), "{wait:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
