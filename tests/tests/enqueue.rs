@@ -364,8 +364,8 @@ fn serialization_failure_is_returned_and_the_transaction_goes_on<C: TestConnecti
 
 fn outbox_migrations(db: &TestDb) -> usize {
     match db.backend() {
-        Backend::Postgres => 16,
-        Backend::Mysql | Backend::Sqlite => 14,
+        Backend::Postgres => 17,
+        Backend::Mysql | Backend::Sqlite => 15,
     }
 }
 
@@ -377,8 +377,8 @@ fn migrations_twice_are_a_no_op<C: TestConnection>(db: &TestDb) {
         outbox_migrations(db),
         "outbox tables, inbox table, payload sizes, parked messages, idempotency keys, the dead \
          letters' age index, headers, destinations, parking what waits behind its key, \
-         signed-out admin sessions, pauses, priorities, groups (and on PostgreSQL autovacuum \
-         settings and the due time in notifications): {first:?}"
+         signed-out admin sessions, pauses, priorities, groups, shared turns (and on PostgreSQL \
+         autovacuum settings and the due time in notifications): {first:?}"
     );
     let second = run_migrations(&mut conn).unwrap();
     assert!(second.is_empty(), "{second:?}");
