@@ -36,6 +36,13 @@ use crate::store::{Store, StoreError};
 /// message instead, so that one slow destination does not hold the threads other messages need.
 pub(crate) const LONGEST_PACING_WAIT: Duration = Duration::from_millis(250);
 
+/// How long before its reserved turn a message of a raised priority is made due again.
+const RESERVATION_LEAD: Duration = Duration::from_millis(125);
+
+/// How long after its time a reserved turn is kept for a message of a raised priority that has
+/// not come back (another process took it, or it was deleted): then the turn is lost.
+const RESERVATION_KEPT: Duration = Duration::from_secs(5);
+
 /// What a learned rate is set to, of what the destination accepted in the second before it
 /// pushed back.
 const LEARNED_SHARE: f64 = 0.9;
@@ -186,9 +193,9 @@ impl Turns {
     /// A message whose turn is far is deferred to a turn of its own: the one after the last
     /// handed out, so a backlog comes back one message per turn, each claimed once more, instead
     /// of all of it at the next free turn, to be claimed and deferred again and again. A message
-    /// of a raised priority is not put at the end of that line: it is deferred to just before
-    /// the next free turn, which it then waits for and takes from the line (the message that
-    /// expected it gets a later one).
+    /// of a raised priority is not put at the end of that line: the next free turn is taken for
+    /// it, and it is deferred to just before it (the message that expected that turn gets a
+    /// later one); the pacer keeps the reservation ([`Pacer::pace`]).
     fn take(&mut self, now: i64, rate: f64, bucket: f64, priority: Priority) -> Pace {
         if now < self.refilled {
             // The clock stepped back (a database server's wall clock set back): counting from
@@ -217,10 +224,12 @@ impl Turns {
             return Pace::GoAfter(wait);
         }
         if priority > Priority::Normal {
-            // Back a little before the turn, ahead of the line's message due at it, to wait
-            // for it in the handler thread: back at the turn itself, it would find the turn
-            // taken, and again at the next one.
-            return Pace::Defer(wait.saturating_sub(LONGEST_PACING_WAIT / 2));
+            // The next free turn is taken for it now (the pacer keeps the reservation), and it
+            // comes back a little before it: the line's message due at that turn finds it
+            // taken and goes to the end of the line, however late this one is back.
+            self.tokens -= 1.0;
+            self.last_turn = now;
+            return Pace::Defer(wait.saturating_sub(RESERVATION_LEAD));
         }
         let next_free = now.saturating_add(micros(wait));
         let turn = match self.booked_until {
@@ -278,6 +287,31 @@ struct State {
     accepted: VecDeque<Instant>,
     /// Push-backs since the last accepted delivery.
     pushed_in_a_row: u32,
+    /// Turns taken for messages of a raised priority that were deferred to them, by time (µs on
+    /// the process's clock), earliest first: whichever such message comes back uses the first.
+    reserved: VecDeque<i64>,
+}
+
+impl State {
+    /// A turn reserved for a message of a raised priority, if one is near: how long to wait
+    /// for it. Reservations long past, whose messages never came back, are dropped.
+    fn reservation(&mut self, now: i64) -> Option<Duration> {
+        while self
+            .reserved
+            .front()
+            .is_some_and(|at| now.saturating_sub(*at) > micros(RESERVATION_KEPT))
+        {
+            self.reserved.pop_front();
+        }
+        let at = *self.reserved.front()?;
+        if at.saturating_sub(now) > micros(LONGEST_PACING_WAIT) {
+            return None;
+        }
+        self.reserved.pop_front();
+        Some(Duration::from_micros(
+            u64::try_from(at.saturating_sub(now)).unwrap_or_default(),
+        ))
+    }
 }
 
 /// The pace in force: deliveries a second, the bucket's size, and whether the store keeps the
@@ -303,6 +337,7 @@ impl Pacer {
                 dropped: None,
                 accepted: VecDeque::new(),
                 pushed_in_a_row: 0,
+                reserved: VecDeque::new(),
             }),
         }
     }
@@ -342,22 +377,52 @@ impl Pacer {
     }
 
     /// Takes a turn for one delivery of a message of `priority` ([`Turns::take`]): from the
-    /// process's turns, or under a limit across processes from those `shared` keeps.
+    /// process's turns, or under a limit across processes from those `shared` keeps. A message
+    /// of a raised priority first takes a turn reserved for one like it, if one is near.
     pub fn pace(
         &self,
         now: Instant,
         priority: Priority,
         shared: &SharedTurns<'_>,
     ) -> Result<Pace, StoreError> {
+        let local = micros(now.saturating_duration_since(self.epoch));
+        let raised = priority > Priority::Normal;
         let mut state = self.state();
         let Some(pace) = self.in_force(&state) else {
             return Ok(Pace::Go);
         };
-        if !pace.across_processes {
-            let now = micros(now.saturating_duration_since(self.epoch));
-            return Ok(state.turns.take(now, pace.rate, pace.bucket, priority));
+        if raised {
+            if let Some(wait) = state.reservation(local) {
+                return Ok(if wait.is_zero() {
+                    Pace::Go
+                } else {
+                    Pace::GoAfter(wait)
+                });
+            }
         }
-        drop(state);
+        let taken = if pace.across_processes {
+            drop(state);
+            let taken = self.pace_across_processes(pace, priority, shared)?;
+            state = self.state();
+            taken
+        } else {
+            state.turns.take(local, pace.rate, pace.bucket, priority)
+        };
+        if let (true, Pace::Defer(wait)) = (raised, taken) {
+            state
+                .reserved
+                .push_back(local.saturating_add(micros(wait + RESERVATION_LEAD)));
+        }
+        Ok(taken)
+    }
+
+    /// [`Turns::take`] on the turns the store keeps.
+    fn pace_across_processes(
+        &self,
+        pace: InForce,
+        priority: Priority,
+        shared: &SharedTurns<'_>,
+    ) -> Result<Pace, StoreError> {
         let store = shared.store.ok_or_else(|| {
             StoreError::new(
                 "taking a turn of a rate limit across processes",
@@ -549,6 +614,65 @@ mod tests {
             turn(&pacer, t0 + wait, Priority::Urgent),
             Pace::GoAfter(turn) if turn <= LONGEST_PACING_WAIT
         ));
+    }
+
+    /// CI, loaded: a raised message came back for its turn more than the lead late, found it
+    /// taken by the line's message due at it, was deferred to just before the next, came back
+    /// late again, and went seven deliveries after its enqueue. Its turn is now taken for it
+    /// when it is deferred.
+    #[test]
+    fn a_raised_priority_late_for_its_turn_still_has_it() {
+        let t0 = Instant::now();
+        let pacer = Pacer::new(
+            Some(RateLimit::one_every(Duration::from_millis(400))),
+            true,
+            t0,
+        );
+        let line: Vec<Duration> = ask(&pacer, t0, 50, Priority::Normal)
+            .into_iter()
+            .filter_map(|pace| match pace {
+                Pace::Defer(wait) => Some(wait),
+                _ => None,
+            })
+            .collect();
+        let Pace::Defer(wait) = turn(&pacer, t0, Priority::High) else {
+            panic!("the next free turn is too far to wait for");
+        };
+        // The line's messages come back at their turns while the raised one is a second late.
+        let late = wait + Duration::from_secs(1);
+        for at in line.iter().filter(|at| **at < late) {
+            let pace = turn(&pacer, t0 + *at, Priority::Normal);
+            assert!(matches!(pace, Pace::Go | Pace::GoAfter(_) | Pace::Defer(_)));
+        }
+        match turn(&pacer, t0 + late, Priority::High) {
+            Pace::Go => {}
+            Pace::GoAfter(wait) => assert!(wait <= LONGEST_PACING_WAIT, "{wait:?}"),
+            other => panic!("its reserved turn was lost: {other:?}"),
+        }
+        assert!(pacer.state().reserved.is_empty());
+    }
+
+    #[test]
+    fn a_reservation_is_used_near_its_time_and_dropped_long_after_it() {
+        let pacer = Pacer::new(Some(RateLimit::per_second(10)), true, Instant::now());
+        let mut state = pacer.state();
+        let at = 10_000_000;
+        state.reserved.push_back(at);
+        assert_eq!(
+            state.reservation(at - 1_000_000),
+            None,
+            "too early: not yet"
+        );
+        assert_eq!(
+            state.reservation(at - 100_000),
+            Some(Duration::from_millis(100))
+        );
+        state.reserved.push_back(at);
+        assert_eq!(state.reservation(at + 2_000_000), Some(Duration::ZERO));
+        state.reserved.push_back(at);
+        let long_after = at + micros(RESERVATION_KEPT) + 1;
+        assert_eq!(state.reservation(long_after), None);
+        assert!(state.reserved.is_empty());
     }
 
     #[test]
