@@ -150,12 +150,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         let stats = worker
             .shutdown(Duration::from_secs(30))
             .ctx("stopping the worker")?;
-        let mut times: Vec<Instant> = receiver
-            .take_times()
-            .into_iter()
-            .map(|(_, at)| at)
-            .collect();
-        times.sort();
+        let times = arrival_times(&receiver);
         figures.insert(
             "static_delivered_per_s".into(),
             json!(round(delivered as f64 / elapsed, 2)),
@@ -203,12 +198,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
                 each.push(result.succeeded);
                 claimed += result.claimed;
             }
-            let mut times: Vec<Instant> = receiver
-                .take_times()
-                .into_iter()
-                .map(|(_, at)| at)
-                .collect();
-            times.sort();
+            let times = arrival_times(&receiver);
             figures.insert(
                 format!("{part}_delivered_per_s"),
                 json!(round(delivered as f64 / elapsed, 2)),
@@ -270,6 +260,17 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         );
     }
     Ok(report.finish())
+}
+
+/// When the receiver's requests arrived, earliest first (and forgotten by the receiver).
+fn arrival_times(receiver: &Receiver) -> Vec<Instant> {
+    let mut times: Vec<Instant> = receiver
+        .take_times()
+        .into_iter()
+        .map(|(_, at)| at)
+        .collect();
+    times.sort();
+    times
 }
 
 /// Distinct messages the receiver accepted (answered 200).
