@@ -107,6 +107,9 @@ fn peer_bars(runs: &[Value]) -> Vec<Bar> {
     for run in runs {
         let figures = &run["figures"];
         let batch = &run["parameters"]["batch_size"];
+        let batch = batch
+            .as_str()
+            .map_or_else(|| batch.to_string(), str::to_owned);
         if let Some(rate) = figures["outbox_noop_per_s"].as_f64() {
             add(format!("this worker ({batch})"), rate);
         }

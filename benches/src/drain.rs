@@ -244,9 +244,9 @@ pub fn spawn_worker<C: BenchConnection>(
 ) -> Res<WorkerHandle> {
     let pool = db.worker_pool::<C>(4)?;
     let store = TracedStore::new(DieselStore::new(pool), trace.clone());
-    let mut builder = Worker::builder(store)
-        .handler_threads(opts.handler_threads)
-        .batch_size(opts.batch_size);
+    let mut builder = opts
+        .claims
+        .apply(Worker::builder(store).handler_threads(opts.handler_threads));
     if let Some(endpoint) = endpoint {
         builder = builder.destination(crate::handlers::HOOK, endpoint.clone());
     }
@@ -322,7 +322,7 @@ fn sql_drain<C: BenchConnection>(db: &BenchDb, opts: &Opts, count: usize) -> Res
         let claimed = store
             .claim(
                 token,
-                ClaimLimit::messages(opts.batch_size),
+                ClaimLimit::messages(opts.claims.first()),
                 Duration::from_secs(60),
             )
             .ctx("claiming with the library's store")?;
@@ -496,7 +496,7 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         json!({
             "messages": count,
             "handler_threads": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
             "http_baseline_requests": http_count,
             "one_at_a_time_max": { "messages": loop_count, "seconds": loop_limit.as_secs() },
             "pool": "r2d2, 4 connections",
@@ -606,7 +606,7 @@ fn keyed_drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "keys": opts.keys,
             "handler": "no-op",
             "handler_threads": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
             "pool": "r2d2, 4 connections",
         }),
     );
@@ -689,7 +689,7 @@ fn scaled_drain<C: BenchConnection>(
                 db,
                 &receiver.url("/hook"),
                 opts.handler_threads,
-                opts.batch_size,
+                opts.claims,
                 None,
                 None,
                 drain_timeout(count),
@@ -755,7 +755,7 @@ fn scale_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         json!({
             "messages": count,
             "handler_threads_per_process": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
             "processes": [1, 2],
         }),
     );

@@ -2,7 +2,10 @@
 //! default), fresh, after half the rows were claimed and deleted without a vacuum (autovacuum
 //! may be off or behind), and after `VACUUM`. With `--keys K` the rows are spread over K
 //! ordering keys and the half-deleted stages give way to the steady state, every message behind
-//! its key's head parked. The claim must not scan the table.
+//! its key's head parked. The claim must not scan the table. On PostgreSQL the claim is planned
+//! as the worker's claimer plans it (its session without bitmap scans), and the fresh stage also
+//! as a session with the server's settings would, for contrast: there a claim larger than the
+//! due rows the statistics promise reads every due row and sorts them.
 
 use diesel::mysql::MysqlConnection;
 use diesel::pg::PgConnection;
@@ -13,7 +16,9 @@ use serde_json::{json, Map, Value};
 
 use crate::db::{on_fresh_database, BenchConnection, BenchDb};
 use crate::drain::{prefill, Kind};
-use crate::library_sql::{mysql_candidates_sql, pg_claim_sql, sqlite_candidates_sql};
+use crate::library_sql::{
+    mysql_candidates_sql, pg_claim_sql, sqlite_candidates_sql, POSTGRES_CLAIMER_SESSION,
+};
 use crate::report::Report;
 use crate::{Backend, Opts, Res, WithContext};
 
@@ -40,14 +45,27 @@ pub fn run(opts: &Opts) -> Res<bool> {
     on_fresh_database!(opts, run_on)
 }
 
+/// How a PostgreSQL claim is planned.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Session {
+    /// As the worker's claimer plans it.
+    Claimer,
+    /// With the server's settings.
+    Server,
+}
+
 /// The claim's plan, executed and rolled back (PostgreSQL: the whole CTE + UPDATE).
-fn plan(db: &BenchDb, limit: usize) -> Res<Vec<String>> {
+fn plan(db: &BenchDb, limit: usize, session: Session) -> Res<Vec<String>> {
     match db.backend {
         Backend::Postgres => {
             let mut conn = db.connect::<PgConnection>()?;
             let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {}", pg_claim_sql(limit));
             let mut lines = Vec::new();
             let _ = conn.transaction::<(), diesel::result::Error, _>(|c| {
+                if session == Session::Claimer {
+                    // Set inside the transaction: undone with it.
+                    diesel::sql_query(POSTGRES_CLAIMER_SESSION).execute(c)?;
+                }
                 let rows: Vec<PlanLine> = diesel::sql_query(&sql).load(c)?;
                 lines = rows.into_iter().map(|r| r.line).collect();
                 Err(diesel::result::Error::RollbackTransaction)
@@ -83,6 +101,13 @@ fn plan(db: &BenchDb, limit: usize) -> Res<Vec<String>> {
     }
 }
 
+/// Whether a PostgreSQL plan reads every due row of a lane, whatever its limit, then sorts them.
+fn reads_every_due_row(lines: &[String]) -> bool {
+    lines
+        .iter()
+        .any(|line| line.contains("Bitmap Heap Scan on outbox_message"))
+}
+
 /// Whether a plan reads the whole outbox table.
 fn scans(backend: Backend, lines: &[String]) -> bool {
     let text = lines.join("\n");
@@ -99,7 +124,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     let count = opts
         .count
         .unwrap_or(if opts.quick { 20_000 } else { 1_000_000 });
-    let limit = opts.batch_size;
+    let limit = opts.claims.largest();
     let keys = opts.keys.first().copied();
     let mut report = Report::new(
         "explain",
@@ -119,21 +144,37 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     );
     let mut figures = Map::new();
     let mut any_scan = false;
-    let mut stage = |name: &str, figures: &mut Map<String, Value>| -> Res<()> {
-        let lines = plan(db, limit)?;
+    let mut any_full_read = false;
+    let mut show = |name: &str, session: Session, figures: &mut Map<String, Value>| -> Res<()> {
+        let lines = plan(db, limit, session)?;
         let scan = scans(db.backend, &lines);
-        any_scan |= scan;
+        let full_read = reads_every_due_row(&lines);
+        if session == Session::Claimer {
+            any_scan |= scan;
+            any_full_read |= full_read;
+        }
         eprintln!(
-            "   -- {name}{}",
-            if scan { " (SCANS THE TABLE)" } else { "" }
+            "   -- {name}{}{}",
+            if scan { " (SCANS THE TABLE)" } else { "" },
+            if full_read {
+                " (READS EVERY DUE ROW)"
+            } else {
+                ""
+            }
         );
         for line in &lines {
             eprintln!("      {line}");
         }
         figures.insert(format!("{name}_scans_table"), json!(scan));
+        figures.insert(format!("{name}_reads_every_due_row"), json!(full_read));
         figures.insert(format!("{name}_plan"), json!(lines));
         Ok(())
     };
+    if db.backend == Backend::Postgres {
+        show("fresh_server_settings", Session::Server, &mut figures)?;
+    }
+    let mut stage =
+        |name: &str, figures: &mut Map<String, Value>| show(name, Session::Claimer, figures);
     stage("fresh", &mut figures)?;
     let mut conn = db.connect::<C>()?;
     if keys.is_some() {
@@ -198,6 +239,12 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     report.target(
         "claim plans that scan the table",
         if any_scan { 1.0 } else { 0.0 },
+        0.0,
+        false,
+    );
+    report.target(
+        "claim plans that read every due row",
+        if any_full_read { 1.0 } else { 0.0 },
         0.0,
         false,
     );

@@ -50,7 +50,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "grouped": "backlog in group A, the few in group B",
             "control": "backlog and the few without groups",
             "handler_threads": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
         }),
     );
     for _ in 0..opts.runs() {

@@ -215,7 +215,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "transaction": "business INSERT + enqueue",
             "enqueuing_connections": enqueuers,
             "handler_threads": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
             "worker": "in the enqueuing process (default wake-ups)",
         }),
     );
@@ -247,9 +247,11 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         };
         let pool = db.worker_pool::<C>(4)?;
         let trace = TraceHandle::default();
-        let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
-            .handler_threads(opts.handler_threads)
-            .batch_size(opts.batch_size)
+        let builder = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
+            .handler_threads(opts.handler_threads);
+        let worker = opts
+            .claims
+            .apply(builder)
             .destination(crate::handlers::HOOK, endpoint.clone())
             .spawn()
             .ctx("starting the worker")?;

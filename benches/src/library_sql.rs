@@ -1,6 +1,7 @@
 //! The library's claim statements, as `outbox-diesel` runs them, with the binds written in
 //! for `EXPLAIN` (which takes no parameters on MySQL and SQLite).
 
+pub use outbox_diesel::__private::claim_sql::POSTGRES_CLAIMER_SESSION;
 use outbox_diesel::__private::claim_sql::{
     candidates, MYSQL_CANDIDATES, POSTGRES_CLAIM, SQLITE_CANDIDATES,
 };

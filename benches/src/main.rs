@@ -163,9 +163,8 @@ pub struct Opts {
     /// The worker's handler threads (the library's default is 16).
     #[arg(long, default_value_t = 16)]
     pub handler_threads: usize,
-    /// The worker's batch size (the library's default is 64).
-    #[arg(long, default_value_t = 64)]
-    pub batch_size: usize,
+    #[command(flatten)]
+    pub claims: ClaimSizes,
     /// How long the memory scenario's slow receiver takes to answer, in milliseconds.
     #[arg(long)]
     pub delay_ms: Option<u64>,
@@ -208,6 +207,73 @@ pub struct Opts {
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,
+}
+
+/// The worker's claim sizes as asked for: either left out, the library's default (claims of 64
+/// that grow to 256 while the handlers keep up).
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub struct ClaimSizes {
+    /// The worker's `batch_size`: the first and smallest claim (fixed unless
+    /// `--max-batch-size` lets it grow).
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// The worker's `max_batch_size`: the largest claim.
+    #[arg(long)]
+    pub max_batch_size: Option<usize>,
+}
+
+impl ClaimSizes {
+    /// The library's defaults, which these mirror for the benches' own claims and reports.
+    const DEFAULT_BATCH: usize = 64;
+    const DEFAULT_MAX: usize = 256;
+
+    /// The first claim's size.
+    pub fn first(self) -> usize {
+        self.batch_size.unwrap_or(Self::DEFAULT_BATCH)
+    }
+
+    /// The largest claim's size.
+    pub fn largest(self) -> usize {
+        match (self.max_batch_size, self.batch_size) {
+            (Some(largest), _) => largest,
+            (None, Some(fixed)) => fixed,
+            (None, None) => Self::DEFAULT_MAX,
+        }
+    }
+
+    /// As reports print it: `64` for a fixed size, `64-256` for claims that grow.
+    pub fn label(self) -> String {
+        let (first, largest) = (self.first(), self.largest());
+        if first == largest {
+            first.to_string()
+        } else {
+            format!("{first}-{largest}")
+        }
+    }
+
+    /// The worker builder with these sizes.
+    pub fn apply<S: outbox_diesel::store::Store>(
+        self,
+        mut builder: outbox_diesel::WorkerBuilder<S>,
+    ) -> outbox_diesel::WorkerBuilder<S> {
+        if let Some(size) = self.batch_size {
+            builder = builder.batch_size(size);
+        }
+        if let Some(size) = self.max_batch_size {
+            builder = builder.max_batch_size(size);
+        }
+        builder
+    }
+
+    /// The same for a worker process's command line.
+    pub fn pass_to(self, command: &mut std::process::Command) {
+        if let Some(size) = self.batch_size {
+            command.arg("--batch-size").arg(size.to_string());
+        }
+        if let Some(size) = self.max_batch_size {
+            command.arg("--max-batch-size").arg(size.to_string());
+        }
+    }
 }
 
 impl Opts {

@@ -78,7 +78,7 @@ pub fn metrics_drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bo
             "messages": count,
             "handler": "no-op",
             "handler_threads": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
             "recorder": "metrics-exporter-prometheus, no HTTP server",
         }),
     );

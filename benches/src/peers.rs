@@ -131,7 +131,7 @@ fn peers_on<C: crate::db::BenchConnection>(opts: &Opts, db: &BenchDb, folder: &P
         json!({
             "messages": count,
             "concurrency": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
             "peers": PEERS
                 .iter()
                 .map(|(peer, batches)| json!({ "peer": peer, "batches": batches }))

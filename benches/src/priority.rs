@@ -53,7 +53,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
             "probes_per_s": rate,
             "probes": "alternately Priority::High and Normal, one transaction each",
             "handler_threads": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
         }),
     );
     for _ in 0..opts.runs() {

@@ -180,7 +180,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
                         db,
                         &receiver.url("/hook"),
                         opts.handler_threads,
-                        opts.batch_size,
+                        opts.claims,
                         None,
                         limit,
                         Duration::from_secs_f64(seconds + 120.0),

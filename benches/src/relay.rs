@@ -420,7 +420,7 @@ pub fn relay_drain_on<C: BenchConnection>(
             "messages": count,
             "baseline_messages": bare_count,
             "handler_threads": opts.handler_threads,
-            "batch_size": opts.batch_size,
+            "batch_size": opts.claims.label(),
         }),
     );
     for _ in 0..opts.runs() {
@@ -433,9 +433,9 @@ pub fn relay_drain_on<C: BenchConnection>(
         prefill::<C>(db, count, Kind::Relay)?;
         let pool = db.worker_pool::<C>(4)?;
         let started = Instant::now();
-        let worker = Worker::builder(DieselStore::new(pool))
-            .handler_threads(opts.handler_threads)
-            .batch_size(opts.batch_size)
+        let worker = opts
+            .claims
+            .apply(Worker::builder(DieselStore::new(pool)).handler_threads(opts.handler_threads))
             .destination(RELAY, broker.target()?)
             .spawn()
             .ctx("starting the worker")?;

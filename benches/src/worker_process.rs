@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::db::{with_connection, BenchConnection, BenchDb};
 use crate::drain::endpoint;
 use crate::traced_store::{TraceHandle, TracedStore};
-use crate::{failed, Backend, Res, WithContext};
+use crate::{failed, Backend, ClaimSizes, Res, WithContext};
 
 /// The hidden `worker` subcommand's arguments.
 #[derive(Args, Debug, Clone)]
@@ -31,9 +31,8 @@ pub struct WorkerArgs {
     /// Handler threads.
     #[arg(long, default_value_t = 16)]
     pub handler_threads: usize,
-    /// Batch size.
-    #[arg(long, default_value_t = 64)]
-    pub batch_size: usize,
+    #[command(flatten)]
+    pub claims: ClaimSizes,
     /// The most payload bytes held at once.
     #[arg(long, default_value_t = 32 << 20)]
     pub max_in_flight_bytes: usize,
@@ -58,9 +57,11 @@ fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
     // The worker's four, and one for the turns of a limit across processes.
     let pool = db.worker_pool::<C>(4 + u32::from(args.across_processes))?;
     let trace = TraceHandle::default();
-    let worker = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
-        .handler_threads(args.handler_threads)
-        .batch_size(args.batch_size)
+    let builder = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
+        .handler_threads(args.handler_threads);
+    let worker = args
+        .claims
+        .apply(builder)
         .max_in_flight_bytes(args.max_in_flight_bytes)
         .destination_with(
             crate::handlers::HOOK,
@@ -133,7 +134,7 @@ pub fn spawn(
     db: &BenchDb,
     receiver: &str,
     handler_threads: usize,
-    batch_size: usize,
+    claims: ClaimSizes,
     max_in_flight_bytes: Option<usize>,
     rate_limit: Option<RateLimit>,
     max_time: Duration,
@@ -141,6 +142,7 @@ pub fn spawn(
     let exe = std::env::current_exe().ctx("finding the benchmark's own executable")?;
     let mut command = Command::new(exe);
     command.arg("worker");
+    claims.pass_to(&mut command);
     if let Some(bytes) = max_in_flight_bytes {
         command.arg("--max-in-flight-bytes").arg(bytes.to_string());
     }
@@ -165,8 +167,6 @@ pub fn spawn(
         .arg(receiver)
         .arg("--handler-threads")
         .arg(handler_threads.to_string())
-        .arg("--batch-size")
-        .arg(batch_size.to_string())
         .arg("--max-seconds")
         .arg(max_time.as_secs().max(1).to_string())
         .stdin(Stdio::piped())

@@ -47,6 +47,65 @@ const PLANS_KEPT: Duration = Duration::from_secs(10);
 struct HeldConnection<M: ManageConnection> {
     conn: PooledConnection<M>,
     plans_made: Instant,
+    /// Undoes the session settings this connection was taken with (see [`Session`]) before it
+    /// goes back to a pool the application may share.
+    reset: Option<fn(&mut M::Connection)>,
+}
+
+impl<M: ManageConnection> Drop for HeldConnection<M> {
+    fn drop(&mut self) {
+        if let Some(reset) = self.reset {
+            reset(&mut self.conn);
+        }
+    }
+}
+
+/// A held connection's place in the store, and how its session is set up when one is taken.
+struct HeldSlot<M: ManageConnection> {
+    held: Mutex<Option<HeldConnection<M>>>,
+    claims: bool,
+}
+
+impl<M: ManageConnection> HeldSlot<M> {
+    /// A connection as the pool gives it.
+    fn as_given() -> Self {
+        HeldSlot {
+            held: Mutex::new(None),
+            claims: false,
+        }
+    }
+
+    /// The claimer's: on PostgreSQL planned with [`CLAIMS_IN_ORDER`].
+    fn for_claims() -> Self {
+        HeldSlot {
+            held: Mutex::new(None),
+            claims: true,
+        }
+    }
+}
+
+/// The claimer's session on PostgreSQL: no bitmap scans, so that each lane of a claim walks its
+/// index in due order and stops at its limit.
+///
+/// PostgreSQL estimates the due rows from statistics, and statistics taken before a burst (an
+/// outbox analyzed while nearly empty; a server whose autovacuum has not caught up) put them
+/// below a claim's limit. Then a bitmap scan that reads every due row and sorts them looks
+/// cheaper than the ordered walk, and a claim of 256 read all 20,000 due rows of a backlog:
+/// 18 ms against 3 ms (the drain at 13,120 against 68,406 messages a second). The ordered walk
+/// is what the claim is written for whatever the statistics say; index scans by id (the parked
+/// and leased rows) are unaffected. Set for the session, and reset before the connection goes
+/// back to the pool.
+pub const CLAIMS_IN_ORDER: &str = "SET enable_bitmapscan = off";
+
+/// Undoes [`CLAIMS_IN_ORDER`].
+const PLANS_AS_GIVEN: &str = "RESET enable_bitmapscan";
+
+/// Resets a claimer's session (see [`CLAIMS_IN_ORDER`]).
+fn reset_claims_session<C: OutboxConnection>(conn: &mut C) {
+    if let Err(error) = execute_batch(conn, PLANS_AS_GIVEN) {
+        // A connection that fails here is broken: the pool's check on checkout discards it.
+        log::debug!("outbox: resetting the claimer's session: {error}");
+    }
 }
 
 /// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
@@ -86,14 +145,14 @@ pub struct DieselStore<M: ManageConnection> {
     pool: Pool<M>,
     backend: OnceLock<Backend>,
     // Held, not checked out per call: a checkout costs a validation round trip (r2d2 pings).
-    claim_connection: Mutex<Option<HeldConnection<M>>>,
-    settle_connection: Mutex<Option<HeldConnection<M>>>,
+    claim_connection: HeldSlot<M>,
+    settle_connection: HeldSlot<M>,
     /// The housekeeper's: its chores (a backlog count, a prune) never hold up a claim.
-    chores_connection: Mutex<Option<HeldConnection<M>>>,
+    chores_connection: HeldSlot<M>,
     /// The handler threads' turns under rate limits across processes, one at a time (the
     /// destination's row lock takes them one at a time anyway), taken only once such a limit
     /// is: a turn never waits for a pool an application may have drained.
-    turns_connection: Mutex<Option<HeldConnection<M>>>,
+    turns_connection: HeldSlot<M>,
     /// Where the next claim reads from (see `sql::Cursor`).
     claim_cursor: ClaimCursor,
     /// The last group the last claim visited: the next visits the groups after it, so that
@@ -122,10 +181,10 @@ where
         DieselStore {
             pool,
             backend: OnceLock::new(),
-            claim_connection: Mutex::new(None),
-            settle_connection: Mutex::new(None),
-            chores_connection: Mutex::new(None),
-            turns_connection: Mutex::new(None),
+            claim_connection: HeldSlot::for_claims(),
+            settle_connection: HeldSlot::as_given(),
+            chores_connection: HeldSlot::as_given(),
+            turns_connection: HeldSlot::as_given(),
             claim_cursor: ClaimCursor::default(),
             groups_after: Mutex::new(String::new()),
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
@@ -165,7 +224,7 @@ where
     /// connection that leased them.
     fn dead_letter_unreadable(
         &self,
-        slot: &Mutex<Option<HeldConnection<M>>>,
+        slot: &HeldSlot<M>,
         unreadable: &[Outcome],
     ) -> Result<(), StoreError> {
         if unreadable.is_empty() {
@@ -194,17 +253,32 @@ where
 
     fn with_held<T>(
         &self,
-        slot: &Mutex<Option<HeldConnection<M>>>,
+        slot: &HeldSlot<M>,
         what: &'static str,
         work: impl FnOnce(&mut PooledConnection<M>) -> QueryResult<T>,
     ) -> Result<T, StoreError> {
-        let mut slot = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let claims = slot.claims;
+        let mut slot = slot
+            .held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let held = match slot.as_mut() {
             Some(held) => held,
-            None => slot.insert(HeldConnection {
-                conn: self.connection()?,
-                plans_made: Instant::now(),
-            }),
+            None => {
+                let mut conn = self.connection()?;
+                let postgres = self.backend.get() == Some(&Backend::Postgres);
+                let mut reset = None;
+                if claims && postgres {
+                    execute_batch(&mut *conn, CLAIMS_IN_ORDER)
+                        .map_err(|e| StoreError::new("setting up the claimer's session", e))?;
+                    reset = Some(reset_claims_session::<M::Connection> as fn(&mut M::Connection));
+                }
+                slot.insert(HeldConnection {
+                    conn,
+                    plans_made: Instant::now(),
+                    reset,
+                })
+            }
         };
         let plans_stale = self.backend.get() == Some(&Backend::Postgres)
             && held.plans_made.elapsed() >= PLANS_KEPT;

@@ -347,6 +347,72 @@ fn claims_and_settlements_look_rows_up_by_id_after_a_vacuum_found_the_table_empt
     holder.batch_execute("COMMIT").unwrap();
 }
 
+#[test]
+fn a_claim_larger_than_the_statistics_promise_walks_the_due_index_in_order() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let pool = db.pool::<PgConnection>(3);
+    // Statistics taken while the outbox was empty (autovacuum off or behind, as on a server
+    // that has not caught up with a burst): PostgreSQL expects a few dozen due rows.
+    let mut conn = pool.get().unwrap();
+    conn.batch_execute("ANALYZE outbox_message").unwrap();
+    const BACKLOG: u32 = 20_000;
+    const CLAIMS: i64 = 3;
+    let messages: Vec<Held> = (0..BACKLOG).map(|n| Held { n }).collect();
+    for chunk in messages.chunks(5_000) {
+        enqueue_all(&mut conn, chunk).unwrap();
+    }
+    drop(conn);
+    let before = due_index_reads(&db);
+    {
+        let store = DieselStore::new(pool.clone());
+        for _ in 0..CLAIMS {
+            let claimed = store
+                .claim(ClaimToken::new(), ClaimLimit::messages(256), LEASE)
+                .unwrap();
+            assert_eq!(claimed.len(), 256);
+        }
+    }
+    drop(pool);
+    let read = due_index_reads(&db) - before;
+    println!("{CLAIMS} claims of 256 read {read} entries of the due index");
+    // In due order each claim reads its candidates and stops; a bitmap scan, which such
+    // statistics make look cheaper, reads every due entry (20,000) and sorts them.
+    assert!(
+        read < CLAIMS * 256 * 4,
+        "{CLAIMS} claims of 256 read {read} entries of the due index: the claim read every due \
+         row instead of walking the index in order"
+    );
+}
+
+#[derive(QueryableByName)]
+struct Setting {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    enable_bitmapscan: String,
+}
+
+#[test]
+fn the_claimers_session_is_reset_before_its_connection_goes_back_to_the_pool() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    // One connection: the claimer's, and the application's after it.
+    let pool = db.pool::<PgConnection>(1);
+    let store = DieselStore::new(pool.clone());
+    store
+        .claim(ClaimToken::new(), ClaimLimit::messages(16), LEASE)
+        .unwrap();
+    drop(store);
+    let setting = diesel::sql_query("SHOW enable_bitmapscan")
+        .get_result::<Setting>(&mut pool.get().unwrap())
+        .unwrap();
+    assert_eq!(
+        setting.enable_bitmapscan, "on",
+        "the claimer's planner setting leaked into the application's connection"
+    );
+}
+
 /// `seq_scan` of the outbox table: how many sequential scans of it began, once the backends
 /// that counted them reported (closed, or idle for ten seconds).
 fn outbox_table_scans(db: &TestDb) -> i64 {

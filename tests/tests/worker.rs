@@ -762,6 +762,10 @@ fn settings_out_of_range_are_refused_with_their_name<C: TestConnection>(db: &Tes
         "unknown_type_grace",
     );
     refused(&|b| b.batch_size(0), "batch_size");
+    refused(&|b| b.batch_size(10_001), "batch_size");
+    refused(&|b| b.max_batch_size(63), "max_batch_size");
+    refused(&|b| b.batch_size(100).max_batch_size(99), "max_batch_size");
+    refused(&|b| b.max_batch_size(10_001), "max_batch_size");
     refused(&|b| b.handler_threads(0), "handler_threads");
     refused(&|b| b.max_in_flight_bytes(0), "max_in_flight_bytes");
     // A lease shorter than the handler timeout is fine now: the heartbeat renews it.

@@ -434,7 +434,7 @@ impl Settler {
         let held_after = shared.held.count().saturating_sub(batch.len());
         let room = config
             .max_in_flight
-            .saturating_sub(config.batch_size)
+            .saturating_sub(config.max_batch_size)
             .saturating_sub(held_after);
         if keys.is_empty() || keys.len() > room {
             return None;

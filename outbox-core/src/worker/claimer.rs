@@ -18,16 +18,65 @@ use super::shared::Shared;
 use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS};
 use crate::metrics;
 
-/// How much the next claim may take, or `None` while the worker holds too much to claim a
-/// full batch (a claim costs a round trip and a commit whatever its size, and claiming the
-/// few slots each settlement frees made claims of a third of a batch).
-pub(crate) fn plan_claim(config: &Config, held: usize, held_bytes: usize) -> Option<ClaimLimit> {
-    let free = config.max_in_flight.saturating_sub(held);
-    if free < config.batch_size || held_bytes >= config.max_in_flight_bytes {
+/// How many messages the next claim asks for: `batch_size` to start with, doubled up to
+/// `max_batch_size` while the handler threads have run out of messages by the time a full claim
+/// comes back (claims are what they wait for), and halved back towards `batch_size` when a claim
+/// comes back short (the backlog is drained) or finds a whole claim's worth still waiting for a
+/// handler (they are what the claims wait for).
+///
+/// A claim costs a round trip and a commit whatever its size, so a fast drain wants large
+/// claims; a slow receiver, a worker beside others, and a backlog of ordering keys want small
+/// ones (a claim's messages wait in this worker, unseen by the others).
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimSize {
+    size: usize,
+    smallest: usize,
+    largest: usize,
+}
+
+impl ClaimSize {
+    pub fn new(config: &Config) -> Self {
+        ClaimSize {
+            size: config.batch_size,
+            smallest: config.batch_size,
+            largest: config.max_batch_size,
+        }
+    }
+
+    /// The size of the next claim.
+    pub fn get(&self) -> usize {
+        self.size
+    }
+
+    /// A claim that asked for `asked` messages took `taken`, and found `queued` messages still
+    /// waiting for a handler thread when it came back.
+    pub fn claimed(&mut self, asked: usize, taken: usize, queued: usize) {
+        if taken >= asked && queued == 0 {
+            self.size = (self.size * 2).min(self.largest);
+        } else if taken < asked || queued >= self.size {
+            self.size = (self.size / 2).max(self.smallest);
+        }
+    }
+}
+
+/// How much the next claim of `size` messages may take, or `None` while the worker holds too
+/// much to claim that many (a claim costs a round trip and a commit whatever its size, and
+/// claiming the few slots each settlement frees made claims of a third of a batch). The worker
+/// holds at most two claims' worth and a message per handler thread, and never more than
+/// `max_in_flight`.
+pub(crate) fn plan_claim(
+    config: &Config,
+    size: usize,
+    held: usize,
+    held_bytes: usize,
+) -> Option<ClaimLimit> {
+    let held_at_most = (2 * size + config.handler_threads).min(config.max_in_flight);
+    let free = held_at_most.saturating_sub(held);
+    if free < size || held_bytes >= config.max_in_flight_bytes {
         return None;
     }
     Some(ClaimLimit {
-        messages: config.batch_size,
+        messages: size,
         bytes: config.max_in_flight_bytes - held_bytes,
         oversized_alone: held == 0,
     })
@@ -93,6 +142,7 @@ pub(crate) struct Claimer {
     failures: Failures,
     /// Early looks still to take after a claim or a wake-up, in milliseconds.
     follow_ups: &'static [u64],
+    size: ClaimSize,
 }
 
 impl Claimer {
@@ -104,6 +154,7 @@ impl Claimer {
         capacity: Receiver<()>,
     ) -> Self {
         Claimer {
+            size: ClaimSize::new(&shared.config),
             shared,
             jobs,
             outcomes,
@@ -127,7 +178,8 @@ impl Claimer {
     fn step(&mut self) {
         let shared = &self.shared;
         let config = &shared.config;
-        let Some(limit) = plan_claim(config, shared.held.count(), shared.held.bytes()) else {
+        let size = self.size.get();
+        let Some(limit) = plan_claim(config, size, shared.held.count(), shared.held.bytes()) else {
             let _ = self.capacity.recv_timeout(config.poll_interval);
             return;
         };
@@ -155,6 +207,7 @@ impl Claimer {
             }
         };
         let count = claimed.len();
+        self.size.claimed(limit.messages, count, self.jobs.len());
         let lease_ends = started + config.lease;
         let jobs = &self.jobs;
         let outcomes = &self.outcomes;
@@ -205,6 +258,7 @@ mod tests {
         Config {
             handler_threads,
             batch_size,
+            max_batch_size: batch_size,
             lease: Duration::from_secs(60),
             heartbeat: Duration::from_secs(20),
             handler_timeout: Duration::from_secs(30),
@@ -222,28 +276,77 @@ mod tests {
     #[test]
     fn claims_only_full_batches_within_the_message_cap() {
         let config = config(64, 16, usize::MAX);
-        assert_eq!(plan_claim(&config, 0, 0).map(|l| l.messages), Some(64));
-        assert!(plan_claim(&config, 80, 0).is_some(), "144 - 80 = 64 free");
-        assert!(plan_claim(&config, 81, 0).is_none(), "63 free: wait");
-        assert!(plan_claim(&config, 1000, 0).is_none());
+        assert_eq!(plan_claim(&config, 64, 0, 0).map(|l| l.messages), Some(64));
+        assert!(
+            plan_claim(&config, 64, 80, 0).is_some(),
+            "144 - 80 = 64 free"
+        );
+        assert!(plan_claim(&config, 64, 81, 0).is_none(), "63 free: wait");
+        assert!(plan_claim(&config, 64, 1000, 0).is_none());
+    }
+
+    #[test]
+    fn claims_grow_while_the_handlers_keep_up_and_shrink_when_they_do_not() {
+        let mut config = config(64, 16, usize::MAX);
+        config.max_batch_size = 256;
+        config.max_in_flight = 2 * 256 + 16;
+        let mut size = ClaimSize::new(&config);
+        assert_eq!(size.get(), 64);
+        // Full claims that find the handlers idle: 128, 256, and no further.
+        for expected in [128, 256, 256] {
+            size.claimed(size.get(), size.get(), 0);
+            assert_eq!(size.get(), expected);
+        }
+        // Full, some still queued but less than a claim: kept.
+        size.claimed(256, 256, 100);
+        assert_eq!(size.get(), 256);
+        // A whole claim still waiting for the handlers: halved.
+        size.claimed(256, 256, 256);
+        assert_eq!(size.get(), 128);
+        // A short claim (the backlog is drained): halved, never below batch_size.
+        for expected in [64, 64] {
+            size.claimed(size.get(), 3, 0);
+            assert_eq!(size.get(), expected);
+        }
+        // What the worker may hold follows the claim size, not the largest one.
+        assert!(
+            plan_claim(&config, 64, 80, 0).is_some(),
+            "144 - 80 = 64 free"
+        );
+        assert!(plan_claim(&config, 64, 81, 0).is_none(), "63 free: wait");
+        assert!(
+            plan_claim(&config, 256, 272, 0).is_some(),
+            "528 - 272 = 256"
+        );
+        assert!(plan_claim(&config, 256, 273, 0).is_none());
+    }
+
+    #[test]
+    fn a_fixed_size_never_grows() {
+        let config = config(64, 16, usize::MAX);
+        let mut size = ClaimSize::new(&config);
+        for _ in 0..5 {
+            size.claimed(64, 64, 0);
+        }
+        assert_eq!(size.get(), 64);
     }
 
     #[test]
     fn claims_stop_at_the_byte_cap_and_an_empty_worker_may_take_one_oversized_message() {
         let config = config(64, 16, 32 << 20);
-        let empty = plan_claim(&config, 0, 0).unwrap();
+        let empty = plan_claim(&config, 64, 0, 0).unwrap();
         assert_eq!((empty.bytes, empty.oversized_alone), (32 << 20, true));
-        let busy = plan_claim(&config, 3, 12 << 20).unwrap();
+        let busy = plan_claim(&config, 64, 3, 12 << 20).unwrap();
         assert_eq!((busy.bytes, busy.oversized_alone), (20 << 20, false));
-        assert!(plan_claim(&config, 8, 32 << 20).is_none());
+        assert!(plan_claim(&config, 64, 8, 32 << 20).is_none());
         assert!(
-            plan_claim(&config, 8, 40 << 20).is_none(),
+            plan_claim(&config, 64, 8, 40 << 20).is_none(),
             "one oversized message held"
         );
         // Held at most: the cap, or one message larger than it alone.
         let mut held_bytes = 0usize;
         let mut held = 0;
-        while let Some(limit) = plan_claim(&config, held, held_bytes) {
+        while let Some(limit) = plan_claim(&config, 64, held, held_bytes) {
             let taken = limit.take(std::iter::repeat(4 << 20));
             assert!(taken > 0, "{limit:?}");
             held += taken;

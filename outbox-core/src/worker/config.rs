@@ -15,6 +15,8 @@ use super::timing::{HEARTBEATS_PER_LEASE, MAX_DURATION, MIN_LEASE};
 /// The defaults, documented on [`Worker::builder`](super::Worker::builder).
 const DEFAULT_HANDLER_THREADS: usize = 16;
 const DEFAULT_BATCH_SIZE: usize = 64;
+const DEFAULT_MAX_BATCH_SIZE: usize = 256;
+const MAX_BATCH_SIZE: usize = 10_000;
 const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -36,7 +38,10 @@ pub struct WorkerBuilder<S> {
 #[derive(Debug, Clone)]
 struct Settings {
     handler_threads: usize,
-    batch_size: usize,
+    /// `None`: claims start at the default and grow up to the default largest.
+    batch_size: Option<usize>,
+    /// `None`: as large as `batch_size` when that is given (a fixed size), else the default.
+    max_batch_size: Option<usize>,
     lease: Duration,
     handler_timeout: Duration,
     poll_interval: Duration,
@@ -52,7 +57,10 @@ struct Settings {
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub handler_threads: usize,
+    /// The first and smallest claim size (see `claimer::ClaimSize`).
     pub batch_size: usize,
+    /// The largest claim size.
+    pub max_batch_size: usize,
     pub lease: Duration,
     pub heartbeat: Duration,
     pub handler_timeout: Duration,
@@ -60,7 +68,8 @@ pub(crate) struct Config {
     pub listen: bool,
     pub retry_policy: RetryPolicy,
     pub unknown_type_grace: Duration,
-    /// Messages held at most: room for a full batch to be claimed while the previous one runs.
+    /// Messages held at most: room for a full batch of the largest size to be claimed while
+    /// the previous one runs.
     pub max_in_flight: usize,
     pub max_in_flight_bytes: usize,
     /// How often the housekeeper samples the store's backlog for the metrics gauges.
@@ -90,7 +99,8 @@ impl<S: Store> WorkerBuilder<S> {
             duplicate_resource: None,
             settings: Settings {
                 handler_threads: DEFAULT_HANDLER_THREADS,
-                batch_size: DEFAULT_BATCH_SIZE,
+                batch_size: None,
+                max_batch_size: None,
                 lease: DEFAULT_LEASE,
                 handler_timeout: DEFAULT_HANDLER_TIMEOUT,
                 poll_interval: DEFAULT_POLL_INTERVAL,
@@ -111,10 +121,23 @@ impl<S: Store> WorkerBuilder<S> {
         self
     }
 
-    /// Messages claimed per database round trip (default 64). At most
-    /// `2 × batch_size + handler_threads` messages are held at once.
+    /// Messages claimed per database round trip, at most 10,000. By default claims start at 64
+    /// and double up to 256 while the handler threads keep up with them (they found nothing
+    /// left to run when a full claim came back), and halve back when a claim comes back short
+    /// or a claim's worth still waits for a handler: large claims for a fast drain, small ones
+    /// for a slow receiver and for workers that share a backlog. Giving a size fixes it (unless
+    /// [`max_batch_size`](Self::max_batch_size) lets it grow). The worker holds at most
+    /// `2 × claim size + handler_threads` messages.
     pub fn batch_size(mut self, size: usize) -> Self {
-        self.settings.batch_size = size;
+        self.settings.batch_size = Some(size);
+        self
+    }
+
+    /// The largest claim (default 256, or `batch_size` when that is given): claims grow up to it
+    /// from [`batch_size`](Self::batch_size) while the handler threads keep up with them. At
+    /// least `batch_size`, at most 10,000.
+    pub fn max_batch_size(mut self, size: usize) -> Self {
+        self.settings.max_batch_size = Some(size);
         self
     }
 
@@ -259,10 +282,24 @@ impl<S: Store> WorkerBuilder<S> {
                 format!("{} is not within 1..=4096", s.handler_threads),
             );
         }
-        if s.batch_size == 0 || s.batch_size > 10_000 {
+        let batch_size = s.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
+        if batch_size == 0 || batch_size > MAX_BATCH_SIZE {
             return invalid(
                 "batch_size",
-                format!("{} is not within 1..=10000", s.batch_size),
+                format!("{batch_size} is not within 1..={MAX_BATCH_SIZE}"),
+            );
+        }
+        let max_batch_size = match (s.max_batch_size, s.batch_size) {
+            (Some(largest), _) => largest,
+            (None, Some(fixed)) => fixed,
+            (None, None) => DEFAULT_MAX_BATCH_SIZE,
+        };
+        if max_batch_size < batch_size || max_batch_size > MAX_BATCH_SIZE {
+            return invalid(
+                "max_batch_size",
+                format!(
+                    "{max_batch_size} is not within batch_size ({batch_size})..={MAX_BATCH_SIZE}"
+                ),
             );
         }
         if s.max_in_flight_bytes == 0 {
@@ -295,7 +332,8 @@ impl<S: Store> WorkerBuilder<S> {
         }
         Ok(Config {
             handler_threads: s.handler_threads,
-            batch_size: s.batch_size,
+            batch_size,
+            max_batch_size,
             lease: s.lease,
             heartbeat: s.lease / HEARTBEATS_PER_LEASE,
             handler_timeout: s.handler_timeout,
@@ -303,7 +341,7 @@ impl<S: Store> WorkerBuilder<S> {
             listen: s.listen,
             retry_policy: s.retry_policy.clone(),
             unknown_type_grace: s.unknown_type_grace,
-            max_in_flight: 2 * s.batch_size + s.handler_threads,
+            max_in_flight: 2 * max_batch_size + s.handler_threads,
             max_in_flight_bytes: s.max_in_flight_bytes,
             backlog_interval: s.backlog_interval,
             max_deferral: s.max_deferral,

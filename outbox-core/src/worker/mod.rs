@@ -18,8 +18,10 @@
 //! then puts it on the jobs channel itself, so that a key's next message does not wait for a
 //! claim.
 //!
-//! The claimer never holds more than `2 × batch_size + handler_threads` messages nor more than
-//! `max_in_flight_bytes` of payload, so a slow receiver applies back-pressure instead of
+//! Claims grow from `batch_size` towards `max_batch_size` while the handler threads keep up
+//! with them, and shrink back when they do not. The claimer never holds more than
+//! `2 × claim size + handler_threads` messages nor more than `max_in_flight_bytes` of payload,
+//! so a slow receiver applies back-pressure (and keeps claims at their smallest) instead of
 //! filling memory. The acker renews the leases of what the worker holds, so a lease bounds how
 //! long a dead worker's messages wait, not how long a handler may run; the watchdog bounds
 //! that, with the handler timeout.
@@ -123,10 +125,11 @@ impl<S: Store> WorkerBuilder<S> {
             + usize::from(destinations.any_across_processes());
         self.store.check(connections).map_err(WorkerError::Store)?;
         log::info!(
-            "outbox worker starting: {} handler threads, batches of {}, lease {:?}, handler \
-             timeout {:?}, handling {:?}, destinations {:?}",
+            "outbox worker starting: {} handler threads, claims of {} to {} messages, lease {:?}, \
+             handler timeout {:?}, handling {:?}, destinations {:?}",
             config.handler_threads,
             config.batch_size,
+            config.max_batch_size,
             config.lease,
             config.handler_timeout,
             registry.message_types(),

@@ -31,7 +31,7 @@ use crate::store::{ClaimToken, Outcome, Settlement, Store};
 use crate::testing::MemoryStore;
 
 use super::acker::Settler;
-use super::claimer::plan_claim;
+use super::claimer::{plan_claim, ClaimSize};
 use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt, HandlerPool, Job};
 use super::held::Admission;
@@ -68,6 +68,7 @@ struct SimWorker {
     queued: VecDeque<Job>,
     running: Vec<Running>,
     next_thread: usize,
+    size: ClaimSize,
 }
 
 impl SimWorker {
@@ -97,19 +98,26 @@ impl SimWorker {
             queued: VecDeque::new(),
             running: Vec::new(),
             next_thread: 0,
+            size: ClaimSize::new(config),
         }
     }
 
     fn claim(&mut self, now: Instant) {
         let shared = &self.shared;
-        let Some(limit) = plan_claim(&shared.config, shared.held.count(), shared.held.bytes())
-        else {
+        let Some(limit) = plan_claim(
+            &shared.config,
+            self.size.get(),
+            shared.held.count(),
+            shared.held.bytes(),
+        ) else {
             return;
         };
         let token = ClaimToken::new();
         let Ok(claimed) = shared.store.claim(token, limit, shared.config.lease) else {
             return;
         };
+        self.size
+            .claimed(limit.messages, claimed.len(), self.queued.len());
         for message in claimed {
             match shared
                 .held
@@ -222,11 +230,13 @@ impl SimWorker {
 
 fn config(rng: &mut fastrand::Rng) -> Config {
     let batch_size = rng.usize(1..=8);
+    let max_batch_size = batch_size * rng.usize(1..=4);
     let handler_threads = rng.usize(1..=4);
     let lease = Duration::from_millis(rng.u64(2_000..=10_000));
     Config {
         handler_threads,
         batch_size,
+        max_batch_size,
         lease,
         heartbeat: lease / HEARTBEATS_PER_LEASE,
         handler_timeout: Duration::from_millis(rng.u64(100..=3_000)),
@@ -238,7 +248,7 @@ fn config(rng: &mut fastrand::Rng) -> Config {
             .multiplier(2.0)
             .max_backoff(Duration::from_secs(5)),
         unknown_type_grace: Duration::from_millis(rng.u64(0..=20_000)),
-        max_in_flight: 2 * batch_size + handler_threads,
+        max_in_flight: 2 * max_batch_size + handler_threads,
         max_in_flight_bytes: rng.usize(64..=4_096),
         backlog_interval: Duration::from_secs(15),
         max_deferral: None,
@@ -511,6 +521,7 @@ fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
     let mut rng = fastrand::Rng::with_seed(7);
     let config = Config {
         batch_size: 4,
+        max_batch_size: 4,
         handler_threads: 1,
         max_in_flight: 9,
         max_in_flight_bytes: 4_096,
