@@ -196,7 +196,7 @@ fn pg_backend_roles(db: &BenchDb) -> Res<HashMap<u32, &'static str>> {
     Ok(backends
         .into_iter()
         .filter_map(|b| {
-            let role = if b.query.starts_with("WITH candidates") {
+            let role = if b.query.starts_with("WITH prioritized") {
                 "claim"
             } else if b.query.starts_with("WITH done") {
                 "settle"
