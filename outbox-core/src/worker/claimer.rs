@@ -20,9 +20,10 @@ use crate::metrics;
 
 /// How many messages the next claim asks for: `batch_size` to start with, doubled up to
 /// `max_batch_size` while the handler threads have run out of messages by the time a full claim
-/// comes back (claims are what they wait for), and halved back towards `batch_size` when a claim
-/// comes back short (the backlog is drained) or finds a whole claim's worth still waiting for a
-/// handler (they are what the claims wait for).
+/// comes back after a full one (claims are what they wait for), and halved back towards
+/// `batch_size` when a claim comes back short (the backlog is drained) or finds a whole claim's
+/// worth still waiting for a handler (they are what the claims wait for). The first full claim
+/// after a short one never grows: the handlers had nothing to run out of.
 ///
 /// A claim costs a round trip and a commit whatever its size, so a fast drain wants large
 /// claims; a slow receiver, a worker beside others, and a backlog of ordering keys want small
@@ -32,6 +33,8 @@ pub(crate) struct ClaimSize {
     size: usize,
     smallest: usize,
     largest: usize,
+    /// The last claim took all it asked for.
+    last_full: bool,
 }
 
 impl ClaimSize {
@@ -40,6 +43,7 @@ impl ClaimSize {
             size: config.batch_size,
             smallest: config.batch_size,
             largest: config.max_batch_size,
+            last_full: false,
         }
     }
 
@@ -51,11 +55,13 @@ impl ClaimSize {
     /// A claim that asked for `asked` messages took `taken`, and found `queued` messages still
     /// waiting for a handler thread when it came back.
     pub fn claimed(&mut self, asked: usize, taken: usize, queued: usize) {
-        if taken >= asked && queued == 0 {
+        let full = taken >= asked;
+        if full && self.last_full && queued == 0 {
             self.size = (self.size * 2).min(self.largest);
-        } else if taken < asked || queued >= self.size {
+        } else if !full || queued >= self.size {
             self.size = (self.size / 2).max(self.smallest);
         }
+        self.last_full = full;
     }
 }
 
@@ -292,7 +298,10 @@ mod tests {
         config.max_in_flight = 2 * 256 + 16;
         let mut size = ClaimSize::new(&config);
         assert_eq!(size.get(), 64);
-        // Full claims that find the handlers idle: 128, 256, and no further.
+        // The first full claim: the handlers were idle because nothing had been claimed yet.
+        size.claimed(64, 64, 0);
+        assert_eq!(size.get(), 64);
+        // Full claims after full ones that find the handlers idle: 128, 256, and no further.
         for expected in [128, 256, 256] {
             size.claimed(size.get(), size.get(), 0);
             assert_eq!(size.get(), expected);
@@ -308,6 +317,11 @@ mod tests {
             size.claimed(size.get(), 3, 0);
             assert_eq!(size.get(), expected);
         }
+        // A burst after a quiet spell starts again from the first full claim.
+        size.claimed(64, 64, 0);
+        assert_eq!(size.get(), 64);
+        size.claimed(64, 64, 0);
+        assert_eq!(size.get(), 128);
         // What the worker may hold follows the claim size, not the largest one.
         assert!(
             plan_claim(&config, 64, 80, 0).is_some(),
