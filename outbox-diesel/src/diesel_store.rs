@@ -47,7 +47,7 @@ const PLANS_KEPT: Duration = Duration::from_secs(10);
 struct HeldConnection<M: ManageConnection> {
     conn: PooledConnection<M>,
     plans_made: Instant,
-    /// Undoes the session settings this connection was taken with (see [`Session`]) before it
+    /// Undoes the session settings this connection was taken with (see [`HeldSlot`]) before it
     /// goes back to a pool the application may share.
     reset: Option<fn(&mut M::Connection)>,
 }
@@ -134,6 +134,11 @@ fn reset_claims_session<C: OutboxConnection>(conn: &mut C) {
 /// every backlog sample (the worker's housekeeper, on its own connection, every
 /// `backlog_interval`) steps the cursor back to the oldest due message if claims passed it. SQLite
 /// removes index entries at once and always reads from the start.
+///
+/// On PostgreSQL the claimer's connection plans without bitmap scans (`enable_bitmapscan = off`
+/// for that session only, reset before the connection goes back to the pool): statistics taken
+/// before a burst made a claim read and sort every due row instead of walking the due index in
+/// order to its limit.
 ///
 /// On PostgreSQL the store also lets its connections' cached query plans go every 10 seconds
 /// (`DISCARD PLANS`; the prepared statements stay): a plan made while the outbox was empty
