@@ -1,9 +1,12 @@
 //! Priorities, on every backend: claims take the raised priorities first, each priority in due
 //! order, however long the ordinary backlog and wherever the claim cursor stands; a claimed
 //! batch hands its raised messages out first; per-key order comes before priority; a retried
-//! message and a re-queued dead letter keep their priority.
+//! message and a re-queued dead letter keep their priority; a worker's handler threads take a
+//! raised message before the ordinary ones already waiting for them.
 
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 
@@ -14,10 +17,10 @@ use outbox_diesel::prelude::*;
 use outbox_diesel::store::{ClaimToken, ClaimedMessage, Settlement};
 use outbox_diesel::{
     outbox_handler, Batch, Context, DieselStore, EnqueueOptions, OutboxManager, Priority,
-    ProcessError,
+    ProcessError, Worker,
 };
 use outbox_testkit::outbox::{claim, settle_all};
-use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
+use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -30,6 +33,49 @@ struct Step {
 
 impl Handler for Step {
     fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+/// A handler that waits for its run's gate, then takes a while: the worker's claims pile up
+/// behind its only thread. `run` keeps the backends' tests, which run at once, apart.
+#[outbox_handler("priority.queued")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Queued {
+    run: String,
+    n: u32,
+}
+
+static OPEN_GATES: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+static HANDLED: Mutex<Option<HashMap<String, Vec<u32>>>> = Mutex::new(None);
+
+fn gate_is_open(run: &str) -> bool {
+    let gates = OPEN_GATES.lock().unwrap_or_else(PoisonError::into_inner);
+    gates.as_ref().is_some_and(|gates| gates.contains(run))
+}
+
+fn handled(run: &str) -> Vec<u32> {
+    let handled = HANDLED.lock().unwrap_or_else(PoisonError::into_inner);
+    handled
+        .as_ref()
+        .and_then(|handled| handled.get(run).cloned())
+        .unwrap_or_default()
+}
+
+impl Handler for Queued {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let until = Instant::now() + Duration::from_secs(30);
+        while !gate_is_open(&self.run) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        HANDLED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(HashMap::new)
+            .entry(self.run)
+            .or_default()
+            .push(self.n);
         Ok(())
     }
 }
@@ -261,7 +307,69 @@ fn listings_show_priorities_and_odd_levels_are_claimed_in_order<C: TestConnectio
     );
 }
 
+/// Claims hand their raised messages out first, but a claim's ordinary messages may still be
+/// waiting for a handler thread when the next claim brings a raised one: it must not wait
+/// behind them. One handler thread, claims of 8 (so the worker holds 17 at most): 16 ordinary
+/// messages are claimed behind a held-up first one, then a `High` one is enqueued; it comes
+/// in the claim made once 8 slots are free, and must be handled before most of the 8 ordinary
+/// messages the earlier claims left waiting (with one queue, after all 16).
+fn a_raised_message_overtakes_the_ordinary_ones_waiting_for_a_handler_thread<C: TestConnection>(
+    db: &TestDb,
+) {
+    let run = format!("{:?}", db.backend());
+    let pool = db.pool::<C>(8);
+    let mut batch = Batch::new();
+    for n in 0..24 {
+        batch
+            .push(&Queued {
+                run: run.clone(),
+                n,
+            })
+            .unwrap();
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .handler_threads(1)
+        .batch_size(8)
+        .poll_interval(Duration::from_millis(20))
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || worker.in_flight() == 16),
+        "two claims held: {}",
+        worker.in_flight()
+    );
+    let raised = 1_000;
+    Queued {
+        run: run.clone(),
+        n: raised,
+    }
+    .enqueue_with(&mut pool.get().unwrap(), &with(Priority::High))
+    .unwrap();
+    OPEN_GATES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get_or_insert_with(HashSet::new)
+        .insert(run.clone());
+    assert!(
+        eventually(Duration::from_secs(30), || handled(&run).len() == 25),
+        "all handled: {:?}",
+        handled(&run)
+    );
+    let stats = worker.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(stats.succeeded, 25, "{stats:?}");
+    let order = handled(&run);
+    let raised_at = order.iter().position(|&n| n == raised).unwrap();
+    let overtaken = order[raised_at..].iter().filter(|&&n| n < 16).count();
+    assert!(
+        overtaken >= 4,
+        "the raised message was handled after {raised_at} others and overtook only {overtaken} \
+         of those claimed before it: {order:?}"
+    );
+}
+
 backend_tests!(
+    a_raised_message_overtakes_the_ordinary_ones_waiting_for_a_handler_thread,
     listings_show_priorities_and_odd_levels_are_claimed_in_order,
     a_batch_beyond_the_written_in_limits_takes_priorities_first,
     raised_priorities_are_claimed_first_each_in_due_order,

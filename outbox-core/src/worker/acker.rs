@@ -20,7 +20,7 @@ use crate::store::{ClaimToken, ClaimedMessage, Outcome, Settlement, SuccessorLea
 use super::backoff::{Backoff, Failures};
 use super::claimer::dispatch;
 use super::handle::Counters;
-use super::handlers::Job;
+use super::jobs::JobSender;
 use super::shared::Shared;
 use super::text::reduced;
 use super::timing::{
@@ -76,7 +76,7 @@ pub(crate) struct Acker {
 }
 
 impl Acker {
-    pub fn new(shared: Arc<Shared>, outcomes: Receiver<Outcome>, jobs: Sender<Job>) -> Self {
+    pub fn new(shared: Arc<Shared>, outcomes: Receiver<Outcome>, jobs: JobSender) -> Self {
         let settler = Settler::new(Instant::now()).with_jobs(jobs);
         Acker {
             shared,
@@ -189,7 +189,7 @@ pub(crate) struct Settler {
     /// While the database is unreachable: not before then.
     next_settle: Instant,
     /// Where the messages a settlement leases go (the next messages of settled keys).
-    jobs: Option<Sender<Job>>,
+    jobs: Option<JobSender>,
 }
 
 impl Settler {
@@ -206,7 +206,7 @@ impl Settler {
 
     /// Lets settlements lease the next message of each settled ordering key and hand it to the
     /// handler threads through `jobs`.
-    pub fn with_jobs(mut self, jobs: Sender<Job>) -> Self {
+    pub fn with_jobs(mut self, jobs: JobSender) -> Self {
         self.jobs = Some(jobs);
         self
     }

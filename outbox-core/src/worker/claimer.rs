@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
+use super::jobs::JobSender;
+
 use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome};
 
 use super::backoff::{Backoff, Failures};
@@ -141,7 +143,7 @@ pub(crate) fn dispatch(
 /// The claimer's thread.
 pub(crate) struct Claimer {
     shared: Arc<Shared>,
-    jobs: Sender<Job>,
+    jobs: JobSender,
     outcomes: Sender<Outcome>,
     wake: Receiver<()>,
     capacity: Receiver<()>,
@@ -154,7 +156,7 @@ pub(crate) struct Claimer {
 impl Claimer {
     pub fn new(
         shared: Arc<Shared>,
-        jobs: Sender<Job>,
+        jobs: JobSender,
         outcomes: Sender<Outcome>,
         wake: Receiver<()>,
         capacity: Receiver<()>,

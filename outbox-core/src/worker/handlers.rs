@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 
 use crate::context::{Context, Delivery, SettleWithin};
 use crate::destination::pace::LONGEST_PACING_WAIT;
@@ -17,6 +17,7 @@ use crate::retry::RetryPolicy;
 use crate::store::{ClaimedMessage, Outcome, SettleTarget, Settlement};
 
 use super::held::JobId;
+use super::jobs::JobReceiver;
 use super::shared::{panic_text, Shared};
 use super::text::storable;
 use super::timing::{MAX_DURATION, MIN_DEFAULT_DEFERRAL, PANIC_RETRY_DELAY, START_MARGIN};
@@ -374,7 +375,7 @@ pub(crate) fn log_settlement(
 
 /// The handler threads: how many there are, which are retired, and how to start one more.
 pub(crate) struct HandlerPool {
-    jobs: Receiver<Job>,
+    jobs: JobReceiver,
     outcomes: Sender<Outcome>,
     next_thread: AtomicUsize,
     /// Threads the watchdog gave up on: each ends once its stuck handler returns.
@@ -382,7 +383,7 @@ pub(crate) struct HandlerPool {
 }
 
 impl HandlerPool {
-    pub fn new(jobs: Receiver<Job>, outcomes: Sender<Outcome>) -> Self {
+    pub fn new(jobs: JobReceiver, outcomes: Sender<Outcome>) -> Self {
         HandlerPool {
             jobs,
             outcomes,
@@ -436,8 +437,8 @@ impl Drop for Serving<'_> {
     }
 }
 
-fn run(shared: &Shared, jobs: &Receiver<Job>, outcomes: &Sender<Outcome>, thread: usize) {
-    for Job { job, mut message } in jobs.iter() {
+fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: usize) {
+    while let Some(Job { job, mut message }) = jobs.recv() {
         let now = Instant::now();
         let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
             continue;

@@ -2,14 +2,14 @@
 //! the outcomes in batches.
 //!
 //! ```text
-//! claimer ──jobs (bounded)──▶ handler threads ──outcomes (bounded)──▶ acker
+//! claimer ──jobs (bounded, raised first)──▶ handler threads ──outcomes (bounded)──▶ acker
 //!    ▲  wake: LISTEN/NOTIFY, in-process enqueue, poll timer   │ capacity freed
 //!    └────────────────────────────────────────────────────────┘
 //! ```
 //!
 //! One role per file: [`config`] (the builder and the checked settings), [`handle`] (what the
 //! application holds: stats, health, shutdown), [`claimer`], [`handlers`] (the pool, and what
-//! a finished attempt means), [`acker`] (settlements, the refused-outcome policy, the lease
+//! a finished attempt means), [`jobs`] (the channel between them, raised priorities first), [`acker`] (settlements, the refused-outcome policy, the lease
 //! heartbeat and the handler watchdog), [`listener`]; [`held`] is the book of what the worker
 //! holds, [`timing`] every interval it keeps.
 //!
@@ -34,6 +34,7 @@ mod handle;
 mod handlers;
 mod held;
 mod housekeeper;
+mod jobs;
 mod listener;
 mod shared;
 #[cfg(test)]
@@ -147,7 +148,7 @@ impl<S: Store> WorkerBuilder<S> {
         let (stop_tx, stop_rx) = bounded::<()>(0);
         // As many jobs as the worker may hold messages: the acker hands over what a settlement
         // leases without ever waiting for a handler thread.
-        let (jobs_tx, jobs_rx) = bounded(config.max_in_flight);
+        let (jobs_tx, jobs_rx) = jobs::channel(config.max_in_flight);
         let (outcomes_tx, outcomes_rx) = bounded(config.max_in_flight + config.handler_threads);
         let local_wakeups =
             (listens && self.store.wants_local_wakeups()).then(|| wake::subscribe(wake_tx.clone()));

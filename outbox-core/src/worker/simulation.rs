@@ -75,7 +75,7 @@ impl SimWorker {
     fn new(config: &Config, store: &MemoryStore, now: Instant) -> Self {
         let (capacity, _) = bounded(1);
         let (stop, stopped) = bounded(1);
-        let (_, jobs) = bounded(1);
+        let (_, jobs) = super::jobs::channel(1);
         let (outcomes, _) = bounded(1);
         let parts = Parts {
             config: config.clone(),

@@ -1,0 +1,173 @@
+//! The jobs channel: claimed messages on their way to the handler threads, the raised
+//! priorities ahead of the ordinary ones already waiting.
+//!
+//! A claim hands its raised messages out first, but the claims before it may have left up to
+//! two claims' worth of ordinary messages waiting for a handler thread; one channel would make
+//! a `High` message wait for all of them (at claims of 256 on MariaDB, a p99 of 99 ms under a
+//! backlog). Two lanes let it take the next free thread instead.
+
+use crossbeam_channel::{Receiver, Select, SendError, Sender, TryRecvError, TrySendError};
+
+use crate::priority::Priority;
+
+use super::handlers::Job;
+
+/// A jobs channel of two lanes, each holding up to `capacity` jobs.
+pub(crate) fn channel(capacity: usize) -> (JobSender, JobReceiver) {
+    let (raised_tx, raised_rx) = crossbeam_channel::bounded(capacity);
+    let (ordinary_tx, ordinary_rx) = crossbeam_channel::bounded(capacity);
+    (
+        JobSender {
+            raised: raised_tx,
+            ordinary: ordinary_tx,
+        },
+        JobReceiver {
+            raised: raised_rx,
+            ordinary: ordinary_rx,
+        },
+    )
+}
+
+/// Hands jobs to the handler threads, each in its priority's lane.
+#[derive(Debug, Clone)]
+pub(crate) struct JobSender {
+    raised: Sender<Job>,
+    ordinary: Sender<Job>,
+}
+
+impl JobSender {
+    fn lane(&self, job: &Job) -> &Sender<Job> {
+        if job.message.priority > Priority::Normal {
+            &self.raised
+        } else {
+            &self.ordinary
+        }
+    }
+
+    /// Waits for room; fails once the handler threads are gone.
+    pub fn send(&self, job: Job) -> Result<(), SendError<Job>> {
+        self.lane(&job).send(job)
+    }
+
+    pub fn try_send(&self, job: Job) -> Result<(), TrySendError<Job>> {
+        self.lane(&job).try_send(job)
+    }
+
+    /// How many jobs wait for a handler thread.
+    pub fn len(&self) -> usize {
+        self.raised.len() + self.ordinary.len()
+    }
+}
+
+/// What the handler threads take jobs from.
+#[derive(Debug, Clone)]
+pub(crate) struct JobReceiver {
+    raised: Receiver<Job>,
+    ordinary: Receiver<Job>,
+}
+
+impl JobReceiver {
+    /// The next job, a raised one if any waits; waits for one. `None` once every sender is gone
+    /// and both lanes are empty: the queue is finished before the handler threads end.
+    pub fn recv(&self) -> Option<Job> {
+        loop {
+            match self.raised.try_recv() {
+                Ok(job) => return Some(job),
+                Err(TryRecvError::Disconnected) => return self.ordinary.recv().ok(),
+                Err(TryRecvError::Empty) => {}
+            }
+            match self.ordinary.try_recv() {
+                Ok(job) => return Some(job),
+                Err(TryRecvError::Disconnected) => return self.raised.recv().ok(),
+                Err(TryRecvError::Empty) => {}
+            }
+            // Only wait here: which lane to take from is decided above, raised first, even
+            // when both became ready at once.
+            let mut either = Select::new();
+            either.recv(&self.raised);
+            either.recv(&self.ordinary);
+            either.ready();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant, SystemTime};
+
+    use super::*;
+    use crate::headers::Headers;
+    use crate::message::MessageId;
+    use crate::store::ClaimedMessage;
+
+    fn job(position: i64, priority: Priority) -> Job {
+        Job {
+            job: position as u64,
+            message: ClaimedMessage {
+                position,
+                message_id: MessageId::new(),
+                message_type: "core.lanes".into(),
+                payload: "{}".into(),
+                ordering_key: None,
+                attempt: 1,
+                enqueued_at: SystemTime::now(),
+                headers: Headers::default(),
+                priority,
+            },
+        }
+    }
+
+    fn positions(receiver: &JobReceiver, count: usize) -> Vec<i64> {
+        (0..count)
+            .map(|_| receiver.recv().map(|job| job.message.position).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn raised_jobs_overtake_the_ordinary_ones_already_waiting() {
+        let (sender, receiver) = channel(16);
+        for position in 0..5 {
+            sender.try_send(job(position, Priority::Normal)).unwrap();
+        }
+        sender.send(job(10, Priority::High)).unwrap();
+        sender.send(job(11, Priority::Urgent)).unwrap();
+        sender.send(job(12, Priority::High)).unwrap();
+        assert_eq!(sender.len(), 8);
+        assert_eq!(
+            positions(&receiver, 8),
+            [10, 11, 12, 0, 1, 2, 3, 4],
+            "raised in the order they were handed out, then the ordinary ones in theirs"
+        );
+        assert_eq!(sender.len(), 0);
+    }
+
+    #[test]
+    fn the_queue_is_finished_after_the_senders_are_gone_then_it_ends() {
+        let (sender, receiver) = channel(16);
+        let acker = sender.clone();
+        sender.send(job(0, Priority::Normal)).unwrap();
+        acker.send(job(1, Priority::High)).unwrap();
+        drop(sender);
+        acker.send(job(2, Priority::Normal)).unwrap();
+        drop(acker);
+        assert_eq!(positions(&receiver, 3), [1, 0, 2]);
+        assert!(receiver.recv().is_none());
+    }
+
+    #[test]
+    fn a_waiting_handler_thread_wakes_for_either_lane() {
+        for priority in [Priority::Normal, Priority::Urgent] {
+            let (sender, receiver) = channel(4);
+            let waiting = std::thread::spawn(move || {
+                let started = Instant::now();
+                let job = receiver.recv().map(|job| job.message.position);
+                (job, started.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            sender.send(job(7, priority)).unwrap();
+            let (received, waited) = waiting.join().unwrap();
+            assert_eq!(received, Some(7), "{priority:?}");
+            assert!(waited >= Duration::from_millis(40), "it waited: {waited:?}");
+        }
+    }
+}
