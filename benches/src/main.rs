@@ -209,8 +209,8 @@ pub struct Opts {
     pub keep: bool,
 }
 
-/// The worker's claim sizes as asked for: either left out, the library's default (claims of 64,
-/// which grow only up to a `max_batch_size` given).
+/// The worker's claim sizes as asked for: either left out, the library's default (claims of 64
+/// that grow to 256 while the handlers keep up).
 #[derive(Args, Debug, Clone, Copy, Default)]
 pub struct ClaimSizes {
     /// The worker's `batch_size`: the first and smallest claim (fixed unless
@@ -225,6 +225,7 @@ pub struct ClaimSizes {
 impl ClaimSizes {
     /// The library's defaults, which these mirror for the benches' own claims and reports.
     const DEFAULT_BATCH: usize = 64;
+    const DEFAULT_MAX: usize = 256;
 
     /// The first claim's size.
     pub fn first(self) -> usize {
@@ -233,7 +234,11 @@ impl ClaimSizes {
 
     /// The largest claim's size.
     pub fn largest(self) -> usize {
-        self.max_batch_size.unwrap_or(self.first())
+        match (self.max_batch_size, self.batch_size) {
+            (Some(largest), _) => largest,
+            (None, Some(fixed)) => fixed,
+            (None, None) => Self::DEFAULT_MAX,
+        }
     }
 
     /// As reports print it: `64` for a fixed size, `64-256` for claims that grow.

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
 
 use crate::metrics;
 use crate::store::{ClaimToken, ClaimedMessage, Outcome, Settlement, SuccessorLease};

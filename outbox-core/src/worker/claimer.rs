@@ -9,6 +9,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::jobs::JobSender;
 
+use crate::priority::Priority;
 use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome};
 
 use super::backoff::{Backoff, Failures};
@@ -17,7 +18,7 @@ use super::handle::{AliveGuard, Counters};
 use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, Job};
 use super::held::Admission;
 use super::shared::Shared;
-use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS};
+use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS, SMALL_CLAIMS_AFTER_RAISED};
 use crate::metrics;
 
 /// How many messages the next claim asks for: `batch_size` to start with, doubled up to
@@ -25,7 +26,10 @@ use crate::metrics;
 /// comes back after a full one (claims are what they wait for), and halved back towards
 /// `batch_size` when a claim comes back short (the backlog is drained) or finds a whole claim's
 /// worth still waiting for a handler (they are what the claims wait for). The first full claim
-/// after a short one never grows: the handlers had nothing to run out of.
+/// after a short one never grows: the handlers had nothing to run out of. A claim that takes a
+/// message of a raised priority sets the size back to `batch_size`, where it stays for
+/// [`SMALL_CLAIMS_AFTER_RAISED`]: the next raised message waits for the next claim, and small
+/// claims come soonest.
 ///
 /// A claim costs a round trip and a commit whatever its size, so a fast drain wants large
 /// claims; a slow receiver, a worker beside others, and a backlog of ordering keys want small
@@ -37,6 +41,8 @@ pub(crate) struct ClaimSize {
     largest: usize,
     /// The last claim took all it asked for.
     last_full: bool,
+    /// Claims stay at `smallest` until then: a raised message was claimed shortly before.
+    small_until: Option<Instant>,
 }
 
 impl ClaimSize {
@@ -46,6 +52,7 @@ impl ClaimSize {
             smallest: config.batch_size,
             largest: config.max_batch_size,
             last_full: false,
+            small_until: None,
         }
     }
 
@@ -54,16 +61,52 @@ impl ClaimSize {
         self.size
     }
 
-    /// A claim that asked for `asked` messages took `taken`, and found `queued` messages still
-    /// waiting for a handler thread when it came back.
-    pub fn claimed(&mut self, asked: usize, taken: usize, queued: usize) {
+    /// A claim that asked for `asked` messages took `taken`, `raised` among them of a raised
+    /// priority, and found `queued` messages still waiting for a handler thread when it came
+    /// back at `now`.
+    pub fn claimed(&mut self, claim: Claimed, now: Instant) {
+        let Claimed {
+            asked,
+            taken,
+            raised,
+            queued,
+        } = claim;
         let full = taken >= asked;
-        if full && self.last_full && queued == 0 {
+        let kept_small = self.small_until.is_some_and(|until| now < until);
+        if raised > 0 {
+            self.size = self.smallest;
+            self.small_until = Some(now + SMALL_CLAIMS_AFTER_RAISED);
+        } else if full && self.last_full && queued == 0 && !kept_small {
             self.size = (self.size * 2).min(self.largest);
         } else if !full || queued >= self.size {
             self.size = (self.size / 2).max(self.smallest);
         }
         self.last_full = full;
+    }
+}
+
+/// What a claim took, as [`ClaimSize`] reads it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Claimed {
+    pub asked: usize,
+    pub taken: usize,
+    /// Of those taken, how many of a raised priority.
+    pub raised: usize,
+    /// Messages still waiting for a handler thread when the claim came back.
+    pub queued: usize,
+}
+
+impl Claimed {
+    pub fn of(asked: usize, claimed: &[ClaimedMessage], queued: usize) -> Self {
+        Claimed {
+            asked,
+            taken: claimed.len(),
+            raised: claimed
+                .iter()
+                .filter(|message| message.priority > Priority::Normal)
+                .count(),
+            queued,
+        }
     }
 }
 
@@ -215,7 +258,10 @@ impl Claimer {
             }
         };
         let count = claimed.len();
-        self.size.claimed(limit.messages, count, self.jobs.len());
+        self.size.claimed(
+            Claimed::of(limit.messages, &claimed, self.jobs.len()),
+            Instant::now(),
+        );
         let lease_ends = started + config.lease;
         let jobs = &self.jobs;
         let outcomes = &self.outcomes;
@@ -293,36 +339,47 @@ mod tests {
         assert!(plan_claim(&config, 64, 1000, 0).is_none());
     }
 
+    /// A claim of `taken` ordinary messages out of `asked`, `queued` still waiting.
+    fn ordinary(asked: usize, taken: usize, queued: usize) -> Claimed {
+        Claimed {
+            asked,
+            taken,
+            raised: 0,
+            queued,
+        }
+    }
+
     #[test]
     fn claims_grow_while_the_handlers_keep_up_and_shrink_when_they_do_not() {
+        let now = Instant::now();
         let mut config = config(64, 16, usize::MAX);
         config.max_batch_size = 256;
         config.max_in_flight = 2 * 256 + 16;
         let mut size = ClaimSize::new(&config);
         assert_eq!(size.get(), 64);
         // The first full claim: the handlers were idle because nothing had been claimed yet.
-        size.claimed(64, 64, 0);
+        size.claimed(ordinary(64, 64, 0), now);
         assert_eq!(size.get(), 64);
         // Full claims after full ones that find the handlers idle: 128, 256, and no further.
         for expected in [128, 256, 256] {
-            size.claimed(size.get(), size.get(), 0);
+            size.claimed(ordinary(size.get(), size.get(), 0), now);
             assert_eq!(size.get(), expected);
         }
         // Full, some still queued but less than a claim: kept.
-        size.claimed(256, 256, 100);
+        size.claimed(ordinary(256, 256, 100), now);
         assert_eq!(size.get(), 256);
         // A whole claim still waiting for the handlers: halved.
-        size.claimed(256, 256, 256);
+        size.claimed(ordinary(256, 256, 256), now);
         assert_eq!(size.get(), 128);
         // A short claim (the backlog is drained): halved, never below batch_size.
         for expected in [64, 64] {
-            size.claimed(size.get(), 3, 0);
+            size.claimed(ordinary(size.get(), 3, 0), now);
             assert_eq!(size.get(), expected);
         }
         // A burst after a quiet spell starts again from the first full claim.
-        size.claimed(64, 64, 0);
+        size.claimed(ordinary(64, 64, 0), now);
         assert_eq!(size.get(), 64);
-        size.claimed(64, 64, 0);
+        size.claimed(ordinary(64, 64, 0), now);
         assert_eq!(size.get(), 128);
         // What the worker may hold follows the claim size, not the largest one.
         assert!(
@@ -338,11 +395,43 @@ mod tests {
     }
 
     #[test]
+    fn a_raised_message_keeps_claims_small_for_a_while() {
+        let mut config = config(64, 16, usize::MAX);
+        config.max_batch_size = 256;
+        config.max_in_flight = 2 * 256 + 16;
+        let start = Instant::now();
+        let mut size = ClaimSize::new(&config);
+        for _ in 0..3 {
+            size.claimed(ordinary(size.get(), size.get(), 0), start);
+        }
+        assert_eq!(size.get(), 256);
+        let with_raised = Claimed {
+            raised: 1,
+            ..ordinary(256, 256, 0)
+        };
+        size.claimed(with_raised, start);
+        assert_eq!(size.get(), 64, "back to batch_size at once");
+        let within = start + SMALL_CLAIMS_AFTER_RAISED - Duration::from_millis(1);
+        for _ in 0..4 {
+            size.claimed(ordinary(64, 64, 0), within);
+        }
+        assert_eq!(size.get(), 64, "kept small however the handlers keep up");
+        let after = start + SMALL_CLAIMS_AFTER_RAISED;
+        size.claimed(ordinary(64, 64, 0), after);
+        assert_eq!(size.get(), 128, "growing again once it has passed");
+        // Each raised message starts the while again.
+        size.claimed(with_raised, after);
+        size.claimed(ordinary(64, 64, 0), after + Duration::from_millis(500));
+        assert_eq!(size.get(), 64);
+    }
+
+    #[test]
     fn a_fixed_size_never_grows() {
+        let now = Instant::now();
         let config = config(64, 16, usize::MAX);
         let mut size = ClaimSize::new(&config);
         for _ in 0..5 {
-            size.claimed(64, 64, 0);
+            size.claimed(ordinary(64, 64, 0), now);
         }
         assert_eq!(size.get(), 64);
     }

@@ -45,10 +45,14 @@ impl JobSender {
     }
 
     /// Waits for room; fails once the handler threads are gone.
+    // The job comes back in the error, as in crossbeam's own `send`: the caller settles it.
+    #[allow(clippy::result_large_err)]
     pub fn send(&self, job: Job) -> Result<(), SendError<Job>> {
         self.lane(&job).send(job)
     }
 
+    /// Gives the job back when its lane is full, rather than waiting.
+    #[allow(clippy::result_large_err)]
     pub fn try_send(&self, job: Job) -> Result<(), TrySendError<Job>> {
         self.lane(&job).try_send(job)
     }

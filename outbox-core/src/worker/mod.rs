@@ -19,10 +19,10 @@
 //! claim.
 //!
 //! Claims grow from `batch_size` towards `max_batch_size` while the handler threads keep up
-//! with them, and shrink back when they do not. The claimer never holds more than
-//! `2 × claim size + handler_threads` messages nor more than `max_in_flight_bytes` of payload,
-//! so a slow receiver applies back-pressure (and keeps claims at their smallest) instead of
-//! filling memory. The acker renews the leases of what the worker holds, so a lease bounds how
+//! with them, and shrink back when they do not, or when a raised priority was just claimed.
+//! The claimer never holds more than `2 × claim size + handler_threads` messages nor more than
+//! `max_in_flight_bytes` of payload, so a slow receiver applies back-pressure (and keeps claims
+//! at their smallest) instead of filling memory. The acker renews the leases of what the worker holds, so a lease bounds how
 //! long a dead worker's messages wait, not how long a handler may run; the watchdog bounds
 //! that, with the handler timeout.
 
@@ -73,10 +73,10 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker over `store` with the defaults: 16 handler threads, batches of 64 and at most
-    /// 32 MiB of payload held, a 30 s handler timeout, a 60 s lease (renewed while a message is
-    /// held), a 1 s safety-net poll, wake-ups on, unknown types retried for 15 minutes, and
-    /// the default [`RetryPolicy`](crate::RetryPolicy).
+    /// A worker over `store` with the defaults: 16 handler threads, claims of 64 growing to 256
+    /// while the handlers keep up, at most 32 MiB of payload held, a 30 s handler timeout, a
+    /// 60 s lease (renewed while a message is held), a 1 s safety-net poll, wake-ups on, unknown
+    /// types retried for 15 minutes, and the default [`RetryPolicy`](crate::RetryPolicy).
     pub fn builder<S: Store>(store: S) -> WorkerBuilder<S> {
         WorkerBuilder::new(store)
     }

@@ -31,7 +31,7 @@ use crate::store::{ClaimToken, Outcome, Settlement, Store};
 use crate::testing::MemoryStore;
 
 use super::acker::Settler;
-use super::claimer::{plan_claim, ClaimSize};
+use super::claimer::{plan_claim, ClaimSize, Claimed};
 use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt, HandlerPool, Job};
 use super::held::Admission;
@@ -116,8 +116,10 @@ impl SimWorker {
         let Ok(claimed) = shared.store.claim(token, limit, shared.config.lease) else {
             return;
         };
-        self.size
-            .claimed(limit.messages, claimed.len(), self.queued.len());
+        self.size.claimed(
+            Claimed::of(limit.messages, &claimed, self.queued.len()),
+            now,
+        );
         for message in claimed {
             match shared
                 .held

@@ -6,6 +6,11 @@ use std::time::Duration;
 /// comes before the enqueuing transaction commits, and commits take about this long.
 pub const FOLLOW_UPS_MS: [u64; 5] = [1, 4, 16, 64, 256];
 
+/// How long after claiming a message of a raised priority claims stay at `batch_size`: a
+/// raised message waits for the next claim, and the smallest claims come soonest (on MariaDB,
+/// claims of 256 put a `High` message's p99 at 37-74 ms, claims of 64 at 13-15).
+pub const SMALL_CLAIMS_AFTER_RAISED: Duration = Duration::from_secs(1);
+
 /// How long the acker waits for more outcomes to settle together while more are on their way.
 /// Each settlement costs a statement and a commit whatever its size; the wait delays only the
 /// settlement (and the claim of what waits behind it in its ordering key), never a delivery.
