@@ -585,7 +585,7 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     let ratio = report.median("ratio_worker_over_min_i_ii");
     let vs_naive = report.median("ratio_worker_over_iii");
     if db.backend == Backend::Postgres {
-        report.target("worker / min(i, ii)", ratio, 0.70, true);
+        report.target("worker / min(i, ii)", ratio, 0.80, true);
         report.target("worker / iii", vs_naive, 10.0, true);
     }
     Ok(report.finish())
