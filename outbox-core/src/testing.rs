@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::message::{Message, MessageId};
+use crate::priority::Priority;
 use crate::store::{
     ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Outcome, Paused, Settlement, Store,
     StoreError, StoredDestination, SyncedDestination, Turns,
@@ -64,6 +65,8 @@ pub struct MemoryRow {
     pub last_error: Option<String>,
     /// When it was enqueued.
     pub enqueued_at: SystemTime,
+    /// Its priority: claims take the raised ones first.
+    pub priority: Priority,
 }
 
 /// A dead letter in a [`MemoryStore`].
@@ -193,6 +196,17 @@ impl MemoryStore {
 
     /// Enqueues a message; its position.
     pub fn enqueue(&self, message_type: &str, payload: &str, ordering_key: Option<&str>) -> i64 {
+        self.enqueue_with_priority(message_type, payload, ordering_key, Priority::Normal)
+    }
+
+    /// Enqueues a message of `priority`; its position.
+    pub fn enqueue_with_priority(
+        &self,
+        message_type: &str,
+        payload: &str,
+        ordering_key: Option<&str>,
+        priority: Priority,
+    ) -> i64 {
         let mut state = self.state();
         let position = state.next_position;
         state.next_position += 1;
@@ -211,6 +225,7 @@ impl MemoryStore {
                 locked_by: None,
                 last_error: None,
                 enqueued_at,
+                priority,
             },
         );
         position
@@ -374,7 +389,7 @@ impl Store for MemoryStore {
             .values()
             .filter(|row| row.due <= now && state.heads_its_key(row))
             .collect();
-        due.sort_by_key(|row| (row.due, row.position));
+        due.sort_by_key(|row| (std::cmp::Reverse(row.priority), row.due, row.position));
         let take = limit.take(due.iter().map(|row| row.payload.len()));
         let positions: Vec<i64> = due.iter().take(take).map(|row| row.position).collect();
         let lease_end = now.saturating_add(lease);
@@ -395,7 +410,7 @@ impl Store for MemoryStore {
                 attempt: row.attempts,
                 enqueued_at: row.enqueued_at,
                 headers: Default::default(),
-                priority: Default::default(),
+                priority: row.priority,
             });
         }
         Ok(claimed)

@@ -68,7 +68,7 @@ impl Handler for Queued {
         while !gate_is_open(&self.run) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(60));
         HANDLED
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -361,8 +361,10 @@ fn a_raised_message_overtakes_the_ordinary_ones_waiting_for_a_handler_thread<C: 
     let order = handled(&run);
     let raised_at = order.iter().position(|&n| n == raised).unwrap();
     let overtaken = order[raised_at..].iter().filter(|&&n| n < 16).count();
+    // With one queue it overtakes none; with the lanes about 7 (those left waiting when its
+    // claim came), fewer by one for each 60 ms the settlements and the claim took.
     assert!(
-        overtaken >= 4,
+        overtaken >= 3,
         "the raised message was handled after {raised_at} others and overtook only {overtaken} \
          of those claimed before it: {order:?}"
     );

@@ -61,6 +61,23 @@ impl ClaimSize {
         self.size
     }
 
+    fn kept_small(&self, now: Instant) -> bool {
+        self.small_until.is_some_and(|until| now < until)
+    }
+
+    /// How many messages the worker may hold when it claims next: two claims' worth and one
+    /// per handler thread. While claims are kept small after a raised message, two of the
+    /// largest claims' worth: a claim of `batch_size` then comes as soon as that many slots
+    /// are free, instead of waiting for the worker to hold two small claims' worth.
+    pub fn held_at_most(&self, config: &Config, now: Instant) -> usize {
+        let claims = if self.kept_small(now) {
+            self.largest
+        } else {
+            self.size
+        };
+        (2 * claims + config.handler_threads).min(config.max_in_flight)
+    }
+
     /// A claim that asked for `asked` messages took `taken`, `raised` among them of a raised
     /// priority, and found `queued` messages still waiting for a handler thread when it came
     /// back at `now`.
@@ -72,7 +89,7 @@ impl ClaimSize {
             queued,
         } = claim;
         let full = taken >= asked;
-        let kept_small = self.small_until.is_some_and(|until| now < until);
+        let kept_small = self.kept_small(now);
         if raised > 0 {
             self.size = self.smallest;
             self.small_until = Some(now + SMALL_CLAIMS_AFTER_RAISED);
@@ -112,16 +129,17 @@ impl Claimed {
 
 /// How much the next claim of `size` messages may take, or `None` while the worker holds too
 /// much to claim that many (a claim costs a round trip and a commit whatever its size, and
-/// claiming the few slots each settlement frees made claims of a third of a batch). The worker
-/// holds at most two claims' worth and a message per handler thread, and never more than
+/// claiming the few slots each settlement frees made claims of a third of a batch): it holds
+/// at most `held_at_most` messages ([`ClaimSize::held_at_most`]), never more than
 /// `max_in_flight`.
 pub(crate) fn plan_claim(
     config: &Config,
     size: usize,
+    held_at_most: usize,
     held: usize,
     held_bytes: usize,
 ) -> Option<ClaimLimit> {
-    let held_at_most = (2 * size + config.handler_threads).min(config.max_in_flight);
+    let held_at_most = held_at_most.min(config.max_in_flight);
     let free = held_at_most.saturating_sub(held);
     if free < size || held_bytes >= config.max_in_flight_bytes {
         return None;
@@ -230,7 +248,13 @@ impl Claimer {
         let shared = &self.shared;
         let config = &shared.config;
         let size = self.size.get();
-        let Some(limit) = plan_claim(config, size, shared.held.count(), shared.held.bytes()) else {
+        let Some(limit) = plan_claim(
+            config,
+            size,
+            self.size.held_at_most(config, Instant::now()),
+            shared.held.count(),
+            shared.held.bytes(),
+        ) else {
             let _ = self.capacity.recv_timeout(config.poll_interval);
             return;
         };
@@ -330,13 +354,24 @@ mod tests {
     #[test]
     fn claims_only_full_batches_within_the_message_cap() {
         let config = config(64, 16, usize::MAX);
-        assert_eq!(plan_claim(&config, 64, 0, 0).map(|l| l.messages), Some(64));
+        assert_eq!(
+            plan_claim(&config, 64, two_claims(&config, 64), 0, 0).map(|l| l.messages),
+            Some(64)
+        );
         assert!(
-            plan_claim(&config, 64, 80, 0).is_some(),
+            plan_claim(&config, 64, two_claims(&config, 64), 80, 0).is_some(),
             "144 - 80 = 64 free"
         );
-        assert!(plan_claim(&config, 64, 81, 0).is_none(), "63 free: wait");
-        assert!(plan_claim(&config, 64, 1000, 0).is_none());
+        assert!(
+            plan_claim(&config, 64, two_claims(&config, 64), 81, 0).is_none(),
+            "63 free: wait"
+        );
+        assert!(plan_claim(&config, 64, two_claims(&config, 64), 1000, 0).is_none());
+    }
+
+    /// What the worker may hold at claims of `size`, outside a raised message's while.
+    fn two_claims(config: &Config, size: usize) -> usize {
+        2 * size + config.handler_threads
     }
 
     /// A claim of `taken` ordinary messages out of `asked`, `queued` still waiting.
@@ -383,15 +418,18 @@ mod tests {
         assert_eq!(size.get(), 128);
         // What the worker may hold follows the claim size, not the largest one.
         assert!(
-            plan_claim(&config, 64, 80, 0).is_some(),
+            plan_claim(&config, 64, two_claims(&config, 64), 80, 0).is_some(),
             "144 - 80 = 64 free"
         );
-        assert!(plan_claim(&config, 64, 81, 0).is_none(), "63 free: wait");
         assert!(
-            plan_claim(&config, 256, 272, 0).is_some(),
+            plan_claim(&config, 64, two_claims(&config, 64), 81, 0).is_none(),
+            "63 free: wait"
+        );
+        assert!(
+            plan_claim(&config, 256, two_claims(&config, 256), 272, 0).is_some(),
             "528 - 272 = 256"
         );
-        assert!(plan_claim(&config, 256, 273, 0).is_none());
+        assert!(plan_claim(&config, 256, two_claims(&config, 256), 273, 0).is_none());
     }
 
     #[test]
@@ -409,14 +447,25 @@ mod tests {
             raised: 1,
             ..ordinary(256, 256, 0)
         };
+        assert_eq!(size.held_at_most(&config, start), 528);
         size.claimed(with_raised, start);
         assert_eq!(size.get(), 64, "back to batch_size at once");
+        // A claim of 64 as soon as 64 slots are free, not once the worker holds 144.
+        let held_at_most = size.held_at_most(&config, start);
+        assert_eq!(held_at_most, 528);
+        assert!(plan_claim(&config, 64, held_at_most, 464, 0).is_some());
+        assert!(plan_claim(&config, 64, held_at_most, 465, 0).is_none());
         let within = start + SMALL_CLAIMS_AFTER_RAISED - Duration::from_millis(1);
         for _ in 0..4 {
             size.claimed(ordinary(64, 64, 0), within);
         }
         assert_eq!(size.get(), 64, "kept small however the handlers keep up");
         let after = start + SMALL_CLAIMS_AFTER_RAISED;
+        assert_eq!(
+            size.held_at_most(&config, after),
+            144,
+            "two claims of 64 again"
+        );
         size.claimed(ordinary(64, 64, 0), after);
         assert_eq!(size.get(), 128, "growing again once it has passed");
         // Each raised message starts the while again.
@@ -439,19 +488,19 @@ mod tests {
     #[test]
     fn claims_stop_at_the_byte_cap_and_an_empty_worker_may_take_one_oversized_message() {
         let config = config(64, 16, 32 << 20);
-        let empty = plan_claim(&config, 64, 0, 0).unwrap();
+        let empty = plan_claim(&config, 64, two_claims(&config, 64), 0, 0).unwrap();
         assert_eq!((empty.bytes, empty.oversized_alone), (32 << 20, true));
-        let busy = plan_claim(&config, 64, 3, 12 << 20).unwrap();
+        let busy = plan_claim(&config, 64, two_claims(&config, 64), 3, 12 << 20).unwrap();
         assert_eq!((busy.bytes, busy.oversized_alone), (20 << 20, false));
-        assert!(plan_claim(&config, 64, 8, 32 << 20).is_none());
+        assert!(plan_claim(&config, 64, two_claims(&config, 64), 8, 32 << 20).is_none());
         assert!(
-            plan_claim(&config, 64, 8, 40 << 20).is_none(),
+            plan_claim(&config, 64, two_claims(&config, 64), 8, 40 << 20).is_none(),
             "one oversized message held"
         );
         // Held at most: the cap, or one message larger than it alone.
         let mut held_bytes = 0usize;
         let mut held = 0;
-        while let Some(limit) = plan_claim(&config, 64, held, held_bytes) {
+        while let Some(limit) = plan_claim(&config, 64, two_claims(&config, 64), held, held_bytes) {
             let taken = limit.take(std::iter::repeat(4 << 20));
             assert!(taken > 0, "{limit:?}");
             held += taken;

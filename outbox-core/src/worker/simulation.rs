@@ -4,19 +4,18 @@
 //! policy, the warden's heartbeat and watchdog, the housekeeper's chores) under thousands of
 //! seeded schedules in seconds.
 //!
-//! Each schedule enqueues messages (some keyed, some of unknown types, some large), then takes
-//! random steps: claims, handler starts and finishes (success, failure, permanent failure,
-//! panic, hang), settlements, heartbeats, watchdog rounds, housekeeping, clock jumps, store faults (down,
-//! failing calls, an outcome refused forever, texts refused as a `LATIN1` database does),
-//! worker crashes, and stale outcomes of crashed workers. Then the faults stop and healthy
-//! workers run. It asserts: in-flight never above its caps; a fenced outcome changes nothing;
-//! within a bounded number of rounds after the faults stop, every message is settled or
-//! dead-lettered.
+//! Each schedule enqueues messages (some keyed, some of a raised priority, some of unknown
+//! types, some large), then takes random steps: claims, handler starts and finishes (success,
+//! failure, permanent failure, panic, hang), settlements, heartbeats, watchdog rounds,
+//! housekeeping, clock jumps, store faults (down, failing calls, an outcome refused forever,
+//! texts refused as a `LATIN1` database does), worker crashes, and stale outcomes of crashed
+//! workers. Then the faults stop and healthy workers run. It asserts: in-flight never above its
+//! caps; a fenced outcome changes nothing; within a bounded number of rounds after the faults
+//! stop, every message is settled or dead-lettered.
 //!
 //! `OUTBOX_SIM_SEEDS=N` runs N schedules (default 300); `OUTBOX_SIM_SEED=S` replays one. A
 //! failure prints its seed.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +24,7 @@ use crossbeam_channel::bounded;
 use crate::context::Resources;
 use crate::destination::Destinations;
 use crate::error::ProcessError;
+use crate::priority::Priority;
 use crate::registry::Registry;
 use crate::retry::RetryPolicy;
 use crate::store::{ClaimToken, Outcome, Settlement, Store};
@@ -36,6 +36,7 @@ use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt, HandlerPool, Job};
 use super::held::Admission;
 use super::housekeeper::Housekeeper;
+use super::jobs::{JobReceiver, JobSender};
 use super::shared::{Parts, Shared};
 use super::timing::{HEARTBEATS_PER_LEASE, START_MARGIN};
 use super::warden::Rounds;
@@ -65,7 +66,9 @@ struct SimWorker {
     settler: Settler,
     rounds: Rounds,
     housekeeper: Housekeeper,
-    queued: VecDeque<Job>,
+    /// The handler threads' jobs channel, its two ends.
+    queued: JobSender,
+    jobs: JobReceiver,
     running: Vec<Running>,
     next_thread: usize,
     size: ClaimSize,
@@ -75,7 +78,8 @@ impl SimWorker {
     fn new(config: &Config, store: &MemoryStore, now: Instant) -> Self {
         let (capacity, _) = bounded(1);
         let (stop, stopped) = bounded(1);
-        let (_, jobs) = super::jobs::channel(1);
+        let (_, unused_jobs) = super::jobs::channel(1);
+        let (queued, jobs) = super::jobs::channel(config.max_in_flight);
         let (outcomes, _) = bounded(1);
         let parts = Parts {
             config: config.clone(),
@@ -88,14 +92,15 @@ impl SimWorker {
             parts,
             stop,
             capacity,
-            HandlerPool::new(jobs, outcomes),
+            HandlerPool::new(unused_jobs, outcomes),
         ));
         SimWorker {
             settler: Settler::new(now),
             rounds: Rounds::new(&shared, now),
             housekeeper: Housekeeper::new(Arc::clone(&shared), stopped),
             shared,
-            queued: VecDeque::new(),
+            queued,
+            jobs,
             running: Vec::new(),
             next_thread: 0,
             size: ClaimSize::new(config),
@@ -107,6 +112,7 @@ impl SimWorker {
         let Some(limit) = plan_claim(
             &shared.config,
             self.size.get(),
+            self.size.held_at_most(&shared.config, now),
             shared.held.count(),
             shared.held.bytes(),
         ) else {
@@ -125,7 +131,10 @@ impl SimWorker {
                 .held
                 .admit(token, &message, now + shared.config.lease)
             {
-                Admission::Dispatch(job) => self.queued.push_back(Job { job, message }),
+                Admission::Dispatch(job) => {
+                    let sent = self.queued.try_send(Job { job, message });
+                    assert!(sent.is_ok(), "the jobs channel holds what may be held");
+                }
                 Admission::AlreadyHeld => {}
                 Admission::StillStuck => {
                     let settlement = settle_attempt(
@@ -146,7 +155,7 @@ impl SimWorker {
     }
 
     fn start(&mut self, plan: Plan, now: Instant) {
-        let Some(job) = self.queued.pop_front() else {
+        let Some(job) = self.jobs.try_recv() else {
             return;
         };
         let thread = self.next_thread;
@@ -305,7 +314,12 @@ fn run(seed: u64, totals: &mut Totals) {
         } else {
             rng.usize(2..200)
         };
-        store.enqueue(kind, &format!("{n:0>size$}"), key.as_deref());
+        let priority = if rng.u8(..8) == 0 {
+            Priority::High
+        } else {
+            Priority::Normal
+        };
+        store.enqueue_with_priority(kind, &format!("{n:0>size$}"), key.as_deref(), priority);
     }
 
     let mut worker = SimWorker::new(&config, &store, now(&store));
