@@ -129,7 +129,8 @@ impl<S: Store> WorkerBuilder<S> {
     /// takes a message of a raised [`Priority`](crate::Priority), claims stay at 64: the next
     /// raised message waits for the next claim, and small claims come soonest. Giving a size
     /// fixes it (unless [`max_batch_size`](Self::max_batch_size) lets it grow). The worker
-    /// holds at most `2 × claim size + handler_threads` messages.
+    /// holds at most `2 × claim size + handler_threads` messages (`2 × max_batch_size +
+    /// handler_threads` for a second after each claim that takes a raised priority).
     pub fn batch_size(mut self, size: usize) -> Self {
         self.settings.batch_size = Some(size);
         self

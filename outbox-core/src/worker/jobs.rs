@@ -2,9 +2,9 @@
 //! priorities ahead of the ordinary ones already waiting.
 //!
 //! A claim hands its raised messages out first, but the claims before it may have left up to
-//! two claims' worth of ordinary messages waiting for a handler thread; one channel would make
-//! a `High` message wait for all of them (at claims of 256 on MariaDB, a p99 of 99 ms under a
-//! backlog). Two lanes let it take the next free thread instead.
+//! two of the largest claims' worth of ordinary messages waiting for a handler thread; one
+//! channel would make a `High` message wait for all of them (at claims of 256 on MariaDB, a
+//! p99 of 99 ms under a backlog). Two lanes let it take the next free thread instead.
 
 use crossbeam_channel::{Receiver, SendError, Sender, TryRecvError, TrySendError};
 

@@ -20,11 +20,13 @@
 //!
 //! Claims grow from `batch_size` towards `max_batch_size` while the handler threads keep up
 //! with them, and shrink back when they do not, or when a raised priority was just claimed.
-//! The claimer never holds more than `2 × claim size + handler_threads` messages nor more than
-//! `max_in_flight_bytes` of payload, so a slow receiver applies back-pressure (and keeps claims
-//! at their smallest) instead of filling memory. The acker renews the leases of what the worker holds, so a lease bounds how
-//! long a dead worker's messages wait, not how long a handler may run; the watchdog bounds
-//! that, with the handler timeout.
+//! The claimer never holds more than `max_in_flight` messages (`2 × max_batch_size +
+//! handler_threads`; `2 × claim size + handler_threads` except for a second after a claim that
+//! takes a raised priority) nor more than `max_in_flight_bytes` of payload, so a slow receiver
+//! applies back-pressure (and keeps claims at their smallest) instead of filling memory. The
+//! acker renews the leases of what the worker holds, so a lease bounds how long a dead
+//! worker's messages wait, not how long a handler may run; the watchdog bounds that, with the
+//! handler timeout.
 
 mod acker;
 mod backoff;
