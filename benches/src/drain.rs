@@ -644,9 +644,10 @@ fn keyed_drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     }
     if db.backend == Backend::Postgres {
         for &keys in &opts.keys {
+            // Issue 26's floors (issue 11's were 0.25 and 0.8).
             let floor = match keys {
-                0..=16 => Some(0.25),
-                1000.. => Some(0.8),
+                0..=16 => Some(0.5),
+                1000.. => Some(0.9),
                 _ => None,
             };
             if let Some(floor) = floor {
