@@ -77,6 +77,26 @@ fn threads(pid: &str, into: &mut HashMap<u32, u64>) {
     }
 }
 
+/// The running processes whose command name starts with one of `prefixes` (a broker's
+/// server, say), to count as `children` of a [`snapshot`].
+pub fn pids_named(prefixes: &[&str]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter_map(|pid| {
+            let pid_number = pid.parse::<u32>().ok()?;
+            let name = name(&pid)?;
+            prefixes
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+                .then_some(pid_number)
+        })
+        .collect()
+}
+
 /// Which database server the benchmark uses (0: none yet, 1: PostgreSQL, 2: MariaDB, 3: SQLite,
 /// which runs inside this process).
 static SERVER: AtomicU8 = AtomicU8::new(0);
@@ -171,6 +191,14 @@ pub fn seconds_used(from: &Snapshot, to: &Snapshot) -> (f64, f64) {
     )
 }
 
+/// CPU microseconds per message of the `children` processes between two snapshots.
+pub fn children_us_per_message(from: &Snapshot, to: &Snapshot, messages: u64) -> f64 {
+    round(
+        seconds(&from.children, &to.children) * 1e6 / messages.max(1) as f64,
+        2,
+    )
+}
+
 /// Cores used between two snapshots: the machine, this process, the worker processes, the
 /// database server and everything else (other users of the machine).
 pub fn used(from: &Snapshot, to: &Snapshot) -> Value {
@@ -209,6 +237,8 @@ fn worker_phase(thread: &str) -> &'static str {
         "handlers"
     } else if thread.starts_with("reqwest") {
         "http_client_runtime"
+    } else if thread.starts_with("outbox-relay") {
+        "relay_client_runtime"
     } else if thread.starts_with("outbox-") {
         "chores"
     } else if thread.starts_with("receiver") {
@@ -221,7 +251,7 @@ fn worker_phase(thread: &str) -> &'static str {
 /// CPU microseconds per message between two snapshots, by phase: this process's threads by
 /// the worker's thread names (`claim`: the claimer, `settle`: the acker, `handlers`: dispatch,
 /// the handler and an HTTP client's blocking side, `http_client_runtime`: reqwest's runtime
-/// threads, `chores`: the other worker threads; the benchmark's receiver and its other threads
+/// threads, `relay_client_runtime`: a broker destination's, `chores`: the other worker threads; the benchmark's receiver and its other threads
 /// apart), and the database server's processes by `roles` (backend pid → what that connection
 /// does, from `pg_stat_activity`), `server` for the rest (WAL writer, checkpointer, ...).
 pub fn phases(

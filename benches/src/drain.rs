@@ -175,7 +175,7 @@ pub fn pg_counters(db: &BenchDb) -> Res<PgCounters> {
 /// What each PostgreSQL backend of the benchmark's database works for, by its last statement:
 /// the claimer's connection, the acker's, the LISTEN connection and the rest (the worker's
 /// chores, the benchmark's own). Read while the worker runs. Empty on the other backends.
-fn pg_backend_roles(db: &BenchDb) -> Res<HashMap<u32, &'static str>> {
+pub(crate) fn pg_backend_roles(db: &BenchDb) -> Res<HashMap<u32, &'static str>> {
     #[derive(QueryableByName)]
     struct ActiveBackend {
         #[diesel(sql_type = diesel::sql_types::Integer)]

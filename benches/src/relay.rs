@@ -5,6 +5,7 @@
 //! in the same run. The worker's no-op drain of the same backlog (its ceiling on this database,
 //! sharing the machine's cores with the database server) is measured alongside.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
@@ -17,6 +18,7 @@ use outbox_diesel::{DieselStore, MessageId, Worker};
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use serde_json::{json, Map, Value};
 
+use crate::cpu;
 use crate::db::{BenchConnection, BenchDb};
 use crate::drain::{backlog, drain_timeout, prefill, wait_for, Kind};
 use crate::handlers::{Relayed, RELAY};
@@ -41,6 +43,17 @@ pub enum Destination {
     Rabbitmq,
     /// A Kafka-compatible broker on 127.0.0.1:9092 (tansu), a topic of 3 partitions.
     Kafka,
+}
+
+impl Destination {
+    /// The command names of the broker's server processes on this machine.
+    fn server_processes(self) -> &'static [&'static str] {
+        match self {
+            Destination::Jetstream => &["nats-server"],
+            Destination::Rabbitmq => &["beam.smp"],
+            Destination::Kafka => &["tansu"],
+        }
+    }
 }
 
 /// The broker side of the benchmark: its client for the baseline and for counting.
@@ -425,13 +438,23 @@ pub fn relay_drain_on<C: BenchConnection>(
     );
     for _ in 0..opts.runs() {
         broker.reset()?;
+        let servers = cpu::pids_named(destination.server_processes());
+        let cpu_before = cpu::snapshot(&servers);
         let bare = broker.bare_publish(opts.handler_threads, bare_count)?;
+        let cpu_after = cpu::snapshot(&servers);
+        let bare_cpu = json!({
+            "cores": cpu::used(&cpu_before, &cpu_after),
+            "client_us_per_message": cpu::phases(&cpu_before, &cpu_after, &HashMap::new(), bare_count)
+                ["process_us_per_message"],
+            "broker_us_per_message": cpu::children_us_per_message(&cpu_before, &cpu_after, bare_count),
+        });
         // The worker's own ceiling on this database: the same backlog with a no-op handler.
         let noop = crate::drain::noop_drain::<C>(db, opts, count, Kind::Noop, &mut report)?.per_s;
         broker.reset()?;
         db.empty::<C>()?;
         prefill::<C>(db, count, Kind::Relay)?;
         let pool = db.worker_pool::<C>(4)?;
+        let cpu_before = cpu::snapshot(&servers);
         let started = Instant::now();
         let worker = opts
             .claims
@@ -443,6 +466,13 @@ pub fn relay_drain_on<C: BenchConnection>(
             worker.stats().succeeded >= count as u64
         });
         let seconds = started.elapsed().as_secs_f64();
+        let cpu_after = cpu::snapshot(&servers);
+        let roles = crate::drain::pg_backend_roles(db)?;
+        let outbox_cpu = json!({
+            "cores": cpu::used(&cpu_before, &cpu_after),
+            "phases": cpu::phases(&cpu_before, &cpu_after, &roles, count as u64),
+            "broker_us_per_message": cpu::children_us_per_message(&cpu_before, &cpu_after, count as u64),
+        });
         let stats = worker
             .shutdown(Duration::from_secs(30))
             .ctx("stopping the worker")?;
@@ -463,6 +493,9 @@ pub fn relay_drain_on<C: BenchConnection>(
         );
         figures.insert("seconds".into(), json!((seconds * 100.0).round() / 100.0));
         figures.insert("retried".into(), Value::from(stats.retried));
+        // Where the CPU went (`worker_processes` in `cores` is the broker's server here).
+        figures.insert("cpu_bare_client".into(), bare_cpu);
+        figures.insert("cpu_outbox".into(), outbox_cpu);
         report.run(figures);
     }
     let ratio = report.median("outbox_vs_bare");

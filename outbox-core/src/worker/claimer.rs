@@ -7,8 +7,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::jobs::JobSender;
-
 use crate::priority::Priority;
 use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome};
 
@@ -17,6 +15,7 @@ use super::config::Config;
 use super::handle::{AliveGuard, Counters};
 use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, Job};
 use super::held::Admission;
+use super::jobs::JobSender;
 use super::shared::Shared;
 use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS, SMALL_CLAIMS_AFTER_RAISED};
 use crate::metrics;
@@ -69,13 +68,14 @@ impl ClaimSize {
     /// per handler thread. While claims are kept small after a raised message, two of the
     /// largest claims' worth: a claim of `batch_size` then comes as soon as that many slots
     /// are free, instead of waiting for the worker to hold two small claims' worth.
+    /// ([`plan_claim`] keeps it within `max_in_flight`.)
     pub fn held_at_most(&self, config: &Config, now: Instant) -> usize {
         let claims = if self.kept_small(now) {
             self.largest
         } else {
             self.size
         };
-        (2 * claims + config.handler_threads).min(config.max_in_flight)
+        2 * claims + config.handler_threads
     }
 
     /// A claim that asked for `asked` messages took `taken`, `raised` among them of a raised
@@ -103,7 +103,7 @@ impl ClaimSize {
 }
 
 /// What a claim took, as [`ClaimSize`] reads it.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Claimed {
     pub asked: usize,
     pub taken: usize,
