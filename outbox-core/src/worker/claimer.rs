@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
+use crate::metrics;
 use crate::priority::Priority;
 use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome};
 
@@ -18,7 +19,6 @@ use super::held::Admission;
 use super::jobs::JobSender;
 use super::shared::Shared;
 use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS, SMALL_CLAIMS_AFTER_RAISED};
-use crate::metrics;
 
 /// How many messages the next claim asks for: `batch_size` to start with, doubled up to
 /// `max_batch_size` while the handler threads have run out of messages by the time a full claim
