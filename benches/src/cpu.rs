@@ -191,6 +191,14 @@ pub fn seconds_used(from: &Snapshot, to: &Snapshot) -> (f64, f64) {
     )
 }
 
+/// CPU microseconds per message of this process between two snapshots.
+pub fn process_us_per_message(from: &Snapshot, to: &Snapshot, messages: u64) -> f64 {
+    round(
+        seconds(&from.own, &to.own) * 1e6 / messages.max(1) as f64,
+        2,
+    )
+}
+
 /// CPU microseconds per message of the `children` processes between two snapshots.
 pub fn children_us_per_message(from: &Snapshot, to: &Snapshot, messages: u64) -> f64 {
     round(

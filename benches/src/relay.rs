@@ -5,7 +5,6 @@
 //! in the same run. The worker's no-op drain of the same backlog (its ceiling on this database,
 //! sharing the machine's cores with the database server) is measured alongside.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
@@ -444,8 +443,7 @@ pub fn relay_drain_on<C: BenchConnection>(
         let cpu_after = cpu::snapshot(&servers);
         let bare_cpu = json!({
             "cores": cpu::used(&cpu_before, &cpu_after),
-            "client_us_per_message": cpu::phases(&cpu_before, &cpu_after, &HashMap::new(), bare_count)
-                ["process_us_per_message"],
+            "client_us_per_message": cpu::process_us_per_message(&cpu_before, &cpu_after, bare_count),
             "broker_us_per_message": cpu::children_us_per_message(&cpu_before, &cpu_after, bare_count),
         });
         // The worker's own ceiling on this database: the same backlog with a no-op handler.
