@@ -121,15 +121,17 @@ impl diesel::query_builder::Query for Prepared<'_> {
 
 impl<Conn> RunQueryDsl<Conn> for Prepared<'_> {}
 
-/// One array bind parameter of a PostgreSQL statement.
+/// One bind parameter of a PostgreSQL statement: an array, or a scalar beside arrays.
 #[cfg(feature = "postgres")]
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum PgBind<'a> {
     TextArray(&'a [&'a str]),
     BigIntArray(&'a [i64]),
+    Text(&'a str),
+    BigInt(i64),
 }
 
-/// A PostgreSQL statement of fixed text with array binds only, kept prepared as [`Prepared`] is
+/// A PostgreSQL statement of fixed text with array binds, kept prepared as [`Prepared`] is
 /// (`sql_query`, which takes arrays too, is parsed and planned anew on every call).
 #[cfg(feature = "postgres")]
 #[derive(Debug)]
@@ -156,6 +158,8 @@ impl QueryFragment<diesel::pg::Pg> for PreparedPg<'_> {
             match bind {
                 PgBind::TextArray(texts) => out.push_bind_param::<Array<Text>, _>(texts)?,
                 PgBind::BigIntArray(ns) => out.push_bind_param::<Array<BigInt>, _>(ns)?,
+                PgBind::Text(text) => out.push_bind_param::<Text, str>(*text)?,
+                PgBind::BigInt(n) => out.push_bind_param::<BigInt, i64>(n)?,
             }
         }
         out.push_sql(pieces[pieces.len() - 1]);
