@@ -4,14 +4,14 @@
 #
 # Three tables shaped like `outbox_message` (same columns, the indexes an unkeyed message
 # touches) each hold 100,000 due rows; one session drains each in claims of 256 (a claim in one
-# transaction, its settlement's DELETE later, as the worker's acker does), alternated, ROUNDS
-# times:
+# transaction, its settlement's DELETE later, as the worker's acker does), A and B in turn
+# first, ROUNDS times:
 #   A  today's lease: the claim moves the indexed `next_attempt_at` (never HOT)
 #   B  a lease column outside every index, table fillfactor $FILLFACTOR (HOT where the page
 #      has room), the claim's scan skipping leased rows on the heap
 #   F  the floor: no lease at all, the rows locked and deleted in one transaction (what a
-#      worker holding a transaction open for the whole delivery would pay; the outbox does not,
-#      see DESIGN.md on long transactions)
+#      worker holding a transaction open for the whole delivery would pay; the outbox does not:
+#      a long transaction holds back vacuum everywhere, BENCHMARKS.md "A transaction held open")
 # B's claims walk past the rows still leased (A's leases moved them out of the due range): the
 # worker's claim cursor would skip most of them; this scan does not, so B pays its worst case.
 # Prints one JSON line per round with the seconds each took, then the HOT share of B's updates.
@@ -19,6 +19,7 @@
 #   bash benches/experiments/hot-lease.sh            # PostgreSQL at 127.0.0.1:5432, db test
 #   PGDATABASE=x FILLFACTOR=70 IN_FLIGHT=0 ROUNDS=5 bash benches/experiments/hot-lease.sh
 set -euo pipefail
+shopt -s inherit_errexit
 : "${PGHOST:=127.0.0.1}" "${PGPORT:=5432}" "${PGUSER:=postgres}" "${PGDATABASE:=test}"
 : "${FILLFACTOR:=45}" "${ROUNDS:=3}" "${ROWS:=100000}" "${IN_FLIGHT:=2}"
 export PGHOST PGPORT PGUSER PGDATABASE
@@ -91,19 +92,32 @@ drain_floor() {
     END LOOP; END \$\$"
 }
 
+# Seconds one drain takes, after a checkpoint (so that none pays for another's dirty pages).
 timed() {
     local start end
+    psql_q -c "CHECKPOINT"
     start=$(date +%s.%N)
     "$@" >/dev/null
     end=$(date +%s.%N)
     echo "$end - $start" | bc
 }
 
+drain_a() { drain_leased hot_lease_a "next_attempt_at = now() + interval '30 seconds'" ""; }
+drain_b() {
+    drain_leased hot_lease_b "locked_until = now() + interval '30 seconds'" \
+        "AND (locked_until IS NULL OR locked_until <= now())"
+}
+
 for round in $(seq 1 "$ROUNDS"); do
     fill
-    a=$(timed drain_leased hot_lease_a "next_attempt_at = now() + interval '30 seconds'" "")
-    b=$(timed drain_leased hot_lease_b "locked_until = now() + interval '30 seconds'" \
-        "AND (locked_until IS NULL OR locked_until <= now())")
+    # A first in odd rounds, B first in even ones: neither always follows the bulk load.
+    if ((round % 2)); then
+        a=$(timed drain_a)
+        b=$(timed drain_b)
+    else
+        b=$(timed drain_b)
+        a=$(timed drain_a)
+    fi
     f=$(timed drain_floor)
     printf '{"bench":"hot-lease","round":%d,"rows":%d,"fillfactor":%d,"in_flight_claims":%d,' \
         "$round" "$ROWS" "$FILLFACTOR" "$IN_FLIGHT"
