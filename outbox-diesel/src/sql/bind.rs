@@ -131,8 +131,9 @@ pub(crate) enum PgBind<'a> {
     BigInt(i64),
 }
 
-/// A PostgreSQL statement of fixed text with array binds, kept prepared as [`Prepared`] is
-/// (`sql_query`, which takes arrays too, is parsed and planned anew on every call).
+/// A PostgreSQL statement of fixed text with array (and scalar) binds, kept prepared as
+/// [`Prepared`] is (`sql_query`, which takes arrays too, is parsed and planned anew on every
+/// call).
 #[cfg(feature = "postgres")]
 #[derive(Debug)]
 pub(crate) struct PreparedPg<'a> {
