@@ -193,18 +193,16 @@ pub fn seconds_used(from: &Snapshot, to: &Snapshot) -> (f64, f64) {
 
 /// CPU microseconds per message of this process between two snapshots.
 pub fn process_us_per_message(from: &Snapshot, to: &Snapshot, messages: u64) -> f64 {
-    round(
-        seconds(&from.own, &to.own) * 1e6 / messages.max(1) as f64,
-        2,
-    )
+    us_per_message(seconds(&from.own, &to.own), messages)
 }
 
 /// CPU microseconds per message of the `children` processes between two snapshots.
 pub fn children_us_per_message(from: &Snapshot, to: &Snapshot, messages: u64) -> f64 {
-    round(
-        seconds(&from.children, &to.children) * 1e6 / messages.max(1) as f64,
-        2,
-    )
+    us_per_message(seconds(&from.children, &to.children), messages)
+}
+
+fn us_per_message(seconds: f64, messages: u64) -> f64 {
+    round(seconds * 1e6 / messages.max(1) as f64, 2)
 }
 
 /// Cores used between two snapshots: the machine, this process, the worker processes, the
@@ -269,7 +267,7 @@ pub fn phases(
     roles: &HashMap<u32, &'static str>,
     messages: u64,
 ) -> Value {
-    let per_message = |ns: u64| round(ns as f64 / 1e3 / messages.max(1) as f64, 2);
+    let per_message = |ns: u64| us_per_message(ns as f64 / 1e9, messages);
     let mut worker: std::collections::BTreeMap<&str, u64> = Default::default();
     for (tid, ns) in &to.own {
         let used = ns.saturating_sub(from.own.get(tid).copied().unwrap_or(0));

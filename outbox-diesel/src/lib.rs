@@ -77,6 +77,8 @@
 //! - `mysql`: MySQL 8 and MariaDB 10.6+ through the MySQL client library.
 //! - `webhook` (default): [`webhook::WebhookEndpoint`], a [`destination`] that delivers Standard
 //!   Webhooks, and [`webhook::verify`] for receivers.
+//! - `opentelemetry`: each enqueue carries the current OpenTelemetry span as `traceparent` and
+//!   `tracestate` headers, and handlers run inside it as their remote parent.
 //!
 //! # Guarantees
 //!
@@ -142,7 +144,9 @@ pub mod store {
 /// `#[outbox_handler("comment.thankYou")]` on a struct that derives `Serialize` and `Deserialize`
 /// implements [`Message`] with that type string and registers, at link time, how the worker turns
 /// a stored payload back into the struct and calls its [`Handler::process`]. Implement
-/// [`Handler`] for the struct yourself.
+/// [`Handler`] for the struct yourself, or name a destination with `deliver_to = "name"`
+/// (`#[outbox_handler("comment.thankYou", deliver_to = "mail")]`): the message then goes, as it
+/// is, to the worker's destination of that name, with no `Handler` to write.
 ///
 /// The type string is stored with every message: keep it stable while messages of that type may
 /// be queued. It must be a non-empty string literal of at most 255 bytes, without whitespace or
