@@ -235,3 +235,71 @@ fn a_handler_timeout_set_after_a_destination_still_covers_its_timeout() {
         "the watchdog must not abandon a delivery its destination would finish: {stats:?}"
     );
 }
+
+/// The threads of this process named `name`, by id.
+#[cfg(target_os = "linux")]
+fn threads_named(name: &str) -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| {
+            let id = task.ok()?.file_name().into_string().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/self/task/{id}/comm")).ok()?;
+            (comm.trim_end() == name).then_some(id)
+        })
+        .collect()
+}
+
+/// The CPU time the threads `ids` have used, in clock ticks of 10 ms (user and system; a thread
+/// that has ended counts nothing).
+#[cfg(target_os = "linux")]
+fn cpu_ticks(ids: &[String]) -> u64 {
+    ids.iter()
+        .filter_map(|id| std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).ok())
+        .map(|stat| {
+            // The fields after the command's closing parenthesis start at the state (field 3);
+            // utime and stime are fields 14 and 15.
+            let after = &stat[stat.rfind(')').unwrap() + 2..];
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopping_worker_waits_for_its_handlers_without_spinning() {
+    let store = MemoryStore::new();
+    let others = threads_named("outbox-warden");
+    let worker = Worker::builder(store.clone())
+        .poll_interval(Duration::from_millis(20))
+        .poll_only()
+        .destination("slow", Slow(std::sync::Mutex::new(0)))
+        .spawn()
+        .unwrap();
+    // A thread takes its name once it runs, a moment after `spawn` returned.
+    let mut wardens = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            wardens = threads_named("outbox-warden");
+            wardens.retain(|id| !others.contains(id));
+            !wardens.is_empty()
+        }),
+        "no warden thread found"
+    );
+    store.enqueue_message(&ToSlow, None);
+    assert!(eventually(Duration::from_secs(10), || worker.in_flight() == 1));
+    // The delivery takes 2.5 s: the worker stops while it runs, and waits for it.
+    let before = cpu_ticks(&wardens);
+    let stopping = std::thread::spawn(move || worker.shutdown(Duration::from_secs(10)));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let spent = cpu_ticks(&wardens).saturating_sub(before);
+    let stats = stopping.join().unwrap().unwrap();
+    assert_eq!(
+        stats.succeeded, 1,
+        "the running delivery was waited for: {stats:?}"
+    );
+    assert!(
+        spent <= 10,
+        "the warden used {spent} ticks of 10 ms of CPU in 1.5 s of waiting for one handler"
+    );
+}

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::metrics;
 use crate::store::Outcome;
@@ -54,7 +54,13 @@ impl Warden {
             }
             let now = Instant::now();
             let next = self.rounds.next_heartbeat.min(now + ACKER_TICK);
-            let _ = self.stop.recv_timeout(next.saturating_duration_since(now));
+            // Once the worker stops, its closed stop signal answers at once: the rest of the wait
+            // is slept, or the warden would spin while the handlers finish.
+            if let Err(RecvTimeoutError::Disconnected) =
+                self.stop.recv_timeout(next.saturating_duration_since(now))
+            {
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
         }
     }
 
