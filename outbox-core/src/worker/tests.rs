@@ -277,7 +277,10 @@ fn a_stopping_worker_waits_for_its_handlers_without_spinning() {
         .destination("slow", Slow(std::sync::Mutex::new(0)))
         .spawn()
         .unwrap();
-    // A thread takes its name once it runs, a moment after `spawn` returned.
+    store.enqueue_message(&ToSlow, None);
+    assert!(eventually(Duration::from_secs(10), || worker.in_flight() == 1));
+    // Every warden started since (other tests' too: none may spin). A thread takes its name
+    // once it runs, a moment after `spawn` returned.
     let mut wardens = Vec::new();
     assert!(
         eventually(Duration::from_secs(5), || {
@@ -287,11 +290,6 @@ fn a_stopping_worker_waits_for_its_handlers_without_spinning() {
         }),
         "no warden thread found"
     );
-    store.enqueue_message(&ToSlow, None);
-    assert!(eventually(Duration::from_secs(10), || worker.in_flight() == 1));
-    // Every warden started since (other tests' too: none may spin).
-    wardens = threads_named("outbox-warden");
-    wardens.retain(|id| !others.contains(id));
     // The delivery takes 2.5 s: the worker stops while it runs, and waits for it.
     let before = cpu_ticks(&wardens);
     let stopping = std::thread::spawn(move || worker.shutdown(Duration::from_secs(10)));
