@@ -97,7 +97,9 @@ impl Acker {
         }
     }
 
-    fn finished(&self) -> bool {
+    /// Whether the worker has stopped and everything it held is settled (or the shutdown's
+    /// deadline has passed).
+    pub(super) fn finished(&self) -> bool {
         let shared = &self.shared;
         if !shared.stopping() {
             return false;
@@ -106,7 +108,8 @@ impl Acker {
             .claimer_done
             .load(std::sync::atomic::Ordering::SeqCst)
             && shared.held.count() == 0
-            && self.settler.is_idle();
+            && self.settler.is_idle()
+            && self.outcomes.is_empty();
         if settled_all {
             return true;
         }
@@ -280,10 +283,16 @@ impl Settler {
         };
         let error = match settled {
             Ok((fenced, leased)) => {
-                let refilled = leased.len();
-                self.settled(shared, &batch, &fenced, now, refilled);
-                if let Some(lease) = successors {
-                    self.dispatch_successors(shared, lease.token, leased, now);
+                let booked = self.settled(shared, &batch, &fenced, now);
+                let refilled = match successors {
+                    Some(lease) => self.dispatch_successors(shared, lease.token, leased, now),
+                    None => 0,
+                };
+                // A settled message may have been the head of its ordering key: the next one of
+                // that key is claimable now, not at the next poll; unless the settlement leased
+                // it already and it went to a handler.
+                if refilled < booked {
+                    let _ = shared.capacity.try_send(());
                 }
                 return;
             }
@@ -340,13 +349,9 @@ impl Settler {
                     );
                     self.ascii_only = true;
                 }
-                self.settled(
-                    shared,
-                    std::slice::from_ref(&entry.outcome),
-                    &fenced,
-                    now,
-                    0,
-                );
+                if self.settled(shared, std::slice::from_ref(&entry.outcome), &fenced, now) > 0 {
+                    let _ = shared.capacity.try_send(());
+                }
                 return;
             }
             Err(error) => {
@@ -395,7 +400,7 @@ impl Settler {
                 Counters::add(&shared.counters.abandoned_outcomes, 1);
                 for released in shared
                     .held
-                    .release([entry.outcome.position])
+                    .release([(entry.outcome.position, entry.outcome.token)])
                     .iter()
                     .flatten()
                 {
@@ -450,26 +455,27 @@ impl Settler {
         })
     }
 
-    /// Hands the messages a settlement leased to the handler threads. The jobs channel holds
-    /// as many jobs as the worker may hold messages, so it is never full; if it were, the
-    /// message is given back rather than the acker waiting for a handler thread.
+    /// Hands the messages a settlement leased to the handler threads; returns how many went to
+    /// them. The jobs channel holds as many jobs as the worker may hold messages, so it is never
+    /// full; if it were, the message is given back rather than the acker waiting for a handler
+    /// thread.
     fn dispatch_successors(
         &mut self,
         shared: &Shared,
         token: ClaimToken,
         leased: Vec<ClaimedMessage>,
         now: Instant,
-    ) {
+    ) -> usize {
         let Some(jobs) = &self.jobs else {
-            return;
+            return 0;
         };
         if leased.is_empty() {
-            return;
+            return 0;
         }
         let mut not_sent = Vec::new();
         let mut still_stuck = Vec::new();
         let lease_ends = now + shared.config.lease;
-        dispatch(
+        let sent = dispatch(
             shared,
             token,
             leased,
@@ -487,34 +493,37 @@ impl Settler {
                 true
             },
         );
+        let given_back = not_sent.len();
         self.fresh.append(&mut not_sent);
         self.fresh.append(&mut still_stuck);
+        usize::try_from(sent.unwrap_or(0))
+            .unwrap_or(usize::MAX)
+            .saturating_sub(given_back)
     }
 
-    /// Books settled outcomes: stats, metrics, held messages, health, and a wake for the
-    /// claimer unless the settlement leased as many messages as it settled (`refilled`).
+    /// Books settled outcomes: stats, metrics, held messages, health. Returns how many it booked
+    /// (an outcome of a message this worker claimed again goes back to be settled under the new
+    /// claim).
     fn settled(
         &mut self,
         shared: &Shared,
         outcomes: &[Outcome],
         fenced: &[i64],
         now: Instant,
-        refilled: usize,
-    ) {
+    ) -> usize {
         self.unavailable.succeeded();
         self.next_settle = now;
         shared.vitals.settled();
-        metrics::settlement();
         // A message this worker claimed again while its outcome was on its way (its lease ran
         // out meanwhile) is held under the new claim: its outcome is settled again under that
         // claim, rather than dropped, which would leave the message to run again after the
-        // new lease.
+        // new lease. Only the outcome of the attempt held: a stuck earlier attempt's outcome,
+        // late, must not settle a newer attempt of the same message.
         let reclaimed_by = |outcome: &Outcome| {
             fenced
                 .contains(&outcome.position)
-                .then(|| shared.held.claim_of(outcome.position))
+                .then(|| shared.held.moved_to(outcome.position, outcome.token))
                 .flatten()
-                .filter(|token| *token != outcome.token)
         };
         let kept: Vec<Outcome>;
         let outcomes = if outcomes.iter().any(|o| reclaimed_by(o).is_some()) {
@@ -538,9 +547,15 @@ impl Settler {
         } else {
             outcomes
         };
-        let released = shared
-            .held
-            .release(outcomes.iter().map(|outcome| outcome.position));
+        let released = shared.held.release(
+            outcomes
+                .iter()
+                .map(|outcome| (outcome.position, outcome.token)),
+        );
+        // The book of held messages first, then the application's metrics recorder, which may
+        // panic: the acker survives a panic, and a message settled but still held would count
+        // against the in-flight cap for good.
+        metrics::settlement();
         let counters = &shared.counters;
         let settled_at = SystemTime::now();
         for (outcome, entry) in outcomes.iter().zip(&released) {
@@ -574,11 +589,7 @@ impl Settler {
             }
         }
         metrics::in_flight(shared.held.count());
-        // A settled message may have been the head of its ordering key: the next one of that
-        // key is claimable now, not at the next poll; unless the settlement leased it already.
-        if refilled < outcomes.len() {
-            let _ = shared.capacity.try_send(());
-        }
+        outcomes.len()
     }
 }
 

@@ -34,6 +34,10 @@ pub struct Entry {
     pub job: JobId,
     /// The claim it is leased under now (a re-claim moves it).
     pub token: ClaimToken,
+    /// The claims it was leased under before, in this dispatch: an outcome under one of them
+    /// is this dispatch's, to settle under `token`. (An outcome under any other claim is not,
+    /// though it names the same message: a stuck earlier attempt's.)
+    pub moved_from: Vec<ClaimToken>,
     /// For logs and synthesized outcomes.
     pub message_id: MessageId,
     /// For the watchdog's retry policy and the metrics.
@@ -114,7 +118,8 @@ impl Held {
             return Admission::StillStuck;
         }
         if let Some(entry) = state.entries.get_mut(&message.position) {
-            entry.token = token;
+            let earlier = std::mem::replace(&mut entry.token, token);
+            entry.moved_from.push(earlier);
             entry.lease_ends = lease_ends;
             return Admission::AlreadyHeld;
         }
@@ -127,6 +132,7 @@ impl Held {
             Entry {
                 job,
                 token,
+                moved_from: Vec::new(),
                 message_id: message.message_id,
                 message_type: message.message_type.clone(),
                 enqueued_at: message.enqueued_at,
@@ -167,9 +173,14 @@ impl Held {
             .map(|e| e.token)
     }
 
-    /// The claim a held message answers to now, if it is held.
-    pub fn claim_of(&self, position: i64) -> Option<ClaimToken> {
-        self.state().entries.get(&position).map(|entry| entry.token)
+    /// The claim a held message answers to now, if it was claimed again (by this worker) after
+    /// it was leased under `token`.
+    pub fn moved_to(&self, position: i64, token: ClaimToken) -> Option<ClaimToken> {
+        self.state()
+            .entries
+            .get(&position)
+            .filter(|entry| entry.moved_from.contains(&token))
+            .map(|entry| entry.token)
     }
 
     /// A handler thread finished `job`: the claim to settle it under, or `None` if the
@@ -189,13 +200,25 @@ impl Held {
         Some(entry.token)
     }
 
-    /// Outcomes of these positions were settled (or given up): they are no longer held.
-    /// Returns their entries, in the order given (`None` for a position not held).
-    pub fn release(&self, positions: impl IntoIterator<Item = i64>) -> Vec<Option<Entry>> {
+    /// Outcomes of these messages, each under the claim it names, were settled (or given up):
+    /// they are no longer held. Returns their entries, in the order given (`None` for a message
+    /// not held, or held by a dispatch that never answered to that claim: a newer attempt,
+    /// which an older attempt's outcome must not release).
+    pub fn release(
+        &self,
+        settled: impl IntoIterator<Item = (i64, ClaimToken)>,
+    ) -> Vec<Option<Entry>> {
         let mut state = self.state();
-        positions
+        settled
             .into_iter()
-            .map(|position| {
+            .map(|(position, token)| {
+                let ours = state
+                    .entries
+                    .get(&position)
+                    .is_some_and(|entry| entry.token == token || entry.moved_from.contains(&token));
+                if !ours {
+                    return None;
+                }
                 let entry = state.entries.remove(&position)?;
                 state.bytes -= entry.bytes;
                 Some(entry)
@@ -293,8 +316,14 @@ mod tests {
             Admission::Dispatch(_)
         ));
         assert_eq!((held.count(), held.bytes()), (2, 5));
-        held.release([1, 1, 3]);
+        held.release([(1, token), (1, token), (3, token)]);
         assert_eq!((held.count(), held.bytes()), (1, 2));
+        held.release([(2, ClaimToken::new())]);
+        assert_eq!(
+            held.count(),
+            1,
+            "another claim's outcome does not release it"
+        );
         assert_eq!(held.leases(), vec![(token, 2)]);
     }
 
@@ -334,7 +363,7 @@ mod tests {
         assert_eq!(overdue.len(), 1);
         assert_eq!(held.abandon(9, job), Some((token, 3)));
         assert_eq!(held.stuck(), 1);
-        held.release([9]);
+        held.release([(9, token)]);
         assert_eq!(
             held.admit(ClaimToken::new(), &message(9, "x"), later),
             Admission::StillStuck

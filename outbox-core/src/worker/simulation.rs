@@ -27,10 +27,10 @@ use crate::error::ProcessError;
 use crate::priority::Priority;
 use crate::registry::Registry;
 use crate::retry::RetryPolicy;
-use crate::store::{ClaimToken, Outcome, Settlement, Store};
+use crate::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
 use crate::testing::MemoryStore;
 
-use super::acker::Settler;
+use super::acker::{Acker, Settler};
 use super::claimer::{plan_claim, ClaimSize, Claimed};
 use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt, HandlerPool, Job};
@@ -566,4 +566,239 @@ fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
     assert_eq!(worker.shared.held.count(), 0);
     let stats = worker.shared.counters.snapshot();
     assert_eq!((stats.succeeded, stats.fenced), (1, 0), "{stats:?}");
+}
+
+/// A handler thread stuck in a message that is claimed again: the claimer settles that claim's
+/// attempt as timed out too. If that outcome reaches the store only after its claim ran out and
+/// the message was claimed a third time and given to a handler, it is fenced: it must not
+/// settle the newer attempt under the newer claim, nor release it from the book of held
+/// messages, while that attempt still runs.
+#[test]
+fn a_late_outcome_of_a_stuck_attempt_leaves_a_newer_attempt_alone() {
+    let store = MemoryStore::with_manual_clock();
+    let base = Instant::now();
+    let now = |store: &MemoryStore| base + store.now();
+    store.enqueue(KNOWN, "{}", None);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let lease = Duration::from_secs(6);
+    let config = Config {
+        batch_size: 4,
+        max_batch_size: 4,
+        handler_threads: 1,
+        max_in_flight: 9,
+        max_in_flight_bytes: 4_096,
+        lease,
+        heartbeat: lease / HEARTBEATS_PER_LEASE,
+        handler_timeout: Duration::from_secs(1),
+        retry_policy: RetryPolicy::new()
+            .max_attempts(10)
+            .initial_backoff(Duration::from_millis(1))
+            .max_backoff(Duration::from_millis(1)),
+        ..config(&mut rng)
+    };
+    let mut worker = SimWorker::new(&config, &store, now(&store));
+
+    // Attempt 1 hangs; the watchdog gives up on it, and its timed-out outcome is saved.
+    worker.claim(now(&store));
+    worker.start(
+        Plan::HangUntil(store.now() + Duration::from_secs(20)),
+        now(&store),
+    );
+    store.advance(Duration::from_secs(3));
+    worker.watchdog(now(&store));
+    worker.settler.settle(&worker.shared, now(&store));
+    assert_eq!(worker.shared.held.count(), 0);
+    assert_eq!(worker.shared.held.stuck(), 1);
+
+    // Claim 2 finds its thread still stuck: that attempt's outcome waits for the acker, which
+    // does not get to it for longer than a lease.
+    store.advance(Duration::from_millis(100));
+    worker.claim(now(&store));
+    assert!(worker.queued.is_empty(), "not run beside the stuck thread");
+
+    // The stuck thread returns; claim 2 runs out; claim 3 gives the message to a handler.
+    store.advance(Duration::from_secs(20));
+    worker.finish(0, &store);
+    assert_eq!(worker.shared.held.stuck(), 0);
+    worker.claim(now(&store));
+    worker.start(Plan::Succeed, now(&store));
+    assert_eq!(worker.running.len(), 1, "attempt 3 runs");
+    let claim_3 = worker.shared.held.leases()[0].0;
+
+    // Claim 2's outcome arrives: fenced, it changes nothing.
+    worker.settler.settle(&worker.shared, now(&store));
+    worker.settler.settle(&worker.shared, now(&store));
+    let rows = store.rows();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0].locked_by,
+        Some(claim_3),
+        "claim 2's outcome settled attempt 3's lease: {rows:?}"
+    );
+    assert_eq!(
+        worker.shared.held.count(),
+        1,
+        "attempt 3 released from the book while it runs"
+    );
+    assert_eq!(worker.shared.counters.snapshot().fenced, 1);
+
+    // Attempt 3's own outcome settles the message.
+    worker.finish(0, &store);
+    worker.settler.settle(&worker.shared, now(&store));
+    assert!(store.rows().is_empty(), "{:?}", store.rows());
+    assert_eq!(worker.shared.held.count(), 0);
+    let stats = worker.shared.counters.snapshot();
+    assert_eq!((stats.succeeded, stats.timed_out), (1, 1), "{stats:?}");
+}
+
+/// The claimer's last outcome (the attempt of a message a stuck thread still runs, which no
+/// held message stands for) may reach the acker's channel after the acker last looked, just
+/// before the claimer reports it is done: a stopping acker is not finished while an outcome
+/// waits there, and settles it before it ends.
+#[test]
+fn a_stopping_acker_settles_an_outcome_still_in_its_channel() {
+    let store = MemoryStore::with_manual_clock();
+    store.enqueue(KNOWN, "{}", None);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let config = config(&mut rng);
+    let worker = SimWorker::new(&config, &store, Instant::now());
+    let token = ClaimToken::new();
+    let limit = ClaimLimit {
+        messages: 1,
+        bytes: 4_096,
+        oversized_alone: true,
+    };
+    let claimed = store.claim(token, limit, config.lease).expect("claim");
+    assert_eq!(claimed.len(), 1);
+
+    let (outcomes, received) = bounded(1);
+    let (jobs, _) = super::jobs::channel(1);
+    let acker = Acker::new(Arc::clone(&worker.shared), received, jobs);
+    worker.shared.request_stop();
+    worker
+        .shared
+        .claimer_done
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let timed_out = Settlement::Retry {
+        delay: Duration::from_secs(1),
+        error: "still running past its timeout".into(),
+    };
+    outcomes
+        .send(Outcome::of(token, &claimed[0], timed_out))
+        .expect("send");
+    assert!(
+        !acker.finished(),
+        "finished with an outcome waiting in its channel"
+    );
+
+    acker.run();
+    let rows = store.rows();
+    assert_eq!(rows[0].locked_by, None, "settled before the acker ended");
+    assert_eq!(
+        rows[0].last_error.as_deref(),
+        Some("still running past its timeout")
+    );
+}
+
+/// An application's metrics recorder that panics (the worker records through it while it books
+/// a settlement).
+struct PanickingRecorder;
+
+struct Panics;
+
+impl metrics::CounterFn for Panics {
+    fn increment(&self, _: u64) {
+        panic!("the recorder broke");
+    }
+    fn absolute(&self, _: u64) {
+        panic!("the recorder broke");
+    }
+}
+
+impl metrics::GaugeFn for Panics {
+    fn increment(&self, _: f64) {
+        panic!("the recorder broke");
+    }
+    fn decrement(&self, _: f64) {
+        panic!("the recorder broke");
+    }
+    fn set(&self, _: f64) {
+        panic!("the recorder broke");
+    }
+}
+
+impl metrics::HistogramFn for Panics {
+    fn record(&self, _: f64) {
+        panic!("the recorder broke");
+    }
+}
+
+impl metrics::Recorder for PanickingRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(Arc::new(Panics))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(Arc::new(Panics))
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::from_arc(Arc::new(Panics))
+    }
+}
+
+/// A recorder that panics while the acker books a settlement the store took: the acker's
+/// thread survives the panic, and the settled message must not stay in the book of held
+/// messages, where it would count against the worker's in-flight cap and keep a shutdown
+/// waiting until its deadline.
+#[test]
+fn a_panicking_metrics_recorder_leaves_no_settled_message_held() {
+    let store = MemoryStore::with_manual_clock();
+    let base = Instant::now();
+    let now = |store: &MemoryStore| base + store.now();
+    store.enqueue(KNOWN, "{}", None);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let config = config(&mut rng);
+    let mut worker = SimWorker::new(&config, &store, now(&store));
+    worker.claim(now(&store));
+    worker.start(Plan::Succeed, now(&store));
+    worker.finish(0, &store);
+    assert_eq!(worker.shared.held.count(), 1, "its outcome is on its way");
+
+    let t = now(&store);
+    let settled = metrics::with_local_recorder(&PanickingRecorder, || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            worker.settler.settle(&worker.shared, t)
+        }))
+    });
+    assert!(settled.is_err(), "the recorder was used and panicked");
+    assert!(store.rows().is_empty(), "the store took the outcome");
+    assert_eq!(
+        worker.shared.held.count(),
+        0,
+        "a settled message stays held after the recorder panicked"
+    );
 }
