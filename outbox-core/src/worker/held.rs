@@ -349,6 +349,35 @@ mod tests {
     }
 
     #[test]
+    fn only_the_claims_a_held_message_answered_to_settle_and_release_it() {
+        let held = Held::default();
+        let now = Instant::now();
+        let (first, second, third, other) = (
+            ClaimToken::new(),
+            ClaimToken::new(),
+            ClaimToken::new(),
+            ClaimToken::new(),
+        );
+        assert!(matches!(
+            held.admit(first, &message(5, "x"), now),
+            Admission::Dispatch(_)
+        ));
+        assert_eq!(held.moved_to(5, first), None, "not moved yet");
+        held.admit(second, &message(5, "x"), now);
+        held.admit(third, &message(5, "x"), now);
+        assert_eq!(held.moved_to(5, first), Some(third));
+        assert_eq!(held.moved_to(5, second), Some(third));
+        assert_eq!(held.moved_to(5, other), None, "another attempt's claim");
+        assert!(held.release([(5, other)])[0].is_none());
+        assert_eq!(held.count(), 1);
+        assert!(
+            held.release([(5, first)])[0].is_some(),
+            "an earlier claim's outcome"
+        );
+        assert_eq!(held.count(), 0);
+    }
+
+    #[test]
     fn an_abandoned_job_drops_its_late_outcome_and_blocks_a_second_run() {
         let held = Held::default();
         let start = Instant::now();

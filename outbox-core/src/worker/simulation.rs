@@ -691,6 +691,10 @@ fn a_stopping_acker_settles_an_outcome_still_in_its_channel() {
         "finished with an outcome waiting in its channel"
     );
 
+    // Not a hang if the settlement failed: the shutdown's deadline ends the acker.
+    worker
+        .shared
+        .set_give_up_at(Some(Instant::now() + Duration::from_secs(10)));
     acker.run();
     let rows = store.rows();
     assert_eq!(rows[0].locked_by, None, "settled before the acker ended");
@@ -801,4 +805,43 @@ fn a_panicking_metrics_recorder_leaves_no_settled_message_held() {
         0,
         "a settled message stays held after the recorder panicked"
     );
+}
+
+/// The same recorder, panicking while the watchdog counts a timed-out attempt: the attempt's
+/// outcome is on its way all the same, and settling it leaves nothing held.
+#[test]
+fn a_panicking_metrics_recorder_leaves_no_timed_out_attempt_held() {
+    let store = MemoryStore::with_manual_clock();
+    let base = Instant::now();
+    let now = |store: &MemoryStore| base + store.now();
+    store.enqueue(KNOWN, "{}", None);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let config = Config {
+        handler_timeout: Duration::from_secs(1),
+        lease: Duration::from_secs(6),
+        retry_policy: RetryPolicy::new().max_attempts(5),
+        ..config(&mut rng)
+    };
+    let mut worker = SimWorker::new(&config, &store, now(&store));
+    worker.claim(now(&store));
+    worker.start(
+        Plan::HangUntil(store.now() + Duration::from_secs(60)),
+        now(&store),
+    );
+    store.advance(Duration::from_secs(3));
+
+    let t = now(&store);
+    let watched = metrics::with_local_recorder(&PanickingRecorder, || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.watchdog(t)))
+    });
+    assert!(watched.is_err(), "the recorder was used and panicked");
+    worker.settler.settle(&worker.shared, now(&store));
+    assert_eq!(
+        worker.shared.held.count(),
+        0,
+        "the timed-out attempt stays held after the recorder panicked"
+    );
+    let rows = store.rows();
+    assert_eq!(rows[0].locked_by, None, "its retry was saved: {rows:?}");
+    assert_eq!(worker.shared.counters.snapshot().timed_out, 1);
 }

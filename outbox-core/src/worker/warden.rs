@@ -129,7 +129,6 @@ impl Rounds {
                 &settlement,
             );
             Counters::add(&shared.counters.timed_out, 1);
-            metrics::handler_timeout(shared.metric_type(&entry.message_type));
             settle(Outcome {
                 token,
                 position,
@@ -138,6 +137,9 @@ impl Rounds {
                 settlement,
             });
             stuck.push(thread);
+            // After the outcome is on its way: the application's recorder may panic, and an
+            // attempt given up on without an outcome would stay held for good.
+            metrics::handler_timeout(shared.metric_type(&entry.message_type));
         }
         stuck
     }
