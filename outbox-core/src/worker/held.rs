@@ -1,7 +1,7 @@
 //! The messages a worker holds, from claim to settlement: what counts against its in-flight
 //! caps, what the heartbeat renews, what the watchdog watches.
 
-use std::collections::HashMap;
+use std::collections::{hash_map, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -212,14 +212,14 @@ impl Held {
         settled
             .into_iter()
             .map(|(position, token)| {
-                let ours = state
-                    .entries
-                    .get(&position)
-                    .is_some_and(|entry| entry.token == token || entry.moved_from.contains(&token));
+                let hash_map::Entry::Occupied(held) = state.entries.entry(position) else {
+                    return None;
+                };
+                let ours = held.get().token == token || held.get().moved_from.contains(&token);
                 if !ours {
                     return None;
                 }
-                let entry = state.entries.remove(&position)?;
+                let entry = held.remove();
                 state.bytes -= entry.bytes;
                 Some(entry)
             })
