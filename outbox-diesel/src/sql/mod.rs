@@ -1030,7 +1030,7 @@ pub(crate) fn sync_destinations<C: Statements>(
 pub(crate) const PRUNE_ROUNDS: usize = 10;
 
 /// How many times a batch chosen as a deadlock victim is run again before the pass gives up.
-const DEADLOCK_RETRIES: usize = 5;
+pub(crate) const DEADLOCK_RETRIES: usize = 5;
 
 /// Runs `delete_batch` (which deletes up to the limit it is given and says how many) until a
 /// batch comes back short or `rounds` batches ran; how many rows were deleted. Every pruning of
