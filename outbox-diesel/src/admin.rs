@@ -15,7 +15,8 @@ use outbox_core::Priority;
 mod serialized;
 
 use crate::sql::{
-    BacklogRow, BlockedKeyRow, DeadLetterRow, Filter, HorizonRow, PendingRow, Selection, Statements,
+    retry_deadlocks, BacklogRow, BlockedKeyRow, DeadLetterRow, Filter, HorizonRow, PendingRow,
+    Selection, Statements,
 };
 
 /// The characters of each payload the admin pages and the CLI list in their JSON (the
@@ -699,17 +700,14 @@ pub fn resume<C: OutboxConnection>(
     // The pause ends first, in its own statement: a worker that pauses a message after this
     // commits reads it as ended. One that paused a message just before is caught by the
     // release below, or by its own release when it sees the pause end.
-    let removed = retrying_deadlocks(
-        conn,
-        |conn| with_backend!(conn.backend_connection(), c => c.resume(kind.as_str(), name)),
-    )?;
+    let removed = with_backend!(conn.backend_connection(), c => {
+        retry_deadlocks(c, |c| c.resume(kind.as_str(), name))
+    })?;
     if removed == 0 {
         return Ok(None);
     }
-    let released = retrying_deadlocks(
-        conn,
-        |conn| with_backend!(conn.backend_connection(), c => c.release_paused()),
-    )?;
+    let released =
+        with_backend!(conn.backend_connection(), c => retry_deadlocks(c, |c| c.release_paused()))?;
     log::warn!(
         "outbox: {} {name} resumed by an operator; {released} paused messages due again",
         kind.as_str()
@@ -744,38 +742,6 @@ pub(crate) fn paused_from_rows(rows: Vec<crate::sql::PauseRow>) -> outbox_core::
         }
     }
     paused
-}
-
-/// Runs one statement again when the database chose it as a deadlock's victim (MySQL, whose
-/// statement that releases paused messages can deadlock with workers settling the same rows):
-/// it was rolled back whole, and running it again does what it would have done. Only outside
-/// a transaction of the caller's, which a deadlock rolls back whole too.
-fn retrying_deadlocks<C: OutboxConnection, T>(
-    conn: &mut C,
-    mut statement: impl FnMut(&mut C) -> diesel::QueryResult<T>,
-) -> diesel::QueryResult<T> {
-    use diesel::connection::{AnsiTransactionManager, TransactionManager};
-    use diesel::result::{DatabaseErrorKind, Error as DieselError};
-    let mut outcome = statement(conn);
-    for _ in 0..crate::sql::DEADLOCK_RETRIES {
-        let deadlocked = matches!(
-            outcome,
-            Err(DieselError::DatabaseError(
-                DatabaseErrorKind::SerializationFailure,
-                _
-            ))
-        );
-        let in_transaction = with_backend!(conn.backend_connection(), c => {
-            AnsiTransactionManager::transaction_manager_status_mut(c)
-                .transaction_depth()
-                .map_or(true, |depth| depth.is_some())
-        });
-        if !deadlocked || in_transaction {
-            break;
-        }
-        outcome = statement(conn);
-    }
-    outcome
 }
 
 fn check_pause_name(name: &str) -> Result<()> {

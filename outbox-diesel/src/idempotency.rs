@@ -187,7 +187,9 @@ fn stamp_page<C: Statements>(c: &mut C, cursor: &mut SweepCursor) -> QueryResult
 /// Deletes expired keys in batches, at most `rounds` of them; how many.
 fn expire<C: Statements>(c: &mut C, window: Duration, rounds: usize) -> QueryResult<usize> {
     let window = age_micros(window);
-    delete_in_batches(rounds, |limit| c.expire_idempotency_keys(window, limit))
+    delete_in_batches(c, rounds, |c, limit| {
+        c.expire_idempotency_keys(window, limit)
+    })
 }
 
 /// Stamps every key whose message has settled and deletes those settled more than `window`

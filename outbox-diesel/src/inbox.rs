@@ -165,6 +165,6 @@ fn record<C: OutboxConnection>(conn: &mut C, id: &str) -> diesel::QueryResult<bo
 pub fn sweep_inbox<C: OutboxConnection>(conn: &mut C, older_than: Duration) -> Result<usize> {
     let micros = crate::sql::age_micros(older_than);
     Ok(with_backend!(conn.backend_connection(), c => {
-        crate::sql::delete_in_batches(usize::MAX, |limit| c.inbox_sweep(micros, limit))
+        crate::sql::delete_in_batches(c, usize::MAX, |c, limit| c.inbox_sweep(micros, limit))
     })?)
 }

@@ -59,11 +59,12 @@ impl Retention {
         if let Some(age) = self.dead_letters {
             let age = age_micros(age);
             pruned.dead_letters =
-                delete_in_batches(PRUNE_ROUNDS, |limit| c.prune_dead_letters(age, limit))?;
+                delete_in_batches(c, PRUNE_ROUNDS, |c, limit| c.prune_dead_letters(age, limit))?;
         }
         if let Some(age) = self.inbox_ids {
             let age = age_micros(age);
-            pruned.inbox_ids = delete_in_batches(PRUNE_ROUNDS, |limit| c.inbox_sweep(age, limit))?;
+            pruned.inbox_ids =
+                delete_in_batches(c, PRUNE_ROUNDS, |c, limit| c.inbox_sweep(age, limit))?;
         }
         Ok(pruned)
     }
@@ -79,6 +80,6 @@ pub fn prune_dead_letters<C: OutboxConnection>(
 ) -> Result<usize> {
     let age = age_micros(older_than);
     Ok(with_backend!(conn.backend_connection(), c => {
-        delete_in_batches(usize::MAX, |limit| c.prune_dead_letters(age, limit))
+        delete_in_batches(c, usize::MAX, |c, limit| c.prune_dead_letters(age, limit))
     })?)
 }

@@ -239,6 +239,7 @@ pub(crate) mod sqlite;
 
 use std::collections::BTreeMap;
 
+use diesel::connection::{AnsiTransactionManager, TransactionManager};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName};
 use outbox_core::store::{
@@ -759,7 +760,9 @@ impl Cursor {
 }
 
 /// What a backend's statements do; each backend implements it in its own file.
-pub(crate) trait Statements: Sized {
+pub(crate) trait Statements:
+    Sized + diesel::Connection<TransactionManager = AnsiTransactionManager>
+{
     /// Inserts messages (one statement for up to the backend's bind limit).
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()>;
 
@@ -1029,35 +1032,58 @@ pub(crate) fn sync_destinations<C: Statements>(
 /// tables hold.
 pub(crate) const PRUNE_ROUNDS: usize = 10;
 
-/// How many times a batch chosen as a deadlock victim is run again before the pass gives up.
+/// How many times a statement chosen as a deadlock's victim is run again before its error is
+/// returned.
 pub(crate) const DEADLOCK_RETRIES: usize = 5;
+
+/// Runs `statement` again, up to [`DEADLOCK_RETRIES`] times, while the database picks it as a
+/// deadlock's victim (MySQL, where two workers' batched deletes over one index range, or an
+/// operator's resume and a worker's settlement of the same rows, lock in orders that cross):
+/// the victim was rolled back whole, and running it again does what it would have done. Never
+/// inside a transaction open on `c` (a caller's), which the deadlock rolled back whole too: its
+/// error goes back to the caller, whose transaction it ended.
+pub(crate) fn retry_deadlocks<C, T>(
+    c: &mut C,
+    mut statement: impl FnMut(&mut C) -> QueryResult<T>,
+) -> QueryResult<T>
+where
+    C: Statements,
+{
+    let mut outcome = statement(c);
+    for _ in 0..DEADLOCK_RETRIES {
+        let deadlocked = matches!(
+            outcome,
+            Err(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::SerializationFailure,
+                _
+            ))
+        );
+        let in_transaction = AnsiTransactionManager::transaction_manager_status_mut(c)
+            .transaction_depth()
+            .map_or(true, |depth| depth.is_some());
+        if !deadlocked || in_transaction {
+            break;
+        }
+        outcome = statement(c);
+    }
+    outcome
+}
 
 /// Runs `delete_batch` (which deletes up to the limit it is given and says how many) until a
 /// batch comes back short or `rounds` batches ran; how many rows were deleted. Every pruning of
-/// the worker deletes this way, so that one call's work stays bounded.
-///
-/// Workers on one database prune at the same time. On MySQL two `DELETE … ORDER BY … LIMIT`
-/// over one index range lock it in next-key steps and can deadlock (half the runs of the
-/// two-worker test did); the victim's statement rolled back whole, so the batch is simply run
-/// again.
-pub(crate) fn delete_in_batches(
+/// the worker deletes this way, so that one call's work stays bounded. Workers on one database
+/// prune at the same time, so a batch may be a deadlock's victim: it runs again.
+pub(crate) fn delete_in_batches<C>(
+    c: &mut C,
     rounds: usize,
-    mut delete_batch: impl FnMut(i64) -> QueryResult<usize>,
-) -> QueryResult<usize> {
+    mut delete_batch: impl FnMut(&mut C, i64) -> QueryResult<usize>,
+) -> QueryResult<usize>
+where
+    C: Statements,
+{
     let mut deleted = 0;
     for _ in 0..rounds {
-        let mut batch = || delete_batch(to_i64(ID_CHUNK));
-        let mut outcome = batch();
-        for _ in 0..DEADLOCK_RETRIES {
-            match outcome {
-                Err(diesel::result::Error::DatabaseError(
-                    diesel::result::DatabaseErrorKind::SerializationFailure,
-                    _,
-                )) => outcome = batch(),
-                _ => break,
-            }
-        }
-        let n = outcome?;
+        let n = retry_deadlocks(c, |c| delete_batch(c, to_i64(ID_CHUNK)))?;
         deleted += n;
         if n < ID_CHUNK {
             break;
