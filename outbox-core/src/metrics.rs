@@ -85,6 +85,10 @@ pub(crate) const UNREGISTERED_TYPE: &str = "unregistered";
 /// Gives every metric its unit and description, for recorders that show them (Prometheus'
 /// `# HELP`). Describing twice is harmless.
 pub(crate) fn describe() {
+    record(describe_each);
+}
+
+fn describe_each() {
     use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
         MESSAGES_PROCESSED,
@@ -170,86 +174,128 @@ pub(crate) fn describe() {
     );
 }
 
+/// Records through the application's recorder, which may panic: the panic stays here, and is
+/// logged once. A recording is made while the worker books what it holds (a settlement, a
+/// timed-out attempt, a handler's success); a panic there would leave a message held for good
+/// or run a handler that succeeded once more.
+fn record(recording: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(recording)).is_err()
+        && !RECORDER_PANICKED.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        log::error!(
+            "outbox: the application's metrics recorder panicked; the worker goes on without \
+             the metric (logged once)"
+        );
+    }
+}
+
+static RECORDER_PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 pub(crate) fn processed(message_type: &str, outcome: &'static str) {
-    ::metrics::counter!(MESSAGES_PROCESSED, "type" => message_type.to_owned(), "outcome" => outcome)
-        .increment(1);
+    record(|| {
+        ::metrics::counter!(MESSAGES_PROCESSED, "type" => message_type.to_owned(), "outcome" => outcome)
+            .increment(1);
+    });
 }
 
 pub(crate) fn attempt_duration(message_type: &str, duration: Duration) {
-    ::metrics::histogram!(ATTEMPT_DURATION, "type" => message_type.to_owned())
-        .record(duration.as_secs_f64());
+    record(|| {
+        ::metrics::histogram!(ATTEMPT_DURATION, "type" => message_type.to_owned())
+            .record(duration.as_secs_f64());
+    });
 }
 
 pub(crate) fn delivery_lag(message_type: &str, lag: Duration) {
-    ::metrics::histogram!(DELIVERY_LAG, "type" => message_type.to_owned())
-        .record(lag.as_secs_f64());
+    record(|| {
+        ::metrics::histogram!(DELIVERY_LAG, "type" => message_type.to_owned())
+            .record(lag.as_secs_f64());
+    });
 }
 
 pub(crate) fn handler_timeout(message_type: &str) {
-    ::metrics::counter!(HANDLER_TIMEOUTS, "type" => message_type.to_owned()).increment(1);
+    record(|| {
+        ::metrics::counter!(HANDLER_TIMEOUTS, "type" => message_type.to_owned()).increment(1);
+    });
 }
 
 pub(crate) fn in_flight(count: usize) {
-    ::metrics::gauge!(IN_FLIGHT).set(count as f64);
+    record(|| {
+        ::metrics::gauge!(IN_FLIGHT).set(count as f64);
+    });
 }
 
 pub(crate) fn claimed(count: u64) {
-    ::metrics::counter!(CLAIMS).increment(1);
-    ::metrics::counter!(CLAIMED).increment(count);
+    record(|| {
+        ::metrics::counter!(CLAIMS).increment(1);
+        ::metrics::counter!(CLAIMED).increment(count);
+    });
 }
 
 pub(crate) fn settlement() {
-    ::metrics::counter!(SETTLEMENTS).increment(1);
+    record(|| {
+        ::metrics::counter!(SETTLEMENTS).increment(1);
+    });
 }
 
 pub(crate) fn store_error(operation: &'static str) {
-    ::metrics::counter!(STORE_ERRORS, "operation" => operation).increment(1);
+    record(|| {
+        ::metrics::counter!(STORE_ERRORS, "operation" => operation).increment(1);
+    });
 }
 
 pub(crate) fn destination_attempt(destination: &str, outcome: &'static str) {
-    ::metrics::counter!(DESTINATION_ATTEMPTS, "destination" => destination.to_owned(), "outcome" => outcome)
-        .increment(1);
+    record(|| {
+        ::metrics::counter!(DESTINATION_ATTEMPTS, "destination" => destination.to_owned(), "outcome" => outcome)
+            .increment(1);
+    });
 }
 
 pub(crate) fn destination_duration(destination: &str, duration: Duration) {
-    ::metrics::histogram!(DESTINATION_DURATION, "destination" => destination.to_owned())
-        .record(duration.as_secs_f64());
+    record(|| {
+        ::metrics::histogram!(DESTINATION_DURATION, "destination" => destination.to_owned())
+            .record(duration.as_secs_f64());
+    });
 }
 
 /// Records that destination `destination` is in `state` (and in no other).
 pub(crate) fn destination_state(destination: &str, kind: &'static str, state: &'static str) {
-    for each in crate::destination::DestinationState::NAMES {
-        let value = if each == state { 1.0 } else { 0.0 };
-        ::metrics::gauge!(
-            DESTINATION_STATE,
-            "destination" => destination.to_owned(),
-            "kind" => kind,
-            "state" => each
-        )
-        .set(value);
-    }
+    record(|| {
+        for each in crate::destination::DestinationState::NAMES {
+            let value = if each == state { 1.0 } else { 0.0 };
+            ::metrics::gauge!(
+                DESTINATION_STATE,
+                "destination" => destination.to_owned(),
+                "kind" => kind,
+                "state" => each
+            )
+            .set(value);
+        }
+    });
 }
 
 /// Records whether an operator paused message type (`kind` `type`) or destination `name`.
 pub(crate) fn operator_paused(kind: &'static str, name: &str, paused: bool) {
-    ::metrics::gauge!(OPERATOR_PAUSED, "kind" => kind, "name" => name.to_owned()).set(if paused {
-        1.0
-    } else {
-        0.0
+    record(|| {
+        ::metrics::gauge!(OPERATOR_PAUSED, "kind" => kind, "name" => name.to_owned())
+            .set(if paused { 1.0 } else { 0.0 });
     });
 }
 
 pub(crate) fn backlog(backlog: &crate::store::Backlog) {
-    ::metrics::gauge!(PENDING).set(backlog.pending as f64);
-    ::metrics::gauge!(OLDEST_DUE_AGE).set(backlog.oldest_due_age.as_secs_f64());
-    if let Some(age) = backlog.oldest_transaction_age {
-        ::metrics::gauge!(OLDEST_TRANSACTION_AGE).set(age.as_secs_f64());
-    }
-    if let Some(dead) = backlog.dead_rows {
-        ::metrics::gauge!(DEAD_ROWS).set(dead as f64);
-    }
+    record(|| {
+        ::metrics::gauge!(PENDING).set(backlog.pending as f64);
+        ::metrics::gauge!(OLDEST_DUE_AGE).set(backlog.oldest_due_age.as_secs_f64());
+        if let Some(age) = backlog.oldest_transaction_age {
+            ::metrics::gauge!(OLDEST_TRANSACTION_AGE).set(age.as_secs_f64());
+        }
+        if let Some(dead) = backlog.dead_rows {
+            ::metrics::gauge!(DEAD_ROWS).set(dead as f64);
+        }
+    });
 }
 
 pub(crate) fn claim_duration(duration: Duration) {
-    ::metrics::histogram!(CLAIM_DURATION).record(duration.as_secs_f64());
+    record(|| {
+        ::metrics::histogram!(CLAIM_DURATION).record(duration.as_secs_f64());
+    });
 }

@@ -170,7 +170,7 @@ impl Registry {
         Self::from_registrations(inventory::iter::<HandlerRegistration>)
     }
 
-    fn from_registrations(
+    pub(crate) fn from_registrations(
         registrations: impl IntoIterator<Item = &'static HandlerRegistration>,
     ) -> Result<Self, RegistryError> {
         let mut by_type = HashMap::new();

@@ -183,15 +183,16 @@ pub(crate) fn dispatch(
                     Attempt::StillStuck,
                     &policy_for(shared, &message.message_type),
                 );
+                // Sent before it is logged: the application's logger may panic.
+                if !send_outcome(Outcome::of(token, &message, settlement.clone())) {
+                    return None;
+                }
                 log_settlement(
                     &message.message_id,
                     &message.message_type,
                     message.headers.trace_id(),
                     &settlement,
                 );
-                if !send_outcome(Outcome::of(token, &message, settlement)) {
-                    return None;
-                }
             }
         }
     }

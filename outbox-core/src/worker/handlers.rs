@@ -174,13 +174,25 @@ pub(crate) fn settle_unknown_type(
     }
 }
 
-/// The policy of `message_type`'s handler, or the worker's.
+/// The policy of `message_type`'s handler, or the worker's: also when asking the handler's
+/// panics, since those who ask (the watchdog, the claimer, a panic's settlement) hold an attempt
+/// that must get its outcome.
 pub(crate) fn policy_for(shared: &Shared, message_type: &str) -> RetryPolicy {
-    shared
-        .registry
-        .get(message_type)
-        .and_then(|registration| registration.retry_policy())
-        .unwrap_or_else(|| shared.config.retry_policy.clone())
+    let Some(registration) = shared.registry.get(message_type) else {
+        return shared.config.retry_policy.clone();
+    };
+    match catch_unwind(AssertUnwindSafe(|| registration.retry_policy())) {
+        Ok(policy) => policy.unwrap_or_else(|| shared.config.retry_policy.clone()),
+        Err(panic) => {
+            log::error!(
+                "outbox: the retry policy of message type `{message_type}` ({}) panicked: {}; \
+                 the worker's policy judges this attempt",
+                registration.handler_name(),
+                panic_text(panic.as_ref())
+            );
+            shared.config.retry_policy.clone()
+        }
+    }
 }
 
 /// A running job's way to settle its message inside the handler's transaction, under the claim
@@ -322,12 +334,9 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
 
 /// The settlement of a message whose processing panicked outside its handler (in its
 /// handler's own `retry_policy()`, say): retried after a fixed delay, within the attempts of
-/// the worker's policy (the handler's cannot be asked: asking may be what panicked).
+/// the handler's policy (the worker's, if asking the handler's panics again).
 fn panicked_outside(shared: &Shared, message: &ClaimedMessage, text: &str) -> Settlement {
-    let policy = catch_unwind(AssertUnwindSafe(|| {
-        policy_for(shared, &message.message_type)
-    }))
-    .unwrap_or_else(|_| shared.config.retry_policy.clone());
+    let policy = policy_for(shared, &message.message_type);
     if policy.allows_retry_after(message.attempt) {
         Settlement::Retry {
             delay: PANIC_RETRY_DELAY,

@@ -31,10 +31,9 @@ use crate::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
 use crate::testing::MemoryStore;
 
 use super::acker::{Acker, Settler};
-use super::claimer::{plan_claim, ClaimSize, Claimed};
+use super::claimer::{dispatch, plan_claim, ClaimSize, Claimed};
 use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt, HandlerPool, Job};
-use super::held::Admission;
 use super::housekeeper::Housekeeper;
 use super::jobs::{JobReceiver, JobSender};
 use super::shared::{Parts, Shared};
@@ -76,6 +75,10 @@ struct SimWorker {
 
 impl SimWorker {
     fn new(config: &Config, store: &MemoryStore, now: Instant) -> Self {
+        Self::handled_by(Registry::empty(), config, store, now)
+    }
+
+    fn handled_by(registry: Registry, config: &Config, store: &MemoryStore, now: Instant) -> Self {
         let (capacity, _) = bounded(1);
         let (stop, stopped) = bounded(1);
         let (_, unused_jobs) = super::jobs::channel(1);
@@ -84,7 +87,7 @@ impl SimWorker {
         let parts = Parts {
             config: config.clone(),
             store: Arc::new(store.clone()),
-            registry: Registry::empty(),
+            registry,
             resources: Resources::new(),
             destinations: Destinations::default(),
         };
@@ -126,32 +129,23 @@ impl SimWorker {
             Claimed::of(limit.messages, &claimed, self.queued.len()),
             now,
         );
-        for message in claimed {
-            match shared
-                .held
-                .admit(token, &message, now + shared.config.lease)
-            {
-                Admission::Dispatch(job) => {
-                    let sent = self.queued.try_send(Job { job, message });
-                    assert!(sent.is_ok(), "the jobs channel holds what may be held");
-                }
-                Admission::AlreadyHeld => {}
-                Admission::StillStuck => {
-                    let settlement = settle_attempt(
-                        message.attempt,
-                        Attempt::StillStuck,
-                        &shared.config.retry_policy,
-                    );
-                    self.settler.push(Outcome {
-                        token,
-                        position: message.position,
-                        message_id: message.message_id,
-                        ordering_key: message.ordering_key.clone(),
-                        settlement,
-                    });
-                }
-            }
-        }
+        let settler = &mut self.settler;
+        let queued = &self.queued;
+        dispatch(
+            shared,
+            token,
+            claimed,
+            now + shared.config.lease,
+            |job| {
+                let sent = queued.try_send(job);
+                assert!(sent.is_ok(), "the jobs channel holds what may be held");
+                true
+            },
+            |outcome| {
+                settler.push(outcome);
+                true
+            },
+        );
     }
 
     fn start(&mut self, plan: Plan, now: Instant) {
@@ -264,6 +258,31 @@ fn config(rng: &mut fastrand::Rng) -> Config {
         backlog_interval: Duration::from_secs(15),
         max_deferral: None,
     }
+}
+
+/// The random configuration of one fixed seed, for the tests of one sequence.
+fn seeded_config() -> Config {
+    config(&mut fastrand::Rng::with_seed(7))
+}
+
+/// A store on a manual clock holding one message of a known type, a worker for it, and the
+/// time as the worker sees it.
+fn one_message_worker(
+    config: &Config,
+) -> (MemoryStore, SimWorker, impl Fn(&MemoryStore) -> Instant) {
+    one_message_worker_handled_by(Registry::empty(), config)
+}
+
+fn one_message_worker_handled_by(
+    registry: Registry,
+    config: &Config,
+) -> (MemoryStore, SimWorker, impl Fn(&MemoryStore) -> Instant) {
+    let store = MemoryStore::with_manual_clock();
+    let base = Instant::now();
+    let now = move |store: &MemoryStore| base + store.now();
+    store.enqueue(KNOWN, "{}", None);
+    let worker = SimWorker::handled_by(registry, config, &store, now(&store));
+    (store, worker, now)
 }
 
 /// What all schedules did, to see that they exercise what they claim to.
@@ -530,20 +549,15 @@ fn randomized_schedules_lose_nothing_and_never_wedge() {
 /// and the message is settled once, not left leased to run again when the new lease ends.
 #[test]
 fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
-    let store = MemoryStore::with_manual_clock();
-    let base = Instant::now();
-    let now = |store: &MemoryStore| base + store.now();
-    store.enqueue(KNOWN, "{}", None);
-    let mut rng = fastrand::Rng::with_seed(7);
     let config = Config {
         batch_size: 4,
         max_batch_size: 4,
         handler_threads: 1,
         max_in_flight: 9,
         max_in_flight_bytes: 4_096,
-        ..config(&mut rng)
+        ..seeded_config()
     };
-    let mut worker = SimWorker::new(&config, &store, now(&store));
+    let (store, mut worker, now) = one_message_worker(&config);
     worker.claim(now(&store));
     worker.start(Plan::Succeed, now(&store));
     worker.finish(0, &store);
@@ -575,11 +589,6 @@ fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
 /// messages, while that attempt still runs.
 #[test]
 fn a_late_outcome_of_a_stuck_attempt_leaves_a_newer_attempt_alone() {
-    let store = MemoryStore::with_manual_clock();
-    let base = Instant::now();
-    let now = |store: &MemoryStore| base + store.now();
-    store.enqueue(KNOWN, "{}", None);
-    let mut rng = fastrand::Rng::with_seed(7);
     let lease = Duration::from_secs(6);
     let config = Config {
         batch_size: 4,
@@ -594,9 +603,9 @@ fn a_late_outcome_of_a_stuck_attempt_leaves_a_newer_attempt_alone() {
             .max_attempts(10)
             .initial_backoff(Duration::from_millis(1))
             .max_backoff(Duration::from_millis(1)),
-        ..config(&mut rng)
+        ..seeded_config()
     };
-    let mut worker = SimWorker::new(&config, &store, now(&store));
+    let (store, mut worker, now) = one_message_worker(&config);
 
     // Attempt 1 hangs; the watchdog gives up on it, and its timed-out outcome is saved.
     worker.claim(now(&store));
@@ -657,11 +666,8 @@ fn a_late_outcome_of_a_stuck_attempt_leaves_a_newer_attempt_alone() {
 /// waits there, and settles it before it ends.
 #[test]
 fn a_stopping_acker_settles_an_outcome_still_in_its_channel() {
-    let store = MemoryStore::with_manual_clock();
-    store.enqueue(KNOWN, "{}", None);
-    let mut rng = fastrand::Rng::with_seed(7);
-    let config = config(&mut rng);
-    let worker = SimWorker::new(&config, &store, Instant::now());
+    let config = seeded_config();
+    let (store, worker, _) = one_message_worker(&config);
     let token = ClaimToken::new();
     let limit = ClaimLimit {
         messages: 1,
@@ -704,36 +710,51 @@ fn a_stopping_acker_settles_an_outcome_still_in_its_channel() {
     );
 }
 
-/// An application's metrics recorder that panics (the worker records through it while it books
-/// a settlement).
-struct PanickingRecorder;
+/// An application's metrics recorder that panics whenever it records, and counts its panics.
+#[derive(Default)]
+struct PanickingRecorder {
+    panics: Arc<std::sync::atomic::AtomicUsize>,
+}
 
-struct Panics;
+impl PanickingRecorder {
+    fn panics(&self) -> usize {
+        self.panics.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+struct Panics(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Panics {
+    fn panic(&self) -> ! {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        panic!("the recorder broke");
+    }
+}
 
 impl metrics::CounterFn for Panics {
     fn increment(&self, _: u64) {
-        panic!("the recorder broke");
+        self.panic()
     }
     fn absolute(&self, _: u64) {
-        panic!("the recorder broke");
+        self.panic()
     }
 }
 
 impl metrics::GaugeFn for Panics {
     fn increment(&self, _: f64) {
-        panic!("the recorder broke");
+        self.panic()
     }
     fn decrement(&self, _: f64) {
-        panic!("the recorder broke");
+        self.panic()
     }
     fn set(&self, _: f64) {
-        panic!("the recorder broke");
+        self.panic()
     }
 }
 
 impl metrics::HistogramFn for Panics {
     fn record(&self, _: f64) {
-        panic!("the recorder broke");
+        self.panic()
     }
 }
 
@@ -760,17 +781,17 @@ impl metrics::Recorder for PanickingRecorder {
     ) {
     }
     fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::from_arc(Arc::new(Panics))
+        metrics::Counter::from_arc(Arc::new(Panics(Arc::clone(&self.panics))))
     }
     fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::from_arc(Arc::new(Panics))
+        metrics::Gauge::from_arc(Arc::new(Panics(Arc::clone(&self.panics))))
     }
     fn register_histogram(
         &self,
         _: &metrics::Key,
         _: &metrics::Metadata<'_>,
     ) -> metrics::Histogram {
-        metrics::Histogram::from_arc(Arc::new(Panics))
+        metrics::Histogram::from_arc(Arc::new(Panics(Arc::clone(&self.panics))))
     }
 }
 
@@ -780,25 +801,17 @@ impl metrics::Recorder for PanickingRecorder {
 /// waiting until its deadline.
 #[test]
 fn a_panicking_metrics_recorder_leaves_no_settled_message_held() {
-    let store = MemoryStore::with_manual_clock();
-    let base = Instant::now();
-    let now = |store: &MemoryStore| base + store.now();
-    store.enqueue(KNOWN, "{}", None);
-    let mut rng = fastrand::Rng::with_seed(7);
-    let config = config(&mut rng);
-    let mut worker = SimWorker::new(&config, &store, now(&store));
+    let config = seeded_config();
+    let (store, mut worker, now) = one_message_worker(&config);
     worker.claim(now(&store));
     worker.start(Plan::Succeed, now(&store));
     worker.finish(0, &store);
     assert_eq!(worker.shared.held.count(), 1, "its outcome is on its way");
 
     let t = now(&store);
-    let settled = metrics::with_local_recorder(&PanickingRecorder, || {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            worker.settler.settle(&worker.shared, t)
-        }))
-    });
-    assert!(settled.is_err(), "the recorder was used and panicked");
+    let recorder = PanickingRecorder::default();
+    metrics::with_local_recorder(&recorder, || worker.settler.settle(&worker.shared, t));
+    assert!(recorder.panics() > 0, "the recorder was used");
     assert!(store.rows().is_empty(), "the store took the outcome");
     assert_eq!(
         worker.shared.held.count(),
@@ -811,18 +824,13 @@ fn a_panicking_metrics_recorder_leaves_no_settled_message_held() {
 /// outcome is on its way all the same, and settling it leaves nothing held.
 #[test]
 fn a_panicking_metrics_recorder_leaves_no_timed_out_attempt_held() {
-    let store = MemoryStore::with_manual_clock();
-    let base = Instant::now();
-    let now = |store: &MemoryStore| base + store.now();
-    store.enqueue(KNOWN, "{}", None);
-    let mut rng = fastrand::Rng::with_seed(7);
     let config = Config {
         handler_timeout: Duration::from_secs(1),
         lease: Duration::from_secs(6),
         retry_policy: RetryPolicy::new().max_attempts(5),
-        ..config(&mut rng)
+        ..seeded_config()
     };
-    let mut worker = SimWorker::new(&config, &store, now(&store));
+    let (store, mut worker, now) = one_message_worker(&config);
     worker.claim(now(&store));
     worker.start(
         Plan::HangUntil(store.now() + Duration::from_secs(60)),
@@ -831,10 +839,9 @@ fn a_panicking_metrics_recorder_leaves_no_timed_out_attempt_held() {
     store.advance(Duration::from_secs(3));
 
     let t = now(&store);
-    let watched = metrics::with_local_recorder(&PanickingRecorder, || {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.watchdog(t)))
-    });
-    assert!(watched.is_err(), "the recorder was used and panicked");
+    let recorder = PanickingRecorder::default();
+    metrics::with_local_recorder(&recorder, || worker.watchdog(t));
+    assert!(recorder.panics() > 0, "the recorder was used");
     worker.settler.settle(&worker.shared, now(&store));
     assert_eq!(
         worker.shared.held.count(),
@@ -844,4 +851,113 @@ fn a_panicking_metrics_recorder_leaves_no_timed_out_attempt_held() {
     let rows = store.rows();
     assert_eq!(rows[0].locked_by, None, "its retry was saved: {rows:?}");
     assert_eq!(worker.shared.counters.snapshot().timed_out, 1);
+}
+
+/// A handler whose own retry policy panics whenever it is asked.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PolicyPanics;
+
+impl crate::Message for PolicyPanics {
+    const MESSAGE_TYPE: &'static str = KNOWN;
+}
+
+impl crate::Handler for PolicyPanics {
+    fn process(self, _: &mut crate::Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+
+    fn retry_policy() -> Option<RetryPolicy> {
+        panic!("the policy is not ready")
+    }
+}
+
+static POLICY_PANICS: crate::HandlerRegistration =
+    crate::HandlerRegistration::new::<PolicyPanics>("PolicyPanics");
+
+/// The watchdog and the claimer judge an attempt that ran past its timeout by the handler's
+/// retry policy, which is the application's code and may panic. The warden's and the claimer's
+/// threads survive a panic, but the attempt they gave up on must still get its outcome: without
+/// one it stayed held, its lease renewed by every heartbeat, and the message never ran again
+/// while the process lived.
+#[test]
+fn a_panicking_retry_policy_leaves_no_timed_out_attempt_held() {
+    let config = Config {
+        handler_timeout: Duration::from_secs(1),
+        lease: Duration::from_secs(6),
+        retry_policy: RetryPolicy::new()
+            .max_attempts(5)
+            .initial_backoff(Duration::from_millis(1))
+            .max_backoff(Duration::from_millis(1)),
+        ..seeded_config()
+    };
+    let registry = Registry::from_registrations([&POLICY_PANICS]).expect("one handler");
+    let (store, mut worker, now) = one_message_worker_handled_by(registry, &config);
+    let survive = |step: &mut dyn FnMut()| {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(step));
+    };
+
+    // Attempt 1 hangs; the watchdog gives up on it.
+    worker.claim(now(&store));
+    worker.start(
+        Plan::HangUntil(store.now() + Duration::from_secs(60)),
+        now(&store),
+    );
+    store.advance(Duration::from_secs(3));
+    survive(&mut || worker.watchdog(now(&store)));
+    worker.settler.settle(&worker.shared, now(&store));
+    assert_eq!(
+        worker.shared.held.count(),
+        0,
+        "the timed-out attempt stays held after its policy panicked"
+    );
+    let rows = store.rows();
+    assert_eq!(rows[0].locked_by, None, "its retry was saved: {rows:?}");
+
+    // Claim 2 finds its thread still stuck: that attempt too is counted and saved.
+    store.advance(Duration::from_secs(1));
+    survive(&mut || worker.claim(now(&store)));
+    worker.settler.settle(&worker.shared, now(&store));
+    let rows = store.rows();
+    assert_eq!(
+        (rows[0].locked_by, rows[0].attempts),
+        (None, 2),
+        "the still-stuck attempt was saved: {rows:?}"
+    );
+    assert_eq!(worker.shared.counters.snapshot().timed_out, 1);
+}
+
+/// A handler that succeeds.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Succeeds {}
+
+impl crate::Message for Succeeds {
+    const MESSAGE_TYPE: &'static str = KNOWN;
+}
+
+impl crate::Handler for Succeeds {
+    fn process(self, _: &mut crate::Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+static SUCCEEDS: crate::HandlerRegistration =
+    crate::HandlerRegistration::new::<Succeeds>("Succeeds");
+
+/// A recorder that panics while the worker times a handler that succeeded: the attempt counts
+/// as succeeded, not as a panic to retry, which would run the handler once more.
+#[test]
+fn a_panicking_metrics_recorder_fails_no_succeeded_attempt() {
+    let config = seeded_config();
+    let registry = Registry::from_registrations([&SUCCEEDS]).expect("one handler");
+    let (store, mut worker, now) = one_message_worker_handled_by(registry, &config);
+    worker.claim(now(&store));
+    let mut job = worker.jobs.try_recv().expect("dispatched");
+    let recorder = PanickingRecorder::default();
+    let settlement = metrics::with_local_recorder(&recorder, || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::handlers::process(&worker.shared, &mut job.message, job.job)
+        }))
+    });
+    assert!(recorder.panics() > 0, "the recorder was used");
+    assert_eq!(settlement.ok(), Some(Settlement::Done));
 }

@@ -107,14 +107,26 @@ impl Rounds {
         let limit = shared.config.handler_timeout.saturating_add(WATCHDOG_GRACE);
         let mut stuck = Vec::new();
         for (position, entry) in shared.held.overdue(now, limit) {
-            let Some((token, thread)) = shared.held.abandon(position, entry.job) else {
-                continue;
-            };
+            // Judged before the attempt is given up on, and sent before anything else is told
+            // (the application's logger and recorder may panic): an attempt given up on
+            // without an outcome would stay held for good.
             let settlement = settle_attempt(
                 entry.attempt,
                 Attempt::TimedOut(shared.config.handler_timeout),
                 &policy_for(shared, &entry.message_type),
             );
+            let Some((token, thread)) = shared.held.abandon(position, entry.job) else {
+                continue;
+            };
+            Counters::add(&shared.counters.timed_out, 1);
+            settle(Outcome {
+                token,
+                position,
+                message_id: entry.message_id,
+                ordering_key: entry.ordering_key.clone(),
+                settlement: settlement.clone(),
+            });
+            stuck.push(thread);
             log::warn!(
                 "outbox: message {} ({}) is still running on handler thread {thread} past its \
                  timeout of {:?}; counted as timed out",
@@ -128,17 +140,6 @@ impl Rounds {
                 entry.trace_id.as_deref(),
                 &settlement,
             );
-            Counters::add(&shared.counters.timed_out, 1);
-            settle(Outcome {
-                token,
-                position,
-                message_id: entry.message_id,
-                ordering_key: entry.ordering_key.clone(),
-                settlement,
-            });
-            stuck.push(thread);
-            // After the outcome is on its way: the application's recorder may panic, and an
-            // attempt given up on without an outcome would stay held for good.
             metrics::handler_timeout(shared.metric_type(&entry.message_type));
         }
         stuck
