@@ -174,10 +174,11 @@ fn describe_each() {
     );
 }
 
-/// Records through the application's recorder, which may panic: the panic stays here, and is
-/// logged once. A recording is made while the worker books what it holds (a settlement, a
-/// timed-out attempt, a handler's success); a panic there would leave a message held for good
-/// or run a handler that succeeded once more.
+/// Records through the application's recorder, which may panic: the panic stays here (the
+/// worker logs the first; the process's panic hook still reports each). Recordings are made
+/// while the worker books what it holds (a settlement, a timed-out attempt, a handler's or a
+/// delivery's success); a panic there would leave a message held for good or run a handler
+/// that succeeded once more.
 fn record(recording: impl FnOnce()) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(recording)).is_err()
         && !RECORDER_PANICKED.swap(true, std::sync::atomic::Ordering::Relaxed)

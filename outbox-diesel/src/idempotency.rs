@@ -53,7 +53,7 @@
 
 use std::time::Duration;
 
-use diesel::{Connection, QueryResult};
+use diesel::QueryResult;
 use outbox_core::MessageId;
 
 use crate::connection::{with_backend, OutboxConnection};
@@ -78,7 +78,7 @@ pub const MAX_IDEMPOTENCY_WINDOW: Duration = crate::sql::LONGEST_AGE;
 /// deadlocking (each reservation locks its key's entry until the transaction ends).
 pub(crate) fn insert<C>(c: &mut C, rows: &[NewMessage]) -> QueryResult<Vec<MessageId>>
 where
-    C: Statements + Connection,
+    C: Statements,
 {
     c.transaction(|c| {
         let mut keys: Vec<(&str, &NewMessage)> = rows

@@ -89,10 +89,7 @@ mod sqlite {
         let Some(inner) = inner(conn) else {
             return Ok(false);
         };
-        let open = AnsiTransactionManager::transaction_manager_status_mut(inner)
-            .transaction_depth()?
-            .is_some();
-        if open {
+        if crate::sql::transaction_open(inner)? {
             return Ok(false);
         }
         AnsiTransactionManager::begin_transaction_sql(inner, "BEGIN IMMEDIATE")?;

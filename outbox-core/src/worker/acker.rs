@@ -552,9 +552,6 @@ impl Settler {
                 .iter()
                 .map(|outcome| (outcome.position, outcome.token)),
         );
-        // The book of held messages first, then the application's metrics recorder, which may
-        // panic: the acker survives a panic, and a message settled but still held would count
-        // against the in-flight cap for good.
         metrics::settlement();
         let counters = &shared.counters;
         let settled_at = SystemTime::now();

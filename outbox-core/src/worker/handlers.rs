@@ -184,6 +184,7 @@ pub(crate) fn policy_for(shared: &Shared, message_type: &str) -> RetryPolicy {
     match catch_unwind(AssertUnwindSafe(|| registration.retry_policy())) {
         Ok(policy) => policy.unwrap_or_else(|| shared.config.retry_policy.clone()),
         Err(panic) => {
+            shared.vitals.panicked();
             log::error!(
                 "outbox: the retry policy of message type `{message_type}` ({}) panicked: {}; \
                  the worker's policy judges this attempt",
@@ -478,19 +479,21 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
                 },
             )
         };
+        // The outcome is on its way before anything is logged: the application's logger may
+        // panic, and a thread that ends here leaves its message held.
+        let sent = shared
+            .held
+            .finish(message.position, job)
+            .map(|token| outcomes.send(Outcome::of(token, &message, settlement.clone())));
         log_settlement(
             &message.message_id,
             &message.message_type,
             message.headers.trace_id(),
             &settlement,
         );
-        match shared.held.finish(message.position, job) {
-            Some(token) => {
-                let outcome = Outcome::of(token, &message, settlement);
-                if outcomes.send(outcome).is_err() {
-                    return;
-                }
-            }
+        match sent {
+            Some(Ok(())) => {}
+            Some(Err(_)) => return,
             None => log::warn!(
                 "outbox: message {} ({}) finished after the watchdog had counted it timed out; \
                  its outcome ({settlement:?}) is dropped",

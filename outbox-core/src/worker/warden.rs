@@ -48,7 +48,12 @@ impl Warden {
         let shared = Arc::clone(&self.shared);
         let _alive = AliveGuard::new(&shared.vitals.warden_alive);
         loop {
-            shared.survive("warden", ACKER_TICK, || self.step());
+            // Each round survives the other's panic: a watchdog that panics on every round
+            // must not keep the heartbeat from renewing what is held.
+            shared.survive("warden", ACKER_TICK, || self.watch());
+            shared.survive("warden", ACKER_TICK, || {
+                self.rounds.heartbeat(&shared, Instant::now())
+            });
             if shared.stopping() && (shared.held.count() == 0 || shared.past_give_up()) {
                 return;
             }
@@ -64,7 +69,7 @@ impl Warden {
         }
     }
 
-    fn step(&mut self) {
+    fn watch(&mut self) {
         let shared = Arc::clone(&self.shared);
         let outcomes = &self.outcomes;
         let stuck = self.rounds.watchdog(&shared, Instant::now(), |outcome| {
@@ -85,7 +90,6 @@ impl Warden {
                 }
             }
         }
-        self.rounds.heartbeat(&shared, Instant::now());
     }
 }
 

@@ -1058,10 +1058,7 @@ where
                 _
             ))
         );
-        let in_transaction = AnsiTransactionManager::transaction_manager_status_mut(c)
-            .transaction_depth()
-            .map_or(true, |depth| depth.is_some());
-        if !deadlocked || in_transaction {
+        if !deadlocked || transaction_open(c).unwrap_or(true) {
             break;
         }
         outcome = statement(c);
@@ -1069,10 +1066,21 @@ where
     outcome
 }
 
+/// Whether a transaction (or a savepoint within one) is open on `c`.
+pub(crate) fn transaction_open<C>(c: &mut C) -> QueryResult<bool>
+where
+    C: diesel::Connection<TransactionManager = AnsiTransactionManager>,
+{
+    Ok(AnsiTransactionManager::transaction_manager_status_mut(c)
+        .transaction_depth()?
+        .is_some())
+}
+
 /// Runs `delete_batch` (which deletes up to the limit it is given and says how many) until a
 /// batch comes back short or `rounds` batches ran; how many rows were deleted. Every pruning of
 /// the worker deletes this way, so that one call's work stays bounded. Workers on one database
-/// prune at the same time, so a batch may be a deadlock's victim: it runs again.
+/// prune at the same time, so a batch may be a deadlock's victim: it runs again (outside a
+/// caller's transaction, see [`retry_deadlocks`]).
 pub(crate) fn delete_in_batches<C>(
     c: &mut C,
     rounds: usize,
@@ -1221,6 +1229,43 @@ mod tests {
     use outbox_core::MessageId;
 
     use super::*;
+
+    /// A deadlock's victim runs again on its own, never inside a transaction of the caller's,
+    /// which the deadlock rolled back whole.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn a_deadlocked_statement_runs_again_only_outside_a_transaction() {
+        use diesel::connection::Connection;
+        use diesel::result::{DatabaseErrorKind, Error};
+
+        let deadlocked = || -> QueryResult<()> {
+            Err(Error::DatabaseError(
+                DatabaseErrorKind::SerializationFailure,
+                Box::new(String::from("Deadlock found when trying to get lock")),
+            ))
+        };
+        let mut c = diesel::SqliteConnection::establish(":memory:").expect("in-memory SQLite");
+        let mut runs = 0;
+        let outcome = retry_deadlocks(&mut c, |_| {
+            runs += 1;
+            deadlocked()
+        });
+        assert!(outcome.is_err());
+        assert_eq!(runs, 1 + DEADLOCK_RETRIES, "alone, it runs again");
+
+        let mut runs_inside = 0;
+        let inside: QueryResult<()> = c.transaction(|c| {
+            retry_deadlocks(c, |_| {
+                runs_inside += 1;
+                deadlocked()
+            })
+        });
+        assert!(inside.is_err());
+        assert_eq!(
+            runs_inside, 1,
+            "inside a transaction, its error goes back at once"
+        );
+    }
 
     /// A candidate as the shares see it: position, group, raised or not, due time.
     type Row = (i64, Option<&'static str>, bool, i64);

@@ -609,11 +609,7 @@ fn write<T>(
     c: &mut SqliteConnection,
     body: impl FnOnce(&mut SqliteConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
-    use diesel::connection::{AnsiTransactionManager, TransactionManager};
-    if AnsiTransactionManager::transaction_manager_status_mut(c)
-        .transaction_depth()?
-        .is_some()
-    {
+    if super::transaction_open(c)? {
         c.transaction(body)
     } else {
         c.immediate_transaction(body)
