@@ -135,8 +135,9 @@ pub fn http_capacity(endpoint: &WebhookEndpoint, threads: usize, total: u64) -> 
     Ok((per_thread * threads as u64) as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Counters of the PostgreSQL database: transactions, buffer accesses, and the claim's scans
-/// of its index.
+/// Counters of the PostgreSQL database: transactions, buffer accesses, the claim's scans of its
+/// index, and the outbox table's row updates, with those made HOT (in place on their page, no
+/// new index entry).
 #[derive(QueryableByName, Debug, Clone, Copy, Default)]
 pub struct PgCounters {
     #[diesel(sql_type = BigInt)]
@@ -147,6 +148,10 @@ pub struct PgCounters {
     claim_scans: i64,
     #[diesel(sql_type = BigInt)]
     due_index_entries_read: i64,
+    #[diesel(sql_type = BigInt)]
+    updates: i64,
+    #[diesel(sql_type = BigInt)]
+    hot_updates: i64,
 }
 
 /// The PostgreSQL counters now (zeros on other backends). Read after the worker's
@@ -162,7 +167,11 @@ pub fn pg_counters(db: &BenchDb) -> Res<PgCounters> {
              COALESCE((SELECT idx_scan FROM pg_stat_user_indexes \
                  WHERE indexrelname = 'outbox_message_due'), 0)::bigint AS claim_scans, \
              COALESCE((SELECT idx_tup_read FROM pg_stat_user_indexes \
-                 WHERE indexrelname = 'outbox_message_due'), 0)::bigint AS due_index_entries_read \
+                 WHERE indexrelname = 'outbox_message_due'), 0)::bigint AS due_index_entries_read, \
+             COALESCE((SELECT n_tup_upd FROM pg_stat_user_tables \
+                 WHERE relname = 'outbox_message'), 0)::bigint AS updates, \
+             COALESCE((SELECT n_tup_hot_upd FROM pg_stat_user_tables \
+                 WHERE relname = 'outbox_message'), 0)::bigint AS hot_updates \
          FROM pg_stat_database d WHERE d.datname = current_database()",
     )
     .load(&mut conn)
@@ -214,6 +223,13 @@ pub(crate) fn pg_backend_roles(db: &BenchDb) -> Res<HashMap<u32, &'static str>> 
 fn pg_work(before: &PgCounters, after: &PgCounters, messages: u64) -> Value {
     let per = |a: i64, b: i64| stats::round((b - a) as f64 / messages.max(1) as f64, 3);
     let claims = after.claim_scans - before.claim_scans;
+    let updates = after.updates - before.updates;
+    let hot_share = (updates > 0).then(|| {
+        stats::round(
+            (after.hot_updates - before.hot_updates) as f64 / updates as f64,
+            3,
+        )
+    });
     json!({
         "transactions_per_msg": per(before.xact_commit, after.xact_commit),
         "claims": claims,
@@ -221,6 +237,8 @@ fn pg_work(before: &PgCounters, after: &PgCounters, messages: u64) -> Value {
         "buffer_accesses_per_msg": per(before.blocks, after.blocks),
         "due_index_entries_read_per_msg":
             per(before.due_index_entries_read, after.due_index_entries_read),
+        "updates_per_msg": per(before.updates, after.updates),
+        "hot_update_share": hot_share,
     })
 }
 

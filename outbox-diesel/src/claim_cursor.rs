@@ -28,9 +28,14 @@
 //! behind it wait for it. Measured: one such claim a second made MariaDB's claims 3.5 times as
 //! slow within two minutes of a held snapshot, until the worker fell behind.
 //!
-//! A lease running out or a retry coming due needs none of them: its due time was set in the
-//! future, and the cursor never passes a time before claims reach it. Promotions set a due time
-//! no earlier than their transaction's clock.
+//! A retry coming due needs none of them: its due time was set in the future, and the cursor
+//! never passes a time before claims reach it. Promotions set a due time no earlier than their
+//! transaction's clock. A lease running out is the same on MySQL and SQLite, where the lease is
+//! the due time. On PostgreSQL the lease is a column of its own (so that leasing rewrites no
+//! index entry) and a leased message keeps its place in the due index, which the cursor passes:
+//! a crashed worker's messages are found by the first backlog sample after their lease runs
+//! out (within `backlog_interval`), or at once by a worker that starts after it ran out, whose
+//! first claim reads from the start.
 //!
 //! SQLite deletes index entries at once (a long reader costs WAL size, not claims) and reads
 //! from the start.

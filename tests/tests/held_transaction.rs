@@ -154,6 +154,114 @@ fn a_backlog_sample_steps_the_claim_cursor_back_to_a_message_nothing_announced()
     );
 }
 
+/// A claim whose worker died: its messages come due again when its lease runs out, at the
+/// latest once the next backlog sample has run. On PostgreSQL a leased message keeps its place
+/// in the due index (the lease is a column of its own), so claims that passed it since find it
+/// through the sample's rewind; on MySQL and SQLite the lease is the due time, ahead of them.
+fn a_lapsed_lease_behind_the_claim_cursor_is_claimed_again<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let store = DieselStore::new(pool.clone());
+    let lapsing = Held { n: 0 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    // Due further behind the cursor the next claims leave than a claim reads behind it.
+    std::thread::sleep(LATE_COMMIT);
+    enqueue_all(&mut pool.get().unwrap(), &[Held { n: 1 }, Held { n: 2 }]).unwrap();
+    let message_ids = |claimed: &[outbox_diesel::store::ClaimedMessage]| {
+        claimed.iter().map(|m| m.message_id).collect::<Vec<_>>()
+    };
+    let lost = store
+        .claim(
+            ClaimToken::new(),
+            ClaimLimit::messages(1),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+    assert_eq!(
+        message_ids(&lost),
+        [lapsing],
+        "the first claim reads from the start"
+    );
+    for _ in 0..2 {
+        let held = store
+            .claim(ClaimToken::new(), ClaimLimit::messages(1), LEASE)
+            .unwrap();
+        assert_eq!(held.len(), 1, "a claim skips a message whose lease runs");
+        assert_ne!(message_ids(&held), [lapsing]);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let mut found = store
+        .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+        .unwrap();
+    if found.is_empty() {
+        store.backlog().unwrap();
+        found = store
+            .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+            .unwrap();
+    }
+    assert_eq!(
+        message_ids(&found),
+        [lapsing],
+        "the lapsed lease's message, and none of those still held"
+    );
+}
+
+/// On PostgreSQL a claim leases each message in place: the lease is a column outside every
+/// index and the table's pages keep room for a new row version, so leasing adds no entry to any
+/// index (a HOT update), and a transaction held open elsewhere keeps no second due-index entry of
+/// a leased message for the claims to walk. Renewing a lease is the same.
+#[test]
+fn a_claim_leases_each_message_in_place() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let counter = |column: &str| {
+        reported_statistic(
+            &db,
+            &format!(
+                "SELECT {column} AS n FROM pg_stat_user_tables WHERE relname = 'outbox_message'"
+            ),
+        )
+    };
+    let pool = db.pool::<PgConnection>(3);
+    let store = DieselStore::new(pool.clone());
+    let (updates_before, in_place_before) = (counter("n_tup_upd"), counter("n_tup_hot_upd"));
+    {
+        let messages: Vec<Held> = (0..1_000).map(|n| Held { n }).collect();
+        enqueue_all(&mut pool.get().unwrap(), &messages).unwrap();
+        let mut leased = Vec::new();
+        loop {
+            let token = ClaimToken::new();
+            let claimed = store
+                .claim(token, ClaimLimit::messages(256), LEASE)
+                .unwrap();
+            if claimed.is_empty() {
+                break;
+            }
+            leased.extend(claimed.iter().map(|m| (token, m.position)));
+        }
+        assert_eq!(leased.len(), 1_000);
+        assert!(
+            store
+                .extend_leases(&leased[..256], LEASE)
+                .unwrap()
+                .is_empty(),
+            "every lease renewed"
+        );
+    }
+    // The pool closes, and its connections report their statistics.
+    drop(store);
+    drop(pool);
+    let updates = counter("n_tup_upd") - updates_before;
+    let in_place = counter("n_tup_hot_upd") - in_place_before;
+    assert_eq!(updates, 1_256, "one update a lease and a renewal");
+    // A renewal finds its page holding the row twice (as enqueued, as leased) and makes room by
+    // pruning the first version where it can: a few renewals move off the page. Before the lease
+    // had its own column none of these updates was in place.
+    assert!(
+        in_place * 100 >= updates * 95,
+        "{in_place} of {updates} leases and renewals in place (HOT)"
+    );
+}
+
 /// `idx_tup_read` of the due index: every index entry a scan returned, dead ones included.
 fn due_index_reads(db: &TestDb) -> i64 {
     index_reads(db, "outbox_message_due")
@@ -211,8 +319,9 @@ fn claim_and_settle_one_by_one<C: TestConnection>(
 
 /// Claims and settles `settled` messages in batches while `holder` keeps a snapshot: each
 /// leaves an entry in the due index that neither vacuum nor purge can remove while it lives.
-/// Its pool closes at the end, and with it the connections' unreported statistics. A lease
-/// moves a message's due entry forward to the lease's end, which leaves a second entry there.
+/// Its pool closes at the end, and with it the connections' unreported statistics. On MySQL
+/// and SQLite a lease moves a message's due entry forward to the lease's end, which leaves a
+/// second entry there; on PostgreSQL it is an update in place that leaves none.
 fn settle_behind_a_held_snapshot<C: TestConnection>(db: &TestDb, settled: u32, lease: Duration) {
     let pool = db.pool::<C>(3);
     settle_in_batches(&pool, &DieselStore::new(pool.clone()), settled, lease);
@@ -662,6 +771,15 @@ fn the_backlog_shows_the_transaction_that_holds_back_clean_up<C: TestConnection>
 
 mod postgres {
     #[test]
+    fn a_lapsed_lease_behind_the_claim_cursor_is_claimed_again() {
+        if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Postgres) {
+            super::a_lapsed_lease_behind_the_claim_cursor_is_claimed_again::<diesel::PgConnection>(
+                &db,
+            );
+        }
+    }
+
+    #[test]
     fn a_message_committed_after_claims_passed_its_due_time_is_claimed() {
         if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Postgres) {
             super::a_message_committed_after_claims_passed_its_due_time_is_claimed::<
@@ -684,6 +802,15 @@ mod postgres {
 // WAL size, not claims.
 mod mysql {
     #[test]
+    fn a_lapsed_lease_behind_the_claim_cursor_is_claimed_again() {
+        if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Mysql) {
+            super::a_lapsed_lease_behind_the_claim_cursor_is_claimed_again::<diesel::MysqlConnection>(
+                &db,
+            );
+        }
+    }
+
+    #[test]
     fn a_message_committed_after_claims_passed_its_due_time_is_claimed() {
         if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Mysql) {
             super::a_message_committed_after_claims_passed_its_due_time_is_claimed::<
@@ -697,6 +824,17 @@ mod mysql {
         if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Mysql) {
             super::the_backlog_shows_the_transaction_that_holds_back_clean_up::<
                 diesel::MysqlConnection,
+            >(&db);
+        }
+    }
+}
+
+mod sqlite {
+    #[test]
+    fn a_lapsed_lease_behind_the_claim_cursor_is_claimed_again() {
+        if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Sqlite) {
+            super::a_lapsed_lease_behind_the_claim_cursor_is_claimed_again::<
+                diesel::SqliteConnection,
             >(&db);
         }
     }
