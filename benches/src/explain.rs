@@ -195,14 +195,15 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         stage("parked_first_claim", &mut figures)?;
         stage("parked_second_claim", &mut figures)?;
     } else {
-        // Half the backlog claimed (its due time moved past now, as a lease does) and deleted, as
-        // the worker leaves it, without a vacuum.
+        // Half the backlog claimed (leased as a claim does: on PostgreSQL in its own column, on
+        // MySQL and SQLite by moving the due time past now) and deleted, as the worker leaves
+        // it, without a vacuum.
         let half = count / 2;
         let (claim_half, delete_half) = match db.backend {
             Backend::Postgres => (
                 format!(
                     "UPDATE outbox_message SET locked_by = gen_random_uuid(), \
-                     attempts = attempts + 1, next_attempt_at = now() + INTERVAL '60 seconds' \
+                     attempts = attempts + 1, leased_until = now() + INTERVAL '60 seconds' \
                      WHERE id <= {half}"
                 ),
                 format!("DELETE FROM outbox_message WHERE id <= {half}"),

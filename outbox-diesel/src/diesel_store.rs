@@ -600,6 +600,7 @@ where
                 ),
             ));
         }
+        let postgres = self.backend()? == Backend::Postgres;
         let mut conn = self.connection()?;
         // The newest table and column: a schema that has them is current.
         execute_batch(&mut *conn, "SELECT paused FROM outbox_message WHERE 1 = 0")
@@ -616,6 +617,16 @@ where
                     &mut *conn,
                     "SELECT kind, last_turn FROM outbox_destination WHERE 1 = 0",
                 )
+            })
+            .and_then(|_| {
+                if postgres {
+                    execute_batch(
+                        &mut *conn,
+                        "SELECT leased_until FROM outbox_message WHERE 1 = 0",
+                    )
+                } else {
+                    Ok(())
+                }
             })
             .map_err(|e| {
                 StoreError::new(

@@ -804,6 +804,27 @@ fn a_pool_too_small_for_the_worker_is_refused_at_spawn<C: TestConnection>(db: &T
     stop(polling);
 }
 
+/// A PostgreSQL schema from before the lease had its own column: every claim would fail on it,
+/// so the worker says so when it starts.
+#[test]
+fn a_worker_on_a_postgres_schema_without_the_lease_column_is_refused() {
+    let Some(db) = TestDb::new(outbox_testkit::Backend::Postgres) else {
+        return;
+    };
+    let pool = db.pool::<diesel::PgConnection>(5);
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut *pool.get().unwrap(),
+        "ALTER TABLE outbox_message DROP COLUMN leased_until",
+    )
+    .unwrap();
+    let err = Worker::builder(DieselStore::new(pool)).spawn().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("run outbox_diesel::run_migrations"),
+        "{err}"
+    );
+}
+
 fn a_worker_on_a_wrong_database_fails_to_start_with_the_reason<C: TestConnection>(db: &TestDb) {
     let unmigrated = Pool::builder()
         .max_size(4)

@@ -203,7 +203,9 @@ impl<S: Store> WorkerBuilder<S> {
     /// How often the worker samples the store's backlog (messages pending, age of the oldest
     /// due one) for the [metrics](crate::metrics) gauges (default 15 s, at least 1 s): one
     /// query that counts the outbox table, so keep it modest with a large backlog. The first
-    /// sample is taken when the worker starts.
+    /// sample is taken when the worker starts. On PostgreSQL the sample also finds a crashed
+    /// worker's messages once their lease has run out (they keep their place behind the claims'
+    /// cursor), so it bounds how much longer than the lease they wait.
     pub fn backlog_interval(mut self, interval: Duration) -> Self {
         self.settings.backlog_interval = interval;
         self

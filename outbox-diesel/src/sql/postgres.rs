@@ -444,12 +444,13 @@ pub(crate) const PENDING_BY_MESSAGE_ID: &str =
 /// per key). Binds: limit.
 pub(crate) const BLOCKED_KEYS: &str = "SELECT h.ordering_key, h.id, \
          h.message_id::text AS message_id, h.message_type, h.attempts, h.last_error, \
-         (EXTRACT(EPOCH FROM h.next_attempt_at) * 1000000)::BIGINT AS next_attempt_at, \
+         (EXTRACT(EPOCH FROM GREATEST(h.next_attempt_at, h.leased_until)) * 1000000)::BIGINT \
+             AS next_attempt_at, \
          (SELECT COUNT(*) FROM outbox_message w \
           WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
      FROM outbox_message h \
      WHERE NOT h.parked AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
-     ORDER BY h.next_attempt_at, h.id LIMIT $1";
+     ORDER BY GREATEST(h.next_attempt_at, h.leased_until), h.id LIMIT $1";
 
 /// The columns of a dead letter as listed.
 macro_rules! dead_letter_columns {
@@ -553,8 +554,9 @@ pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure WHERE id
      WHERE failed_at < now() - $1 * INTERVAL '1 microsecond' ORDER BY failed_at LIMIT $2)";
 
 /// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
-/// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
-/// end, so they are not due). The second is the first entry of the due index.
+/// due, unheld message has waited (NULL: none waits; a message whose lease runs is not due, and
+/// one whose lease ran out counts from its due time, which a claim does not move). The second is
+/// the first entry of the due index, past the messages whose leases run.
 pub(crate) const BACKLOG: &str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
      (EXTRACT(EPOCH FROM now() - d.due) * 1000000)::BIGINT AS oldest_due_micros, \
      (EXTRACT(EPOCH FROM d.due) * 1000000)::BIGINT AS oldest_due_at \
