@@ -19,7 +19,9 @@
 //! an `HttpOnly`, `SameSite=Strict` session cookie, or as `Authorization: Bearer <token>` on
 //! the JSON endpoints. Cookies are signed with [`AdminBuilder::session_key`] (give every
 //! replica the same one) or, without it, a key made at start-up (sessions then end when the
-//! process does). Signing out ends the session everywhere: its id is kept in the database
+//! process does). A session is bound to the token it signed in with: changing the token ends
+//! every session on every replica, whatever the key (after a leak, change the token; the key
+//! may stay). Signing out ends the session everywhere: its id is kept in the database
 //! (`outbox_admin_revoked`) until the cookie would have expired, and a copy of the cookie is
 //! refused. Every `POST` a browser sends on behalf of another site is refused (by
 //! `Sec-Fetch-Site`, or `Origin` against `Host`). Pages carry a strict Content Security
@@ -190,7 +192,8 @@ where
     /// The key session cookies are signed with (at least [`MIN_SESSION_KEY_BYTES`] bytes),
     /// from the application's configuration: give every replica behind one address the same
     /// key, or a sign-in on one is unknown to the next. Without it a key is drawn at start-up,
-    /// and a restart signs everyone out.
+    /// and a restart signs everyone out. A new admin token signs everyone out too, with the
+    /// same key: sessions are bound to the token they signed in with.
     pub fn session_key(mut self, key: impl AsRef<[u8]>) -> Self {
         self.session_key = Some(key.as_ref().to_vec());
         self

@@ -1,9 +1,11 @@
 //! Sign-in: the admin token, and the session cookie that stands for it.
 //!
 //! A session cookie is `{expiry}.{id}.{mac}`: the Unix second it expires, a random session id,
-//! and an HMAC-SHA256 of both under the session key: the application's
+//! and an HMAC-SHA256 of both and of the admin token under the session key: the application's
 //! ([`AdminBuilder::session_key`](crate::AdminBuilder::session_key), shared by its replicas) or
-//! one drawn at start-up (sessions then end with the process). A cookie is valid while its MAC
+//! one drawn at start-up (sessions then end with the process). A session is bound to the token
+//! it was opened with: changing the token ends every session, whatever the session key (after
+//! a token leaks, changing it is enough). A cookie is valid while its MAC
 //! checks, its time has not come and its id was not signed out: a sign-out records the id in
 //! the database until the cookie would have expired, so a copied cookie is refused by every
 //! replica. The token is compared through a MAC too, so the comparison takes the same time
@@ -109,9 +111,18 @@ impl Sessions {
             .map_or(0, |d| d.as_secs())
     }
 
+    /// The MAC of a session's `signed` part: under the session key, over the admin token (by
+    /// its own MAC) and the part, so that a new token ends the sessions of the old one.
+    fn session_mac(&self, signed: &str) -> HmacSha256 {
+        let mut mac = self.hmac(b"session:", &self.token_mac);
+        mac.update(b".");
+        mac.update(signed.as_bytes());
+        mac
+    }
+
     fn session_value(&self, id: &str, expires: u64) -> String {
         let signed = format!("{expires}.{id}");
-        let mac = self.mac(b"session:", signed.as_bytes());
+        let mac = self.session_mac(&signed).finalize().into_bytes();
         format!("{signed}.{}", URL_SAFE_NO_PAD.encode(mac))
     }
 
@@ -121,9 +132,7 @@ impl Sessions {
         let (signed, mac) = value.rsplit_once('.')?;
         let (expires, id) = signed.split_once('.')?;
         let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
-        self.hmac(b"session:", signed.as_bytes())
-            .verify_slice(&mac)
-            .ok()?;
+        self.session_mac(signed).verify_slice(&mac).ok()?;
         let expires = expires.parse::<u64>().ok().filter(|at| *at > Self::now())?;
         Some(Session {
             id: id.to_owned(),
@@ -231,6 +240,34 @@ mod tests {
         ] {
             assert!(s.valid(nonsense).is_none(), "{nonsense}");
         }
+    }
+
+    /// After a token leaks, an operator changes it and keeps the session key its replicas
+    /// share: a cookie signed in with the old token must stop working at once.
+    #[test]
+    fn a_new_token_ends_the_sessions_of_the_old_one() {
+        let key = [7u8; MIN_SESSION_KEY_BYTES];
+        let with_token = |token: &str| {
+            Sessions::new(
+                token,
+                Some(&key),
+                "/outbox".to_owned(),
+                false,
+                Duration::from_secs(60),
+            )
+            .unwrap()
+        };
+        let leaked = with_token("leaked-token-1");
+        let cookie = with_cookie(&leaked.issue().unwrap());
+        assert!(leaked.session(&cookie).is_some());
+        assert!(
+            with_token("leaked-token-1").session(&cookie).is_some(),
+            "a replica with the same key and token takes it"
+        );
+        assert!(
+            with_token("rotated-token-2").session(&cookie).is_none(),
+            "a session of the old token outlived its rotation"
+        );
     }
 
     #[test]

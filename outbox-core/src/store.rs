@@ -267,8 +267,10 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Extends the leases of messages still held by their claims to `lease` from now (the
-    /// worker's heartbeat while they wait or run). Returns the positions no longer leased under
-    /// their tokens, whose leases were not extended.
+    /// worker's heartbeat while they wait or run). Returns the positions whose leases another
+    /// claim holds now: their outcomes will be fenced. A message that is no longer in the store,
+    /// or no longer leased (settled, or given back, since the worker listed it), is not renewed
+    /// and not returned: the heartbeat races the worker's own settlements.
     fn extend_leases(
         &self,
         leases: &[(ClaimToken, i64)],

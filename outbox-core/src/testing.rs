@@ -504,7 +504,8 @@ impl Store for MemoryStore {
         for (token, position) in leases {
             match state.rows.get_mut(position) {
                 Some(row) if row.locked_by == Some(*token) => row.due = lease_end,
-                _ => lost.push(*position),
+                Some(row) if row.locked_by.is_some() => lost.push(*position),
+                _ => {}
             }
         }
         Ok(lost)

@@ -670,7 +670,9 @@ where
     }
 }
 
-/// Renews the leases of each claim; returns the positions no longer held by their claims.
+/// Renews the leases of each claim; returns the positions another claim holds now. A position
+/// not renewed because it was settled or given back meanwhile (the worker's own settlement
+/// racing its heartbeat) is not lost to anyone and is not returned.
 fn extend_leases<C: Statements>(
     c: &mut C,
     leases: &[(ClaimToken, i64)],
@@ -682,9 +684,17 @@ fn extend_leases<C: Statements>(
     }
     let mut lost = Vec::new();
     for (token, positions) in by_claim {
+        let token = token.to_string();
         for chunk in positions.chunks(sql::ID_CHUNK) {
-            let renewed = c.extend_leases(&token.to_string(), chunk, micros(lease))?;
-            lost.extend(chunk.iter().filter(|p| !renewed.contains(p)));
+            let renewed = c.extend_leases(&token, chunk, micros(lease))?;
+            let missed: Vec<i64> = chunk
+                .iter()
+                .copied()
+                .filter(|p| !renewed.contains(p))
+                .collect();
+            if !missed.is_empty() {
+                lost.extend(c.held_by_others(&token, &missed)?);
+            }
         }
     }
     Ok(lost)

@@ -374,6 +374,32 @@ fn a_settlement_hands_out_the_next_message_of_its_key_once(h: &impl Harness) {
     let _ = b2;
 }
 
+/// A heartbeat works from the list of what the worker held when it started; a settlement may
+/// remove some of those messages before the renewal reaches them. Only a lease another claim
+/// holds is lost: a message settled meanwhile is gone, not taken, and is not reported.
+fn a_renewal_racing_a_settlement_reports_only_leases_other_claims_hold(h: &impl Harness) {
+    let settled = h.enqueue(1, 10, None);
+    let kept = h.enqueue(2, 10, None);
+    let token = ClaimToken::new();
+    let claimed = claim(h, token, ClaimLimit::messages(2));
+    assert_eq!(positions(&claimed), [settled, kept]);
+    let heartbeat = [(token, settled), (token, kept)];
+    h.store()
+        .settle(&[outcome(token, &claimed[0], Settlement::Done)])
+        .unwrap();
+    let reported = h.store().extend_leases(&heartbeat, LEASE).unwrap();
+    assert!(
+        reported.is_empty(),
+        "a message settled before its renewal was reported lost: {reported:?}"
+    );
+    // The kept message's lease runs out and another claim takes it: that one is lost.
+    h.pass(LEASE + Duration::from_millis(300));
+    let other = claim(h, ClaimToken::new(), ClaimLimit::messages(2));
+    assert_eq!(positions(&other), [kept]);
+    let reported = h.store().extend_leases(&heartbeat, LEASE).unwrap();
+    assert_eq!(reported, [kept]);
+}
+
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod memory {
@@ -406,4 +432,5 @@ conformance!(
     leases_are_renewed_and_lost_ones_reported,
     check_refuses_too_many_connections,
     a_settlement_hands_out_the_next_message_of_its_key_once,
+    a_renewal_racing_a_settlement_reports_only_leases_other_claims_hold,
 );
