@@ -28,9 +28,14 @@
 //! behind it wait for it. Measured: one such claim a second made MariaDB's claims 3.5 times as
 //! slow within two minutes of a held snapshot, until the worker fell behind.
 //!
-//! A retry coming due needs none of them: its due time was set in the future, and the cursor
-//! never passes a time before claims reach it. Promotions set a due time no earlier than their
-//! transaction's clock. A lease running out is the same on MySQL and SQLite, where the lease is
+//! A settlement makes messages due at its transaction's clock too (a key's next message
+//! promoted, a message given back, a retry or a deferral due before the settlement commits),
+//! and claims may pass that time before it commits. The store notes where the cursor stood when
+//! such a settlement began, which is no later than the settlement's clock, and steps the cursor
+//! back there once it ends ([`ClaimCursor::position`], then [`ClaimCursor::rewind`]): a claim
+//! that ran meanwhile, or runs across the end, cannot leave the cursor past what the settlement
+//! made due. A retry due after its settlement committed needs none of this: the cursor never
+//! passes a time before claims reach it. A lease running out is the same on MySQL and SQLite, where the lease is
 //! the due time. On PostgreSQL the lease is a column of its own (so that leasing rewrites no
 //! index entry) and a leased message keeps its place in the due index, which the cursor passes:
 //! a crashed worker's messages are found by the first backlog sample after their lease runs
@@ -118,6 +123,13 @@ impl ClaimCursor {
     pub(crate) fn advance(&self, first: Cursor) {
         let mut state = self.state();
         state.at = state.rewound.map_or(first, |rewound| rewound.min(first));
+    }
+
+    /// Where the cursor stands, µs since the epoch: never later than the database's clock, since
+    /// claims only find messages already due. A settlement that makes messages due at its clock
+    /// reads it before it begins and [`rewind`](Self::rewind)s to it after.
+    pub(crate) fn position(&self) -> i64 {
+        self.state().at.due_micros
     }
 
     /// Steps the cursor back to `due_micros` (µs since the epoch), where a message may be due
@@ -215,6 +227,22 @@ mod tests {
         // A later claim's result moves on again.
         cursor.advance(at(6));
         assert_eq!(cursor.start(t0), behind(6, COMMIT_ALLOWANCE));
+    }
+
+    #[test]
+    fn a_settlement_steps_back_past_claims_that_ran_while_it_did() {
+        let cursor = ClaimCursor::default();
+        let t0 = Instant::now();
+        cursor.start(t0);
+        cursor.advance(at(5));
+        let before = cursor.position();
+        // A claim finishes during the settlement, another starts during it and ends after.
+        cursor.start(t0);
+        cursor.advance(at(8));
+        cursor.start(t0);
+        cursor.rewind(before);
+        cursor.advance(at(9));
+        assert_eq!(cursor.start(t0), behind(5, COMMIT_ALLOWANCE));
     }
 
     #[test]

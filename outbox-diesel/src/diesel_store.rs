@@ -223,8 +223,17 @@ where
         self
     }
 
-    /// Runs `work` on the connection held in `slot`, taking one from the pool if there is none;
-    /// after a failure the connection is let go, as it may be broken.
+    /// Runs `settle`, a settlement, and where it `makes_due` a message at its transaction's clock
+    /// steps the claim cursor back to where it stood before (see [`crate::claim_cursor`]).
+    fn keeping_cursor<T>(&self, makes_due: bool, settle: impl FnOnce() -> T) -> T {
+        let before = makes_due.then(|| self.claim_cursor.position());
+        let settled = settle();
+        if let Some(before) = before {
+            self.claim_cursor.rewind(before);
+        }
+        settled
+    }
+
     /// Dead-letters rows a claim or a settlement leased but that cannot be delivered, on the
     /// connection that leased them.
     fn dead_letter_unreadable(
@@ -256,6 +265,8 @@ where
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Runs `work` on the connection held in `slot`, taking one from the pool if there is none;
+    /// after a failure the connection is let go, as it may be broken.
     fn with_held<T>(
         &self,
         slot: &HeldSlot<M>,
@@ -329,6 +340,18 @@ where
     }
 }
 
+/// Whether settling `outcomes` may make a message due at the settlement's own clock, before it
+/// commits (see [`crate::claim_cursor`]): a key's next message promoted, a message given back, a
+/// retry or deferral whose delay is shorter than the settlement takes. A keyless message done,
+/// dead-lettered or paused makes nothing due.
+fn makes_due(outcomes: &[Outcome]) -> bool {
+    outcomes.iter().any(|outcome| match outcome.settlement {
+        Settlement::Done | Settlement::DeadLetter { .. } => outcome.ordering_key.is_some(),
+        Settlement::Pause { .. } => false,
+        Settlement::Retry { .. } | Settlement::Defer { .. } | Settlement::Release => true,
+    })
+}
+
 /// Whether the database answered "not now": a lock held elsewhere outlasted the wait for it, a
 /// deadlock, a statement or lock timeout (by each backend's message: Diesel keeps no error
 /// codes but PostgreSQL's few kinds).
@@ -392,11 +415,13 @@ where
     }
 
     fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
-        self.with_held(
-            &self.settle_connection,
-            "settling processed messages",
-            |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, outcomes)),
-        )
+        self.keeping_cursor(makes_due(outcomes), || {
+            self.with_held(
+                &self.settle_connection,
+                "settling processed messages",
+                |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, outcomes)),
+            )
+        })
     }
 
     fn settle_and_lease(
@@ -415,15 +440,17 @@ where
             lease_micros: micros(successors.lease),
             groups_after: "",
         };
-        let (fenced, rows) = self.with_held(
-            &self.settle_connection,
-            "settling processed messages",
-            |conn| {
-                with_backend!(conn.backend_connection(), c => {
-                    sql::settle_leasing(c, outcomes, Some(&claim))
-                })
-            },
-        )?;
+        let (fenced, rows) = self.keeping_cursor(makes_due(outcomes), || {
+            self.with_held(
+                &self.settle_connection,
+                "settling processed messages",
+                |conn| {
+                    with_backend!(conn.backend_connection(), c => {
+                        sql::settle_leasing(c, outcomes, Some(&claim))
+                    })
+                },
+            )
+        })?;
         let (mut leased, unreadable) = read_claimed(successors.token, rows);
         leased.sort_by_key(|message| message.position);
         self.dead_letter_unreadable(&self.settle_connection, &unreadable)?;
@@ -431,11 +458,13 @@ where
     }
 
     fn promote_stranded(&self) -> Result<usize, StoreError> {
-        self.with_held(
-            &self.chores_connection,
-            "promoting stranded ordering keys",
-            |conn| with_backend!(conn.backend_connection(), c => c.promote_stranded()),
-        )
+        self.keeping_cursor(true, || {
+            self.with_held(
+                &self.chores_connection,
+                "promoting stranded ordering keys",
+                |conn| with_backend!(conn.backend_connection(), c => c.promote_stranded()),
+            )
+        })
     }
 
     fn settle_within(
@@ -452,9 +481,11 @@ where
         let claims = [(message.token.to_string(), vec![message.position])];
         let keys: Vec<&str> = message.ordering_key.into_iter().collect();
         let mut outcome = Ok(());
+        // The key's next message is promoted at the transaction's clock.
+        let promotes = message.ordering_key.is_some();
         // Begun to write (`BEGIN IMMEDIATE` on SQLite): the work may read first, and a
         // deferred transaction whose read the worker's commit made stale cannot write after.
-        let committed =
+        let committed = self.keeping_cursor(promotes, || {
             crate::write_transaction::<_, _, diesel::result::Error, _>(&mut *conn, |c| {
                 outcome = work(c);
                 if outcome.is_err() {
@@ -478,7 +509,8 @@ where
                     return Err(diesel::result::Error::RollbackTransaction);
                 }
                 Ok(())
-            });
+            })
+        });
         match committed {
             Ok(()) => Ok(()),
             Err(diesel::result::Error::RollbackTransaction) if outcome.is_err() => outcome,

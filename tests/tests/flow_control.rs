@@ -607,6 +607,136 @@ fn names_no_type_or_destination_could_have_are_refused<C: TestConnection>(db: &T
     );
 }
 
+/// A receiver that answers `429` with `Retry-After: 1` until `opens`, then takes everything.
+fn pushing_back_until(opens: Instant) -> Receiver {
+    Receiver::start(move |_: &Request, _| {
+        if Instant::now() < opens {
+            Reply::with_header(429, "retry-after", "1")
+        } else {
+            Reply::status(200)
+        }
+    })
+}
+
+/// A receiver that pushes back for its first three seconds (a deploy, a burst limit) and then
+/// takes everything: the backlog drains at the receiver's pace once it opens, not at a rate
+/// learned while it refused everything.
+fn a_backlog_drains_at_full_speed_after_a_few_seconds_of_push_back<C: TestConnection>(
+    db: &TestDb,
+) {
+    const MESSAGES: u32 = 3_000;
+    let pool = db.pool::<C>(6);
+    enqueue(&pool, MESSAGES);
+    let opens = Instant::now() + Duration::from_secs(3);
+    let receiver = pushing_back_until(opens);
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .destination(
+            "paced",
+            endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .unwrap();
+    // The receiver takes thousands a second once open: half a minute is ample, where a rate
+    // learned from the refusals alone (0.9 a second) spread the backlog over hours.
+    let drained = receiver.wait_until(Duration::from_secs(33), |requests| {
+        requests.iter().filter(|r| r.answered == 200).count() >= MESSAGES as usize
+    });
+    let delivered = accepted(&receiver).len();
+    let stats = worker.shutdown(PATIENCE).unwrap();
+    assert!(
+        drained,
+        "{delivered} of {MESSAGES} delivered within 30 s of the receiver opening: {stats:?}"
+    );
+    assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+    assert!(dead(&pool).is_empty());
+}
+
+/// A receiver that takes 100 requests a second and answers the rest `429`: 900 messages go in
+/// about nine seconds, and turns booked at a rate learned low follow the rate as it rises.
+fn a_receiver_limited_to_100_a_second_gets_900_in_seconds<C: TestConnection>(db: &TestDb) {
+    const MESSAGES: u32 = 900;
+    let receiver = rate_limited(100);
+    let pool = db.pool::<C>(6);
+    enqueue(&pool, MESSAGES);
+    let started = Instant::now();
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .destination(
+            "paced",
+            endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .unwrap();
+    let drained = receiver.wait_until(Duration::from_secs(20), |requests| {
+        requests.iter().filter(|r| r.answered == 200).count() >= MESSAGES as usize
+    });
+    let took = started.elapsed();
+    let delivered = accepted(&receiver).len();
+    let stats = worker.shutdown(PATIENCE).unwrap();
+    assert!(
+        drained,
+        "{delivered} of {MESSAGES} delivered in {took:?} at a receiver's 100 a second: {stats:?}"
+    );
+    assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+}
+
+/// An operator pauses a paced destination with a backlog waiting for longer than
+/// `max_deferral`, and resumes it: the time paused does not count toward the bound, so nothing
+/// the pause held is dead-lettered, neither by the pacing after the resume nor by a receiver
+/// that then pushes back for a moment.
+fn a_pause_longer_than_max_deferral_dead_letters_nothing_after_the_resume<C: TestConnection>(
+    db: &TestDb,
+) {
+    const MESSAGES: u32 = 300;
+    let pool = db.pool::<C>(6);
+    let mut conn = pool.get().unwrap();
+    assert!(admin::pause(&mut conn, PauseKind::Destination, "paced", "weekend incident").unwrap());
+    enqueue(&pool, MESSAGES);
+    let receiver = Receiver::ok();
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .max_deferral(Duration::from_secs(2))
+        .destination_with(
+            "paced",
+            endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+            DestinationOptions::new().rate_limit(RateLimit::per_second(50)),
+        )
+        .spawn()
+        .unwrap();
+    // Every message claimed and paused, then the pause outlasts the bound.
+    assert!(eventually(PATIENCE, || {
+        pending(&pool).iter().filter(|m| m.paused).count() == MESSAGES as usize
+    }));
+    std::thread::sleep(Duration::from_secs(3));
+    // After the resume the receiver pushes back for a second: the destination holds its
+    // messages, deferring them, and the pacing defers the rest to their turns.
+    let opens = Instant::now() + Duration::from_millis(1_500);
+    receiver.set_behaviour(move |_: &Request, _| {
+        if Instant::now() < opens {
+            Reply::with_header(429, "retry-after", "1")
+        } else {
+            Reply::status(200)
+        }
+    });
+    assert_eq!(
+        admin::resume(&mut conn, PauseKind::Destination, "paced").unwrap(),
+        Some(MESSAGES as usize)
+    );
+    let drained = eventually(PATIENCE, || pending(&pool).is_empty());
+    let stats = worker.shutdown(PATIENCE).unwrap();
+    let dead = dead(&pool);
+    assert!(
+        dead.is_empty(),
+        "{} of {MESSAGES} dead-lettered after the resume, the first: {:?}",
+        dead.len(),
+        dead.first()
+    );
+    assert!(drained, "{} still pending", pending(&pool).len());
+    assert_eq!(accepted(&receiver).len(), MESSAGES as usize);
+    assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+}
+
 backend_tests!(
     a_paused_type_waits_without_spending_attempts_and_keeps_its_keys_in_order,
     a_paused_destination_gets_nothing_until_resumed,
@@ -618,4 +748,7 @@ backend_tests!(
     a_limit_across_processes_asks_the_pool_for_one_more_connection,
     a_paced_backlog_is_claimed_about_twice_and_a_raised_priority_goes_first,
     a_rate_limit_of_nothing_is_refused_at_spawn,
+    a_backlog_drains_at_full_speed_after_a_few_seconds_of_push_back,
+    a_receiver_limited_to_100_a_second_gets_900_in_seconds,
+    a_pause_longer_than_max_deferral_dead_letters_nothing_after_the_resume,
 );

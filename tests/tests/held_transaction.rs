@@ -10,7 +10,7 @@ use diesel::connection::{SimpleConnection, TransactionManager};
 use diesel::prelude::*;
 use outbox_diesel::admin;
 use outbox_diesel::store::{ClaimLimit, ClaimToken, Settlement, Store};
-use outbox_diesel::{enqueue_all, DieselStore, Enqueue, Message, OutboxManager};
+use outbox_diesel::{enqueue_all, DieselStore, Enqueue, EnqueueOptions, Message, OutboxManager};
 use outbox_testkit::outbox::outcome;
 use outbox_testkit::{Backend, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
@@ -70,6 +70,75 @@ fn a_message_committed_after_claims_passed_its_due_time_is_claimed<C: TestConnec
     assert_eq!(
         claimed.iter().map(|m| m.message_id).collect::<Vec<_>>(),
         [late_id]
+    );
+}
+
+/// A settlement makes a key's next message due at its transaction's clock, which is its
+/// start; the message becomes visible only at the commit. A claim that found a newer message
+/// meanwhile moved the cursor past that time: the promoted message (and a retry due at once)
+/// must still be claimed at the next claim, not at the next backlog sample.
+fn a_message_a_settlement_makes_due_is_claimed_at_once<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let store = std::sync::Arc::new(DieselStore::new(pool.clone()));
+    let _listener = store.listen().unwrap();
+    let keyed = || EnqueueOptions::new().ordering_key("k");
+    let head = Held { n: 1 }
+        .enqueue_with(&mut pool.get().unwrap(), &keyed())
+        .unwrap();
+    let successor = Held { n: 2 }
+        .enqueue_with(&mut pool.get().unwrap(), &keyed())
+        .unwrap();
+    let retried = Held { n: 3 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    let token = ClaimToken::new();
+    let claimed = store.claim(token, ClaimLimit::messages(10), LEASE).unwrap();
+    let ids = |claimed: &[outbox_diesel::store::ClaimedMessage]| {
+        claimed.iter().map(|m| m.message_id).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&claimed), [head, retried], "the successor waits behind its head");
+    let (head_row, retried_row) = (&claimed[0], &claimed[1]);
+
+    // Another session locks the retried row: the settlement waits for it.
+    let mut locker = db.connect::<C>();
+    <C as Connection>::TransactionManager::begin_transaction(&mut locker).unwrap();
+    locker
+        .batch_execute(&format!(
+            "SELECT id FROM outbox_message WHERE id = {} FOR UPDATE",
+            retried_row.position
+        ))
+        .unwrap();
+    let outcomes = vec![
+        outcome(
+            token,
+            retried_row,
+            Settlement::Retry {
+                delay: Duration::ZERO,
+                error: "503".into(),
+            },
+        ),
+        outcome(token, head_row, Settlement::Done),
+    ];
+    let settling = {
+        let store = std::sync::Arc::clone(&store);
+        std::thread::spawn(move || store.settle(&outcomes).unwrap())
+    };
+    std::thread::sleep(LATE_COMMIT);
+    // A newer message, claimed while the settlement waits: the cursor moves to it.
+    let newer = Held { n: 4 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    let next = store
+        .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+        .unwrap();
+    assert_eq!(ids(&next), [newer]);
+    <C as Connection>::TransactionManager::commit_transaction(&mut locker).unwrap();
+    assert!(settling.join().unwrap().is_empty(), "nothing fenced");
+
+    let mut after = store
+        .claim(ClaimToken::new(), ClaimLimit::messages(10), LEASE)
+        .unwrap();
+    after.sort_by_key(|m| m.position);
+    assert_eq!(
+        ids(&after),
+        [successor, retried],
+        "the settlement's promoted and retried messages, at the next claim"
     );
 }
 
@@ -780,6 +849,13 @@ mod postgres {
     }
 
     #[test]
+    fn a_message_a_settlement_makes_due_is_claimed_at_once() {
+        if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Postgres) {
+            super::a_message_a_settlement_makes_due_is_claimed_at_once::<diesel::PgConnection>(&db);
+        }
+    }
+
+    #[test]
     fn a_message_committed_after_claims_passed_its_due_time_is_claimed() {
         if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Postgres) {
             super::a_message_committed_after_claims_passed_its_due_time_is_claimed::<
@@ -807,6 +883,13 @@ mod mysql {
             super::a_lapsed_lease_behind_the_claim_cursor_is_claimed_again::<diesel::MysqlConnection>(
                 &db,
             );
+        }
+    }
+
+    #[test]
+    fn a_message_a_settlement_makes_due_is_claimed_at_once() {
+        if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Mysql) {
+            super::a_message_a_settlement_makes_due_is_claimed_at_once::<diesel::MysqlConnection>(&db);
         }
     }
 

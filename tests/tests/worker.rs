@@ -1048,4 +1048,32 @@ backend_tests!(
     an_error_text_with_a_nul_is_stored,
     a_message_whose_worker_keeps_dying_is_dead_lettered,
     the_next_message_of_a_key_does_not_wait_for_the_poll,
+    a_worker_short_of_connections_keeps_delivering_and_says_so,
 );
+
+/// An application that sizes the pool for the worker alone and takes one connection of it after
+/// the worker started: the worker keeps delivering on the connections it has, and says loudly
+/// that the pool is short.
+fn a_worker_short_of_connections_keeps_delivering_and_says_so<C: TestConnection>(db: &TestDb) {
+    outbox_testkit::log_to_stderr_from_env("OUTBOX_TEST_LOG");
+    let receiver = Receiver::ok();
+    let needed = if db.backend() == outbox_testkit::Backend::Postgres {
+        4
+    } else {
+        3
+    };
+    let pool = db.pool::<C>(needed);
+    let worker = builder(&pool, &receiver).spawn().unwrap();
+    let mut held_by_application = pool.get().unwrap();
+    let hooks: Vec<Hook> = (0..600).map(Hook::new).collect();
+    held_by_application
+        .transaction(|conn| enqueue_all(conn, &hooks))
+        .unwrap();
+    assert!(
+        receiver.wait_unique(600, PATIENCE),
+        "delivered {} of 600 with one connection of the pool held by the application",
+        receiver.unique()
+    );
+    drop(held_by_application);
+    stop(worker);
+}
