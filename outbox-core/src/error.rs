@@ -30,6 +30,9 @@ pub struct ProcessError {
     kind: FailureKind,
     reason: String,
     retry_after: Option<Duration>,
+    /// A deferral to a turn of its destination's pace, which it keeps for as long as it is
+    /// taken at that pace: not bounded by `max_deferral`.
+    paced: bool,
 }
 
 impl ProcessError {
@@ -39,6 +42,7 @@ impl ProcessError {
             kind: FailureKind::Retryable,
             reason: reason.to_string(),
             retry_after: None,
+            paced: false,
         }
     }
 
@@ -48,6 +52,7 @@ impl ProcessError {
             kind: FailureKind::Permanent,
             reason: reason.to_string(),
             retry_after: None,
+            paced: false,
         }
     }
 
@@ -59,6 +64,18 @@ impl ProcessError {
             kind: FailureKind::Deferred,
             reason: reason.to_string(),
             retry_after: Some(delay),
+            paced: false,
+        }
+    }
+
+    /// The message was not attempted because its destination's pace (a rate limit, or a rate
+    /// learned from push-back) gives it a turn `delay` from now: a deferral that makes progress
+    /// at the destination's own rate, so it never counts toward `max_deferral` however long
+    /// the line is.
+    pub(crate) fn paced(reason: impl fmt::Display, delay: Duration) -> Self {
+        ProcessError {
+            paced: true,
+            ..ProcessError::defer(reason, delay)
         }
     }
 
@@ -69,6 +86,7 @@ impl ProcessError {
             kind: FailureKind::Paused,
             reason: reason.to_string(),
             retry_after: None,
+            paced: false,
         }
     }
 
@@ -92,6 +110,11 @@ impl ProcessError {
     /// The delay the handler asked for before the next attempt, if any.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
+    }
+
+    /// Whether this is a deferral to a turn of the destination's pace.
+    pub(crate) fn is_paced(&self) -> bool {
+        self.paced
     }
 }
 

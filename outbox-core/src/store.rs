@@ -109,6 +109,11 @@ pub struct ClaimedMessage {
     pub attempt: u32,
     /// When the message was enqueued.
     pub enqueued_at: SystemTime,
+    /// When an operator's pause that held the message (of its type or its destination) last
+    /// ended, if one did: how long a message may wait without spending attempts
+    /// ([`max_deferral`](crate::WorkerBuilder::max_deferral)) counts from the later of this and
+    /// its enqueue, so that time spent paused never counts against it.
+    pub resumed_at: Option<SystemTime>,
     /// The headers set at enqueue.
     pub headers: Headers,
     /// Its priority: how soon it was claimed against other due messages, and whether a paced

@@ -65,6 +65,8 @@ pub struct MemoryRow {
     pub last_error: Option<String>,
     /// When it was enqueued.
     pub enqueued_at: SystemTime,
+    /// When an operator's pause that held it last ended.
+    pub resumed_at: Option<SystemTime>,
     /// Its priority: claims take the raised ones first.
     pub priority: Priority,
 }
@@ -117,6 +119,7 @@ struct State {
 /// Makes due the rows settled as paused whose type is not paused; how many.
 fn release_paused(state: &mut State) -> usize {
     let now = state.now();
+    let resumed_at = state.system_now();
     let positions: Vec<i64> = state.paused_rows.iter().copied().collect();
     let mut released = 0;
     for position in positions {
@@ -128,6 +131,7 @@ fn release_paused(state: &mut State) -> usize {
             continue;
         }
         row.due = now;
+        row.resumed_at = Some(resumed_at);
         state.paused_rows.remove(&position);
         released += 1;
     }
@@ -225,6 +229,7 @@ impl MemoryStore {
                 locked_by: None,
                 last_error: None,
                 enqueued_at,
+                resumed_at: None,
                 priority,
             },
         );
@@ -409,6 +414,7 @@ impl Store for MemoryStore {
                 ordering_key: row.ordering_key.clone(),
                 attempt: row.attempts,
                 enqueued_at: row.enqueued_at,
+                resumed_at: row.resumed_at,
                 headers: Default::default(),
                 priority: row.priority,
             });

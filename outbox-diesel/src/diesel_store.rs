@@ -651,6 +651,12 @@ where
                 )
             })
             .and_then(|_| {
+                execute_batch(
+                    &mut *conn,
+                    "SELECT resumed_at FROM outbox_message WHERE 1 = 0",
+                )
+            })
+            .and_then(|_| {
                 if postgres {
                     execute_batch(
                         &mut *conn,
@@ -838,6 +844,7 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
         let ClaimRow {
             message: m,
             created_micros,
+            resumed_micros,
             priority,
         } = row;
         let readable = parse_message_id("outbox_message", m.id, &m.message_id).and_then(|id| {
@@ -859,6 +866,7 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
                 ordering_key: m.ordering_key,
                 attempt: m.attempts.max(0).unsigned_abs(),
                 enqueued_at: time_from_micros(created_micros),
+                resumed_at: resumed_micros.map(time_from_micros),
                 priority: priority_from_level(priority),
             }),
             Err(error) => unreadable.push(Outcome {

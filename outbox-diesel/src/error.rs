@@ -217,7 +217,13 @@ impl From<diesel::result::Error> for Error {
 }
 
 /// Columns that migrations after the first add to the outbox tables.
-const LATER_COLUMNS: [&str; 4] = ["headers", "parked", "payload_bytes", "leased_until"];
+const LATER_COLUMNS: [&str; 5] = [
+    "headers",
+    "parked",
+    "payload_bytes",
+    "leased_until",
+    "resumed_at",
+];
 
 /// Which later outbox column a database error says does not exist: PostgreSQL `column
 /// "headers" of relation "outbox_message" does not exist`, MySQL and MariaDB `Unknown column

@@ -607,6 +607,28 @@ fn names_no_type_or_destination_could_have_are_refused<C: TestConnection>(db: &T
     );
 }
 
+/// A receiver that accepts at most `per_second` requests in any one second (a sliding window)
+/// and answers the others `429` with `Retry-After: 1`.
+fn sliding_limit(per_second: usize) -> Receiver {
+    let accepted: Arc<Mutex<std::collections::VecDeque<Instant>>> = Arc::default();
+    Receiver::start(move |_: &Request, _| {
+        let mut accepted = accepted.lock().unwrap();
+        let now = Instant::now();
+        while accepted
+            .front()
+            .is_some_and(|at| now.duration_since(*at) >= Duration::from_secs(1))
+        {
+            accepted.pop_front();
+        }
+        if accepted.len() < per_second {
+            accepted.push_back(now);
+            Reply::status(200)
+        } else {
+            Reply::with_header(429, "retry-after", "1")
+        }
+    })
+}
+
 /// A receiver that answers `429` with `Retry-After: 1` until `opens`, then takes everything.
 fn pushing_back_until(opens: Instant) -> Receiver {
     Receiver::start(move |_: &Request, _| {
@@ -652,11 +674,54 @@ fn a_backlog_drains_at_full_speed_after_a_few_seconds_of_push_back<C: TestConnec
     assert!(dead(&pool).is_empty());
 }
 
+/// A receiver that takes two requests, refuses everything for two seconds and then takes
+/// everything: the worker learns a rate of 1.8 a second from it and lines the backlog up on it.
+/// The line speeds up as the rate rises (200 messages in about 18 s), where turns kept at the
+/// spacing they were booked with took nearly two minutes.
+fn a_line_booked_at_a_rate_learned_low_speeds_up_as_the_rate_rises<C: TestConnection>(
+    db: &TestDb,
+) {
+    const MESSAGES: u32 = 200;
+    let pool = db.pool::<C>(6);
+    enqueue(&pool, MESSAGES);
+    let refusing: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let receiver = Receiver::start(move |_: &Request, n| {
+        let mut refusing = refusing.lock().unwrap();
+        if n < 2 {
+            return Reply::status(200);
+        }
+        let since = *refusing.get_or_insert_with(Instant::now);
+        if since.elapsed() < Duration::from_secs(2) {
+            Reply::with_header(429, "retry-after", "1")
+        } else {
+            Reply::status(200)
+        }
+    });
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .destination(
+            "paced",
+            endpoint(&receiver.url("/in"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .unwrap();
+    let drained = receiver.wait_until(Duration::from_secs(35), |requests| {
+        requests.iter().filter(|r| r.answered == 200).count() >= MESSAGES as usize
+    });
+    let delivered = accepted(&receiver).len();
+    let stats = worker.shutdown(PATIENCE).unwrap();
+    assert!(
+        drained,
+        "{delivered} of {MESSAGES} delivered within 35 s: {stats:?}"
+    );
+    assert_eq!((stats.retried, stats.dead_lettered), (0, 0), "{stats:?}");
+}
+
 /// A receiver that takes 100 requests a second and answers the rest `429`: 900 messages go in
 /// about nine seconds, and turns booked at a rate learned low follow the rate as it rises.
 fn a_receiver_limited_to_100_a_second_gets_900_in_seconds<C: TestConnection>(db: &TestDb) {
     const MESSAGES: u32 = 900;
-    let receiver = rate_limited(100);
+    let receiver = sliding_limit(100);
     let pool = db.pool::<C>(6);
     enqueue(&pool, MESSAGES);
     let started = Instant::now();
@@ -750,5 +815,6 @@ backend_tests!(
     a_rate_limit_of_nothing_is_refused_at_spawn,
     a_backlog_drains_at_full_speed_after_a_few_seconds_of_push_back,
     a_receiver_limited_to_100_a_second_gets_900_in_seconds,
+    a_line_booked_at_a_rate_learned_low_speeds_up_as_the_rate_rises,
     a_pause_longer_than_max_deferral_dead_letters_nothing_after_the_resume,
 );

@@ -261,7 +261,7 @@ impl Registered {
             }
             Ok(Pace::Defer(wait)) => {
                 metrics::destination_attempt(name, "paced");
-                Err(ProcessError::defer(
+                Err(ProcessError::paced(
                     format!(
                         "not sent: destination {name} is paced to {:.1} deliveries a second; its \
                          turn comes in {wait:?}",
@@ -276,7 +276,7 @@ impl Registered {
                     "outbox destination {name}: no turn of its rate limit across processes could \
                      be taken from the store ({error}); its message waits a second"
                 );
-                Err(ProcessError::defer(
+                Err(ProcessError::paced(
                     format!(
                         "not sent: the turn of destination {name}'s rate limit across processes \
                          could not be taken from the store: {error}"

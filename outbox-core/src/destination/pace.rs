@@ -15,8 +15,12 @@
 //!   by 1 % (at least one more a second), until the next such push-back. A lone push-back
 //!   between accepted deliveries (a receiver that refuses now and then, whatever the rate)
 //!   changes no rate: cutting the rate for it would only slow every delivery, since the hold
-//!   already spaces them. A destination that never pushes back is never paced. Turn it off
-//!   with [`DestinationOptions::learn_rate`](super::DestinationOptions::learn_rate).
+//!   already spaces them. Push-back with nothing accepted in the second before (a receiver
+//!   that refuses everything for a while) changes no rate either: there is no rate to learn
+//!   from, and the hold spaces the deliveries. A line of deferred messages is booked at the
+//!   rate each turn will have risen to, so that it speeds up with the rate. A destination that
+//!   never pushes back is never paced. Turn it off with
+//!   [`DestinationOptions::learn_rate`](super::DestinationOptions::learn_rate).
 //!
 //! A static limit is per process, unless it is made
 //! [`across_processes`](RateLimit::across_processes): then every worker on the store takes its
@@ -196,7 +200,8 @@ impl Turns {
     /// of a raised priority is not put at the end of that line: the next free turn is taken for
     /// it, and it is deferred to just before it (the message that expected that turn gets a
     /// later one); the pacer keeps the reservation ([`Pacer::pace`]).
-    fn take(&mut self, now: i64, rate: f64, bucket: f64, priority: Priority) -> Pace {
+    fn take(&mut self, now: i64, pace: &InForce, priority: Priority) -> Pace {
+        let (rate, bucket) = (pace.rate, pace.bucket);
         if now < self.refilled {
             // The clock stepped back (a database server's wall clock set back): counting from
             // the old times would refill nothing until it caught up, and hold every turn.
@@ -233,9 +238,11 @@ impl Turns {
         }
         let next_free = now.saturating_add(micros(wait));
         let turn = match self.booked_until {
-            Some(last) => last
-                .saturating_add(micros(Duration::from_secs_f64(1.0 / rate)))
-                .max(next_free),
+            Some(last) => {
+                let ahead = seconds(last.saturating_sub(now));
+                let spacing = Duration::from_secs_f64(1.0 / pace.rate_in(ahead));
+                last.saturating_add(micros(spacing)).max(next_free)
+            }
             None => next_free,
         };
         self.booked_until = Some(turn);
@@ -314,13 +321,40 @@ impl State {
     }
 }
 
-/// The pace in force: deliveries a second, the bucket's size, and whether the store keeps the
-/// turns.
+/// The pace in force: deliveries a second, the bucket's size, whether the store keeps the
+/// turns, and for a learned rate the most it rises to (the static limit, if any).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct InForce {
     rate: f64,
     bucket: f64,
     across_processes: bool,
+    rises_to: Option<f64>,
+}
+
+impl InForce {
+    /// The rate `seconds` from now. A static limit stays; a learned rate rises as deliveries go
+    /// on ([`risen`]), so a line of deferred messages is booked at the rate each turn will have,
+    /// not at the rate of the moment it was booked: a rate learned low and a backlog lined up
+    /// on it would otherwise keep the low rate's spacing for as long as the line is long.
+    fn rate_in(&self, seconds: f64) -> f64 {
+        match self.rises_to {
+            Some(ceiling) => risen(self.rate, seconds).min(ceiling),
+            None => self.rate,
+        }
+    }
+}
+
+/// What a learned rate of `rate` deliveries a second rises to in `seconds` of deliveries, as
+/// [`Pacer::accepted`] raises it: one more a second while a hundredth of it is less, then a
+/// hundredth of itself a second.
+fn risen(rate: f64, seconds: f64) -> f64 {
+    let linear_until = 1.0 / LEARNED_RISE;
+    let linear = (linear_until - rate).max(0.0);
+    if seconds <= linear {
+        rate + seconds
+    } else {
+        rate.max(linear_until) * (LEARNED_RISE * (seconds - linear)).exp()
+    }
 }
 
 impl Pacer {
@@ -353,11 +387,13 @@ impl Pacer {
             rate: limit.rate(),
             bucket: f64::from(limit.burst),
             across_processes: limit.across_processes,
+            rises_to: None,
         });
         let learned = state.learned.map(|rate| InForce {
             rate,
             bucket: (rate / 10.0).max(1.0),
             across_processes: false,
+            rises_to: Some(self.limit.map_or(f64::INFINITY, |limit| limit.rate())),
         });
         match (fixed, learned) {
             (Some(f), Some(l)) => Some(if l.rate < f.rate { l } else { f }),
@@ -406,7 +442,7 @@ impl Pacer {
             state = self.state();
             taken
         } else {
-            state.turns.take(local, pace.rate, pace.bucket, priority)
+            state.turns.take(local, &pace, priority)
         };
         if let (true, Pace::Defer(wait)) = (raised, taken) {
             state
@@ -432,7 +468,7 @@ impl Pacer {
         let mut taken = Pace::Go;
         store.take_turn(shared.name, shared.kind, &mut |turns, now| {
             let mut turns = turns.unwrap_or_else(|| Turns::full(pace.bucket, now));
-            taken = turns.take(now, pace.rate, pace.bucket, priority);
+            taken = turns.take(now, &pace, priority);
             turns
         })?;
         Ok(taken)
@@ -472,11 +508,16 @@ impl Pacer {
         }
         forget_before(&mut state.accepted, now);
         let accepted = state.accepted.len() as f64;
-        let current = self.in_force(&state).map(|pace| pace.rate);
-        let base = match current {
-            Some(rate) if accepted > 0.0 => rate.min(accepted),
-            Some(rate) => rate,
-            None => accepted.max(1.0),
+        if accepted == 0.0 {
+            // Nothing accepted in the last second says nothing about a rate the destination
+            // takes: it refuses everything for now (a deploy, a burst limit), and the hold it
+            // asked for already spaces the deliveries. A rate learned here (a tenth of nothing)
+            // would outlast the refusals by hours.
+            return;
+        }
+        let base = match self.in_force(&state) {
+            Some(pace) => pace.rate.min(accepted),
+            None => accepted,
         };
         state.learned = Some((base * LEARNED_SHARE).max(SLOWEST));
         state.raised = now;
@@ -750,7 +791,13 @@ mod tests {
     fn a_clock_set_back_an_hour_holds_no_turn() {
         let hour = 3_600_000_000;
         let mut turns = Turns::full(1.0, 10 * hour);
-        let limit = |turns: &mut Turns, now: i64| turns.take(now, 10.0, 1.0, Priority::Normal);
+        let pace = InForce {
+            rate: 10.0,
+            bucket: 1.0,
+            across_processes: false,
+            rises_to: None,
+        };
+        let limit = |turns: &mut Turns, now: i64| turns.take(now, &pace, Priority::Normal);
         assert_eq!(limit(&mut turns, 10 * hour), Pace::Go);
         // Two turns handed out ahead, a backlog lined up, then the clock goes back an hour.
         let paces: Vec<Pace> = (0..50).map(|_| limit(&mut turns, 10 * hour)).collect();
@@ -810,19 +857,102 @@ mod tests {
         assert_eq!(pacer.rate(), Some(91.0));
         // The other requests in flight come back pushed back too: the rate drops once for all.
         let again = pushed + Duration::from_secs(3);
+        for i in 0..100u64 {
+            pacer.accepted(again - Duration::from_millis(500 - i));
+        }
+        assert_eq!(pacer.rate(), Some(92.0), "a second more of deliveries");
         for _ in 0..16 {
             pacer.pushed_back(again);
         }
         assert!(
-            (pacer.rate().unwrap() - 91.0 * 0.9).abs() < 1e-9,
+            (pacer.rate().unwrap() - 92.0 * 0.9).abs() < 1e-9,
             "{:?}",
             pacer.rate()
         );
-        // Push-back after push-back with nothing accepted: never below one every ten seconds.
+        // A delivery a second, each followed by push-back: nine tenths of what was accepted.
         for second in 4..100 {
+            let at = pushed + Duration::from_secs(second);
+            pacer.accepted(at);
+            pacer.pushed_back(at);
+            pacer.pushed_back(at);
+        }
+        assert_eq!(pacer.rate(), Some(1.8), "two deliveries in the last second");
+    }
+
+    /// A receiver that refuses everything for a few seconds: nothing accepted before the
+    /// push-back, so no rate is learned (a rate from an empty window was 0.9 a second, and a
+    /// backlog of 3,000 lined up on it drained over hours).
+    #[test]
+    fn no_rate_is_learned_or_cut_from_a_second_with_nothing_accepted() {
+        let t0 = Instant::now();
+        let pacer = Pacer::new(None, true, t0);
+        for second in 0..3 {
+            let at = t0 + Duration::from_secs(second);
+            pacer.pushed_back(at);
+            pacer.pushed_back(at);
+        }
+        assert_eq!(pacer.rate(), None);
+        // A rate learned from deliveries is not cut further while nothing is accepted.
+        pacer.accepted(t0 + Duration::from_millis(3_100));
+        pacer.accepted(t0 + Duration::from_millis(3_200));
+        let pushed = t0 + Duration::from_millis(3_300);
+        pacer.pushed_back(pushed);
+        pacer.pushed_back(pushed);
+        assert_eq!(pacer.rate(), Some(1.8));
+        for second in 2..10 {
             pacer.pushed_back(pushed + Duration::from_secs(second));
         }
-        assert_eq!(pacer.rate(), Some(SLOWEST));
+        assert_eq!(pacer.rate(), Some(1.8));
+    }
+
+    /// A line booked on a rate learned low speeds up as the rate rises: 3,000 messages lined up
+    /// at 1.8 a second come back within two minutes (their rate rising by one a second), not
+    /// over half an hour at the spacing of the moment they were booked.
+    #[test]
+    fn a_line_booked_at_a_learned_rate_follows_its_rise() {
+        let t0 = Instant::now();
+        let pacer = Pacer::new(None, true, t0);
+        pacer.accepted(t0);
+        pacer.accepted(t0 + Duration::from_millis(100));
+        pacer.pushed_back(t0 + Duration::from_millis(200));
+        pacer.pushed_back(t0 + Duration::from_millis(200));
+        assert_eq!(pacer.rate(), Some(1.8));
+        let at = t0 + Duration::from_millis(300);
+        let line: Vec<Duration> = ask(&pacer, at, 3_000, Priority::Normal)
+            .into_iter()
+            .filter_map(|pace| match pace {
+                Pace::Defer(wait) => Some(wait),
+                _ => None,
+            })
+            .collect();
+        let last = line.last().copied().unwrap_or_default();
+        // 1.8 t + t² / 2 = 3,000 at t = 75.7 s.
+        assert!(
+            (70.0..80.0).contains(&last.as_secs_f64()),
+            "the last turn in {last:?}"
+        );
+        for pair in line.windows(2) {
+            assert!(pair[0] <= pair[1], "in order: {pair:?}");
+        }
+        // Under a static limit the rise stops there.
+        let capped = Pacer::new(Some(RateLimit::per_second(5)), true, t0);
+        capped.accepted(t0);
+        capped.accepted(t0 + Duration::from_millis(100));
+        capped.pushed_back(t0 + Duration::from_millis(200));
+        capped.pushed_back(t0 + Duration::from_millis(200));
+        let line = ask(&capped, at, 600, Priority::Normal);
+        let Some(Pace::Defer(last)) = line.last() else {
+            panic!("{:?}", line.last());
+        };
+        assert!(last.as_secs_f64() > 100.0, "at most 5 a second: {last:?}");
+    }
+
+    #[test]
+    fn a_learned_rate_rises_by_one_a_second_then_by_a_hundredth_of_itself() {
+        assert!((risen(10.0, 5.0) - 15.0).abs() < 1e-9);
+        assert!((risen(99.0, 1.0) - 100.0).abs() < 1e-9);
+        assert!((risen(100.0, 100.0) - 100.0 * 1f64.exp()).abs() < 1e-6);
+        assert!((risen(50.0, 60.0) - 100.0 * 0.1f64.exp()).abs() < 1e-6);
     }
 
     #[test]
@@ -859,8 +989,8 @@ mod tests {
             }
         }
         assert_eq!(pacer.rate(), None);
-        // Refused twice running: that is a rate.
-        let later = t0 + Duration::from_secs(20);
+        // Refused twice running, right after deliveries: that is a rate.
+        let later = t0 + Duration::from_millis(10_100);
         pacer.pushed_back(later);
         pacer.pushed_back(later);
         assert!(pacer.rate().is_some());

@@ -217,6 +217,11 @@ impl<S: Store> WorkerBuilder<S> {
     /// [`horizon`](crate::RetryPolicy::horizon), about 15 hours, and at least an hour): a
     /// destination gone for good without saying so does not keep its messages forever, and
     /// receivers that keep message ids for the retry horizon still drop every duplicate.
+    ///
+    /// An operator's pause of the message's type or destination restarts the count when it
+    /// ends (a weekend's pause dead-letters nothing after the resume), and a turn under the
+    /// destination's rate limit, set or learned, never counts: the destination takes its
+    /// messages at that rate, however long the line.
     pub fn max_deferral(mut self, horizon: Duration) -> Self {
         self.settings.max_deferral = Some(horizon);
         self

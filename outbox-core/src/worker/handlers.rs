@@ -115,27 +115,37 @@ pub(crate) fn settle_attempt(n: u32, attempt: Attempt, policy: &RetryPolicy) -> 
     }
 }
 
-/// A deferral of a message enqueued at `enqueued_at` becomes a dead letter once `horizon` has
-/// passed since: a destination that stays paused or holding does not keep its messages forever.
+/// A deferral of a message waiting since `waiting_since` becomes a dead letter once `horizon`
+/// has passed since: a destination that stays paused or holding does not keep its messages
+/// forever. A message waits from its enqueue, or from the end of the last operator's pause that
+/// held it ([`waiting_since`]): a pause, however long, never counts.
 pub(crate) fn bound_deferral(
     settlement: Settlement,
-    enqueued_at: SystemTime,
+    waiting_since: SystemTime,
     horizon: Duration,
     now: SystemTime,
 ) -> Settlement {
     match settlement {
         Settlement::Defer { reason, .. }
-            if now.duration_since(enqueued_at).unwrap_or(Duration::ZERO) >= horizon =>
+            if now.duration_since(waiting_since).unwrap_or(Duration::ZERO) >= horizon =>
         {
             Settlement::DeadLetter {
                 error: storable(format!(
-                    "deferred for longer than {horizon:?} since it was enqueued (the longest a \
-                     message waits without spending attempts): {reason}"
+                    "deferred for longer than {horizon:?} since it was enqueued or last resumed \
+                     (the longest a message waits without spending attempts): {reason}"
                 )),
             }
         }
         other => other,
     }
+}
+
+/// Since when `message` has waited, as the deferral bound counts: its enqueue, or the end of
+/// the last operator's pause that held it, whichever is later.
+pub(crate) fn waiting_since(message: &ClaimedMessage) -> SystemTime {
+    message
+        .resumed_at
+        .map_or(message.enqueued_at, |resumed| resumed.max(message.enqueued_at))
 }
 
 /// What to do with a message no handler of this worker serves: give it back for later while
@@ -321,13 +331,20 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         Ok(Err(DispatchError::Process(failure))) => Attempt::Failed(failure),
         Err(panic) => Attempt::Panicked(panic_text(panic.as_ref())),
     };
+    // A turn of the destination's pace is progress at the destination's own rate, however
+    // far: only waiting for a destination that takes nothing is bounded.
+    let paced = matches!(&attempt, Attempt::Failed(failure) if failure.is_paced());
+    let settlement = settle_attempt(message.attempt, attempt, &policy);
+    if paced {
+        return settlement;
+    }
     let horizon = shared
         .config
         .max_deferral
         .unwrap_or_else(|| policy.horizon().max(MIN_DEFAULT_DEFERRAL));
     bound_deferral(
-        settle_attempt(message.attempt, attempt, &policy),
-        message.enqueued_at,
+        settlement,
+        waiting_since(message),
         horizon,
         SystemTime::now(),
     )
@@ -522,6 +539,7 @@ mod tests {
             ordering_key: None,
             attempt,
             enqueued_at: SystemTime::now() - age,
+            resumed_at: None,
             headers: Default::default(),
             priority: Default::default(),
         }
@@ -655,6 +673,25 @@ mod tests {
         assert!(
             matches!(&late, Settlement::DeadLetter { error } if error.contains("deferred for longer than 3600s") && error.contains("mail is paused")),
             "{late:?}"
+        );
+        // Resumed from an operator's pause a minute ago: the bound counts from the resume.
+        let paused_long = ClaimedMessage {
+            enqueued_at: enqueued,
+            resumed_at: Some(enqueued + horizon + Duration::from_secs(60)),
+            ..message(1, Duration::ZERO)
+        };
+        let now = enqueued + horizon + Duration::from_secs(120);
+        assert_eq!(
+            bound_deferral(defer(), waiting_since(&paused_long), horizon, now),
+            defer()
+        );
+        assert_eq!(
+            waiting_since(&ClaimedMessage {
+                resumed_at: Some(enqueued - Duration::from_secs(1)),
+                ..paused_long.clone()
+            }),
+            enqueued,
+            "a resume before the enqueue counts from the enqueue"
         );
         let retry = Settlement::Retry {
             delay: Duration::from_secs(1),

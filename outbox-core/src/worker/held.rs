@@ -297,6 +297,7 @@ mod tests {
             ordering_key: None,
             attempt: 1,
             enqueued_at: SystemTime::now(),
+            resumed_at: None,
             headers: Default::default(),
             priority: Default::default(),
         }

@@ -137,6 +137,7 @@ mod tests {
                 ordering_key: None,
                 attempt: 1,
                 enqueued_at: SystemTime::now(),
+                resumed_at: None,
                 headers: Headers::default(),
                 priority,
             },

@@ -275,6 +275,9 @@ pub(crate) struct ClaimRow {
     pub(crate) message: MessageRow,
     #[diesel(sql_type = BigInt)]
     pub(crate) created_micros: i64,
+    /// When an operator's pause that held it last ended, if one did.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) resumed_micros: Option<i64>,
     #[diesel(sql_type = BigInt)]
     pub(crate) priority: i64,
 }

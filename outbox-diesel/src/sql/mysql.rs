@@ -187,6 +187,7 @@ fn leased(n: usize) -> String {
         "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload, ordering_key, \
              attempts, headers, \
              TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', resumed_at) AS resumed_micros, \
              CAST(priority AS SIGNED) AS priority \
          FROM outbox_message FORCE INDEX (PRIMARY) WHERE id IN ({}) \
          ORDER BY priority DESC, id",
@@ -633,7 +634,7 @@ pub(crate) const PAUSE_MESSAGE: &str = "UPDATE outbox_message \
 /// own index.
 pub(crate) const RELEASE_PAUSED: &str = "UPDATE outbox_message \
      FORCE INDEX (outbox_message_paused) \
-     SET paused = FALSE, next_attempt_at = UTC_TIMESTAMP(6) \
+     SET paused = FALSE, next_attempt_at = UTC_TIMESTAMP(6), resumed_at = UTC_TIMESTAMP(6) \
      WHERE paused = TRUE AND locked_by IS NULL \
        AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')";
 

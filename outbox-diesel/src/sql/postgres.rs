@@ -196,6 +196,7 @@ macro_rules! claim {
      RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
          o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
          (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
+         (EXTRACT(EPOCH FROM o.resumed_at) * 1000000)::BIGINT AS resumed_micros, \
          o.priority::bigint AS priority, first.due AS first_due, first.id AS first_id, \
          last_group.name AS last_group"
         )
@@ -316,10 +317,11 @@ pub(crate) const DELETE_DONE_LEASING: &str = concat!(
         RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
             o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
             (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
+            (EXTRACT(EPOCH FROM o.resumed_at) * 1000000)::BIGINT AS resumed_micros, \
             o.priority::bigint AS priority, \
             o.locked_by IS NOT DISTINCT FROM s.token AS leased) \
      SELECT (SELECT count(*) FROM gone) AS n, m.id, m.message_id, m.message_type, m.payload, \
-         m.ordering_key, m.attempts, m.headers, m.created_micros, m.priority \
+         m.ordering_key, m.attempts, m.headers, m.created_micros, m.resumed_micros, m.priority \
      FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"
 );
 
@@ -671,7 +673,7 @@ pub(crate) const PAUSE_MESSAGE: &str = "UPDATE outbox_message \
 /// Every paused message whose type is not paused (any more) due at once, from the paused rows'
 /// own index.
 pub(crate) const RELEASE_PAUSED: &str = "UPDATE outbox_message \
-     SET paused = FALSE, next_attempt_at = now() \
+     SET paused = FALSE, next_attempt_at = now(), resumed_at = now() \
      WHERE paused AND locked_by IS NULL \
        AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')";
 
@@ -734,6 +736,8 @@ struct SettledRow {
     #[diesel(sql_type = Nullable<BigInt>)]
     created_micros: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
+    resumed_micros: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
     priority: Option<i64>,
 }
 
@@ -751,6 +755,7 @@ impl SettledRow {
                 headers: self.headers,
             },
             created_micros: self.created_micros?,
+            resumed_micros: self.resumed_micros,
             priority: self.priority?,
         })
     }

@@ -135,7 +135,9 @@ fn lease(n: usize) -> String {
              RETURNING id, message_id, message_type, payload, ordering_key, attempts, headers, \
              priority, ",
             micros_of!("created_at"),
-            " AS created_micros"
+            " AS created_micros, ",
+            micros_of!("resumed_at"),
+            " AS resumed_micros"
         ),
         placeholders(n)
     )
@@ -557,6 +559,8 @@ pub(crate) const PAUSE_MESSAGE: &str = concat!(
 /// own index.
 pub(crate) const RELEASE_PAUSED: &str = concat!(
     "UPDATE outbox_message SET paused = 0, next_attempt_at = ",
+    now!(),
+    ", resumed_at = ",
     now!(),
     " WHERE paused = 1 AND locked_by IS NULL \
        AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')"

@@ -1,0 +1,1 @@
+ALTER TABLE outbox_message DROP COLUMN resumed_at;
