@@ -185,6 +185,10 @@ impl<S: Store> Store for TracedStore<S> {
         self.inner.ping()
     }
 
+    fn connection_shortage(&self) -> Option<String> {
+        self.inner.connection_shortage()
+    }
+
     fn sync_destinations(
         &self,
         destinations: &[outbox_diesel::store::SyncedDestination<'_>],

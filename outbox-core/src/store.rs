@@ -384,6 +384,13 @@ pub trait Store: Send + Sync + 'static {
         Ok(0)
     }
 
+    /// What keeps the store from lending the worker the connections it holds, if anything has
+    /// for a while: the pool the application shares with the worker lends none, so the worker
+    /// shares the connections it has, more slowly (`None` for a store without such a pool).
+    /// The worker's [`health`](crate::WorkerHandle::health) reports it, and is unhealthy while
+    /// it lasts.
+    fn connection_shortage(&self) -> Option<String>;
+
     /// Whether [`listen`](Store::listen) gives a listener, which then holds a connection of its
     /// own (counted by the worker before it calls [`check`](Store::check)).
     fn listens(&self) -> bool {

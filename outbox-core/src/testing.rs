@@ -521,6 +521,10 @@ impl Store for MemoryStore {
         self.call("checking the store").map(|_| ())
     }
 
+    fn connection_shortage(&self) -> Option<String> {
+        None
+    }
+
     fn paused(&self) -> Result<Paused, StoreError> {
         Ok(self.call("reading pauses")?.paused.clone())
     }

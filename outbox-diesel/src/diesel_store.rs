@@ -2,15 +2,15 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
+use diesel::r2d2::{ManageConnection, Pool};
 use diesel::{Connection, QueryResult};
 use outbox_core::store::{
     Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Outcome, Paused,
-    Pruned, SettleTarget, Settlement, Store, StoreError, StoreErrorKind, StoredDestination,
-    SuccessorLease, SyncedDestination, Turns,
+    Pruned, SettleTarget, Settlement, Store, StoreError, StoredDestination, SuccessorLease,
+    SyncedDestination, Turns,
 };
 use outbox_core::{Headers, MessageId, ProcessError};
 
@@ -19,94 +19,12 @@ use crate::claim_cursor::{ClaimCursor, Listening};
 #[cfg(feature = "postgres")]
 use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
-use crate::database::ensure_busy_timeout;
 use crate::enqueue::priority_from_level;
 use crate::error::Error;
+use crate::held::{HeldConnections, ListenerConnection, Role};
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::retention::Retention;
 use crate::sql::{self, micros, Claim, ClaimRow, Statements};
-
-/// The longest the worker waits for a connection from the pool: it retries after logging, and a
-/// shutdown is not held up by a pool the application has exhausted.
-const POOL_WAIT: Duration = Duration::from_secs(5);
-
-/// How long a held PostgreSQL connection keeps its cached query plans (see [`HeldConnection`]).
-const PLANS_KEPT: Duration = Duration::from_secs(10);
-
-/// A connection the store keeps between calls, and when its query plans were last let go.
-///
-/// PostgreSQL plans a prepared statement for its parameters five times, then keeps one generic
-/// plan until something invalidates it (a vacuum or `ANALYZE` of the table, a schema change).
-/// A worker that starts on an empty outbox gets plans made for a table PostgreSQL takes to be
-/// ten pages long, where reading the whole table beats looking rows up by id. Behind a
-/// transaction held open elsewhere the table grows by every settled row, no vacuum can run to
-/// invalidate the plans, and each claim read the whole table twice (the first minute of the
-/// held-transaction benchmark: p99 67 ms against 3 ms). `DISCARD PLANS` every [`PLANS_KEPT`]
-/// (prepared statements stay; the next runs plan again for the table as it is) bounds that to
-/// seconds, for a few plannings per connection each time.
-struct HeldConnection<M: ManageConnection> {
-    conn: PooledConnection<M>,
-    plans_made: Instant,
-    /// Undoes the session settings this connection was taken with (see [`HeldSlot`]) before it
-    /// goes back to a pool the application may share.
-    reset: Option<fn(&mut M::Connection)>,
-}
-
-impl<M: ManageConnection> Drop for HeldConnection<M> {
-    fn drop(&mut self) {
-        if let Some(reset) = self.reset {
-            reset(&mut self.conn);
-        }
-    }
-}
-
-/// A held connection's place in the store, and how its session is set up when one is taken.
-struct HeldSlot<M: ManageConnection> {
-    held: Mutex<Option<HeldConnection<M>>>,
-    claims: bool,
-}
-
-impl<M: ManageConnection> HeldSlot<M> {
-    /// A connection as the pool gives it.
-    fn as_given() -> Self {
-        HeldSlot {
-            held: Mutex::new(None),
-            claims: false,
-        }
-    }
-
-    /// The claimer's: on PostgreSQL planned with [`CLAIMS_IN_ORDER`].
-    fn for_claims() -> Self {
-        HeldSlot {
-            held: Mutex::new(None),
-            claims: true,
-        }
-    }
-}
-
-/// The claimer's session on PostgreSQL: no bitmap scans, so that each lane of a claim walks its
-/// index in due order and stops at its limit.
-///
-/// PostgreSQL estimates the due rows from statistics, and statistics taken before a burst (an
-/// outbox analyzed while nearly empty; a server whose autovacuum has not caught up) put them
-/// below a claim's limit. Then a bitmap scan that reads every due row and sorts them looks
-/// cheaper than the ordered walk, and a claim of 256 read all 20,000 due rows of a backlog:
-/// 18 ms against 3 ms (the drain at 13,120 against 68,406 messages a second). The ordered walk
-/// is what the claim is written for whatever the statistics say; index scans by id (the parked
-/// and leased rows) are unaffected. Set for the session, and reset before the connection goes
-/// back to the pool.
-pub const CLAIMS_IN_ORDER: &str = "SET enable_bitmapscan = off";
-
-/// Undoes [`CLAIMS_IN_ORDER`].
-const PLANS_AS_GIVEN: &str = "RESET enable_bitmapscan";
-
-/// Resets a claimer's session (see [`CLAIMS_IN_ORDER`]).
-fn reset_claims_session<C: OutboxConnection>(conn: &mut C) {
-    if let Err(error) = execute_batch(conn, PLANS_AS_GIVEN) {
-        // A connection that fails here is broken: the pool's check on checkout discards it.
-        log::debug!("outbox: resetting the claimer's session: {error}");
-    }
-}
 
 /// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
 ///
@@ -147,17 +65,12 @@ fn reset_claims_session<C: OutboxConnection>(conn: &mut C) {
 /// [`admin::backlog`](crate::admin::backlog) and the metrics report the oldest open transaction
 /// and the dead rows, so that operators see what holds clean-up back.
 pub struct DieselStore<M: ManageConnection> {
-    pool: Pool<M>,
-    backend: OnceLock<Backend>,
-    // Held, not checked out per call: a checkout costs a validation round trip (r2d2 pings).
-    claim_connection: HeldSlot<M>,
-    settle_connection: HeldSlot<M>,
-    /// The housekeeper's: its chores (a backlog count, a prune) never hold up a claim.
-    chores_connection: HeldSlot<M>,
-    /// The handler threads' turns under rate limits across processes, one at a time (the
-    /// destination's row lock takes them one at a time anyway), taken only once such a limit
-    /// is: a turn never waits for a pool an application may have drained.
-    turns_connection: HeldSlot<M>,
+    /// Held per role, not checked out per call: a checkout costs a validation round trip
+    /// (r2d2 pings). The housekeeper's chores (a backlog count, a prune) never hold up a claim;
+    /// the handler threads take the turns of rate limits across processes one at a time (the
+    /// destination's row lock takes them one at a time anyway), on a connection taken only once
+    /// such a limit is.
+    connections: HeldConnections<M>,
     /// Where the next claim reads from (see `sql::Cursor`).
     claim_cursor: ClaimCursor,
     /// The last group the last claim visited: the next visits the groups after it, so that
@@ -171,7 +84,7 @@ pub struct DieselStore<M: ManageConnection> {
 impl<M: ManageConnection> fmt::Debug for DieselStore<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DieselStore")
-            .field("pool", &self.pool.state())
+            .field("pool", &self.connections.pool().state())
             .finish()
     }
 }
@@ -184,12 +97,7 @@ where
     /// A store over `pool`. Run [`run_migrations`](crate::run_migrations) first.
     pub fn new(pool: Pool<M>) -> Self {
         DieselStore {
-            pool,
-            backend: OnceLock::new(),
-            claim_connection: HeldSlot::for_claims(),
-            settle_connection: HeldSlot::as_given(),
-            chores_connection: HeldSlot::as_given(),
-            turns_connection: HeldSlot::as_given(),
+            connections: HeldConnections::new(pool),
             claim_cursor: ClaimCursor::default(),
             groups_after: Mutex::new(String::new()),
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
@@ -236,11 +144,7 @@ where
 
     /// Dead-letters rows a claim or a settlement leased but that cannot be delivered, on the
     /// connection that leased them.
-    fn dead_letter_unreadable(
-        &self,
-        slot: &HeldSlot<M>,
-        unreadable: &[Outcome],
-    ) -> Result<(), StoreError> {
+    fn dead_letter_unreadable(&self, role: Role, unreadable: &[Outcome]) -> Result<(), StoreError> {
         if unreadable.is_empty() {
             return Ok(());
         }
@@ -249,12 +153,13 @@ where
             unreadable.len(),
             unreadable.iter().map(|o| o.position).collect::<Vec<_>>()
         );
-        self.with_held(
-            slot,
-            "dead-lettering unreadable rows",
-            |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, unreadable)),
-        )
-        .map(drop)
+        self.connections
+            .with(
+                role,
+                "dead-lettering unreadable rows",
+                |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, unreadable)),
+            )
+            .map(drop)
     }
 
     fn groups_after(&self) -> std::sync::MutexGuard<'_, String> {
@@ -264,81 +169,11 @@ where
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-
-    /// Runs `work` on the connection held in `slot`, taking one from the pool if there is none;
-    /// after a failure the connection is let go, as it may be broken.
-    fn with_held<T>(
-        &self,
-        slot: &HeldSlot<M>,
-        what: &'static str,
-        work: impl FnOnce(&mut PooledConnection<M>) -> QueryResult<T>,
-    ) -> Result<T, StoreError> {
-        let claims = slot.claims;
-        let mut slot = slot
-            .held
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let held = match slot.as_mut() {
-            Some(held) => held,
-            None => {
-                let mut conn = self.connection()?;
-                let postgres = self.backend.get() == Some(&Backend::Postgres);
-                let mut reset = None;
-                if claims && postgres {
-                    execute_batch(&mut *conn, CLAIMS_IN_ORDER)
-                        .map_err(|e| StoreError::new("setting up the claimer's session", e))?;
-                    reset = Some(reset_claims_session::<M::Connection> as fn(&mut M::Connection));
-                }
-                slot.insert(HeldConnection {
-                    conn,
-                    plans_made: Instant::now(),
-                    reset,
-                })
-            }
-        };
-        let plans_stale = self.backend.get() == Some(&Backend::Postgres)
-            && held.plans_made.elapsed() >= PLANS_KEPT;
-        let result = if plans_stale {
-            held.plans_made = Instant::now();
-            execute_batch(&mut *held.conn, "DISCARD PLANS").and_then(|()| work(&mut held.conn))
-        } else {
-            work(&mut held.conn)
-        };
-        result.map_err(|error| {
-            let busy = is_busy(&error);
-            *slot = None;
-            let error = StoreError::new(what, error);
-            if busy {
-                error.with_kind(StoreErrorKind::Busy)
-            } else {
-                error
-            }
-        })
-    }
-
-    /// The pool's backend, asked of its first connection.
-    fn backend(&self) -> Result<Backend, StoreError> {
-        if let Some(backend) = self.backend.get() {
-            return Ok(*backend);
-        }
-        let mut conn = self
-            .pool
-            .get()
-            .map_err(|e| StoreError::new("getting a connection from the pool", e))?;
-        Ok(*self.backend.get_or_init(|| conn.backend()))
-    }
-
-    fn connection(&self) -> Result<PooledConnection<M>, StoreError> {
-        let mut conn = self
-            .pool
-            .get_timeout(POOL_WAIT)
-            .map_err(|e| StoreError::new("getting a connection from the pool", e))?;
-        self.backend.get_or_init(|| conn.backend());
-        ensure_busy_timeout(&mut *conn)
-            .map_err(|e| StoreError::new("setting the SQLite busy timeout", e))?;
-        Ok(conn)
-    }
 }
+
+/// How long an exactly-once handler's message waits when the pool lent no connection for its
+/// transaction.
+const SHORT_OF_CONNECTIONS_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether settling `outcomes` may make a message due at the settlement's own clock, before it
 /// commits (see [`crate::claim_cursor`]): a key's next message promoted, a message given back, a
@@ -355,7 +190,7 @@ fn makes_due(outcomes: &[Outcome]) -> bool {
 /// Whether the database answered "not now": a lock held elsewhere outlasted the wait for it, a
 /// deadlock, a statement or lock timeout (by each backend's message: Diesel keeps no error
 /// codes but PostgreSQL's few kinds).
-fn is_busy(error: &diesel::result::Error) -> bool {
+pub(crate) fn is_busy(error: &diesel::result::Error) -> bool {
     use diesel::result::{DatabaseErrorKind, Error};
 
     const BUSY: &[&str] = &[
@@ -398,8 +233,8 @@ where
             groups_after: &groups_after,
         };
         let from = self.claim_cursor.start(Instant::now());
-        let claimed = self.with_held(
-            &self.claim_connection,
+        let claimed = self.connections.with(
+            Role::Claims,
             "claiming messages",
             |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim, from)),
         )?;
@@ -410,14 +245,14 @@ where
             *self.groups_after() = last_group;
         }
         let (claimed, unreadable) = read_claimed(token, claimed.rows);
-        self.dead_letter_unreadable(&self.claim_connection, &unreadable)?;
+        self.dead_letter_unreadable(Role::Claims, &unreadable)?;
         Ok(claimed)
     }
 
     fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
         self.keeping_cursor(makes_due(outcomes), || {
-            self.with_held(
-                &self.settle_connection,
+            self.connections.with(
+                Role::Settlements,
                 "settling processed messages",
                 |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, outcomes)),
             )
@@ -441,26 +276,23 @@ where
             groups_after: "",
         };
         let (fenced, rows) = self.keeping_cursor(makes_due(outcomes), || {
-            self.with_held(
-                &self.settle_connection,
-                "settling processed messages",
-                |conn| {
+            self.connections
+                .with(Role::Settlements, "settling processed messages", |conn| {
                     with_backend!(conn.backend_connection(), c => {
                         sql::settle_leasing(c, outcomes, Some(&claim))
                     })
-                },
-            )
+                })
         })?;
         let (mut leased, unreadable) = read_claimed(successors.token, rows);
         leased.sort_by_key(|message| message.position);
-        self.dead_letter_unreadable(&self.settle_connection, &unreadable)?;
+        self.dead_letter_unreadable(Role::Settlements, &unreadable)?;
         Ok((fenced, leased))
     }
 
     fn promote_stranded(&self) -> Result<usize, StoreError> {
         self.keeping_cursor(true, || {
-            self.with_held(
-                &self.chores_connection,
+            self.connections.with(
+                Role::Chores,
                 "promoting stranded ordering keys",
                 |conn| with_backend!(conn.backend_connection(), c => c.promote_stranded()),
             )
@@ -472,11 +304,21 @@ where
         message: &SettleTarget<'_>,
         work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
     ) -> Result<(), ProcessError> {
-        let mut conn = self.connection().map_err(|error| {
+        let lent = self.connections.transaction_connection().map_err(|error| {
             ProcessError::retryable(format!(
-                "{error}; an exactly-once handler takes a connection of its own while it runs, \
-                 so the pool needs one per handler thread beside the worker's own"
+                "{error}; an exactly-once handler takes a connection of its own while it runs"
             ))
+        })?;
+        let mut conn = lent.map_err(|shortage| {
+            // Not the message's failure: it waits for a connection without spending an attempt.
+            ProcessError::defer(
+                format!(
+                    "not processed: no connection for its exactly-once transaction ({shortage}); \
+                     an exactly-once handler takes a connection of its own while it runs, so \
+                     the pool needs one per handler thread beside the worker's own"
+                ),
+                SHORT_OF_CONNECTIONS_WAIT,
+            )
         })?;
         let claims = [(message.token.to_string(), vec![message.position])];
         let keys: Vec<&str> = message.ordering_key.into_iter().collect();
@@ -525,8 +367,8 @@ where
         destinations: &[SyncedDestination<'_>],
         reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
     ) -> Result<(), StoreError> {
-        self.with_held(
-            &self.chores_connection,
+        self.connections.with(
+            Role::Chores,
             "sharing the destinations' health",
             |conn| with_backend!(conn.backend_connection(), c => sql::sync_destinations(c, destinations, reconcile)),
         )
@@ -538,16 +380,16 @@ where
         kind: &str,
         take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
     ) -> Result<(), StoreError> {
-        self.with_held(
-            &self.turns_connection,
+        self.connections.with(
+            Role::Turns,
             "taking a turn of a rate limit across processes",
             |conn| with_backend!(conn.backend_connection(), c => sql::take_turn(c, name, kind, take)),
         )
     }
 
     fn paused(&self) -> Result<Paused, StoreError> {
-        let rows = self.with_held(
-            &self.chores_connection,
+        let rows = self.connections.with(
+            Role::Chores,
             "reading pauses",
             |conn| with_backend!(conn.backend_connection(), c => c.pauses()),
         )?;
@@ -555,8 +397,8 @@ where
     }
 
     fn release_paused(&self) -> Result<usize, StoreError> {
-        let released = self.with_held(
-            &self.chores_connection,
+        let released = self.connections.with(
+            Role::Chores,
             "making resumed messages due again",
             |conn| with_backend!(conn.backend_connection(), c => c.release_paused()),
         )?;
@@ -571,33 +413,35 @@ where
             .idempotency_sweep
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.with_held(&self.chores_connection, "pruning expired rows", |conn| {
-            with_backend!(conn.backend_connection(), c => {
-                let mut pruned = self.retention.prune(c)?;
-                pruned.idempotency_keys =
-                    idempotency::sweep(c, &mut cursor, self.idempotency_window)?;
-                pruned.empty_groups = c.remove_empty_groups()?;
-                Ok(pruned)
+        self.connections
+            .with(Role::Chores, "pruning expired rows", |conn| {
+                with_backend!(conn.backend_connection(), c => {
+                    let mut pruned = self.retention.prune(c)?;
+                    pruned.idempotency_keys =
+                        idempotency::sweep(c, &mut cursor, self.idempotency_window)?;
+                    pruned.empty_groups = c.remove_empty_groups()?;
+                    Ok(pruned)
+                })
             })
-        })
     }
 
     fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
-        self.with_held(&self.chores_connection, "sampling the backlog", |conn| {
-            with_backend!(conn.backend_connection(), c => {
-                let row = c.backlog()?;
-                // A role that may not see other sessions still samples the backlog.
-                let horizon = c.horizon().unwrap_or_default();
-                Ok((row.oldest_due_at, crate::admin::backlog_of(&row, &horizon)))
+        self.connections
+            .with(Role::Chores, "sampling the backlog", |conn| {
+                with_backend!(conn.backend_connection(), c => {
+                    let row = c.backlog()?;
+                    // A role that may not see other sessions still samples the backlog.
+                    let horizon = c.horizon().unwrap_or_default();
+                    Ok((row.oldest_due_at, crate::admin::backlog_of(&row, &horizon)))
+                })
             })
-        })
-        .map(|(oldest_due_at, backlog)| {
-            // The claims' safety net: the oldest due message, read off their path.
-            if let Some(due_micros) = oldest_due_at {
-                self.claim_cursor.rewind(due_micros);
-            }
-            Some(backlog)
-        })
+            .map(|(oldest_due_at, backlog)| {
+                // The claims' safety net: the oldest due message, read off their path.
+                if let Some(due_micros) = oldest_due_at {
+                    self.claim_cursor.rewind(due_micros);
+                }
+                Some(backlog)
+            })
     }
 
     fn extend_leases(
@@ -605,21 +449,40 @@ where
         leases: &[(ClaimToken, i64)],
         lease: Duration,
     ) -> Result<Vec<i64>, StoreError> {
-        self.with_held(
-            &self.settle_connection,
+        self.connections.with(
+            Role::Settlements,
             "renewing leases",
             |conn| with_backend!(conn.backend_connection(), c => extend_leases(c, leases, lease)),
         )
     }
 
     fn ping(&self) -> Result<(), StoreError> {
-        self.with_held(&self.settle_connection, "checking the database", |conn| {
-            execute_batch(&mut **conn, "SELECT 1")
-        })
+        self.connections
+            .with(Role::Settlements, "checking the database", |conn| {
+                execute_batch(&mut **conn, "SELECT 1")
+            })
     }
 
     fn check(&self, connections: usize) -> Result<(), StoreError> {
-        let max = usize::try_from(self.pool.max_size()).unwrap_or(usize::MAX);
+        self.connections.expect(connections);
+        let pool = self.connections.pool();
+        let max = usize::try_from(pool.max_size()).unwrap_or(usize::MAX);
+        let state = pool.state();
+        let in_use = usize::try_from(state.connections.saturating_sub(state.idle_connections))
+            .unwrap_or(usize::MAX);
+        if max < connections + in_use && max >= connections {
+            return Err(StoreError::new(
+                "the connection pool is too small for the worker beside the application",
+                format!(
+                    "it lends at most {max} connections, the application holds {in_use} of them \
+                     now, and the worker holds {connections} for as long as it runs (its \
+                     claimer's, its acker's and its housekeeper's, on PostgreSQL its LISTEN \
+                     connection, and one for the turns of rate limits across processes if it \
+                     has any); build the pool with max_size({}) or more",
+                    connections + in_use
+                ),
+            ));
+        }
         if max < connections {
             return Err(StoreError::new(
                 "the connection pool is too small for the worker",
@@ -632,8 +495,8 @@ where
                 ),
             ));
         }
-        let postgres = self.backend()? == Backend::Postgres;
-        let mut conn = self.connection()?;
+        let postgres = self.connections.backend()? == Backend::Postgres;
+        let mut conn = self.connections.connection()?;
         // The newest table and column: a schema that has them is current.
         execute_batch(&mut *conn, "SELECT paused FROM outbox_message WHERE 1 = 0")
             .and_then(|_| execute_batch(&mut *conn, "SELECT 1 FROM outbox_pause WHERE 1 = 0"))
@@ -685,11 +548,11 @@ where
     }
 
     fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
-        if self.backend()? != Backend::Postgres {
+        if self.connections.backend()? != Backend::Postgres {
             return Ok(None);
         }
-        let mut conn = self.connection()?;
-        execute_batch(&mut *conn, "LISTEN outbox_message")
+        let mut conn = self.connections.listener_connection()?;
+        execute_batch(&mut *conn.conn, "LISTEN outbox_message")
             .map_err(|e| StoreError::new("listening for new messages", e))?;
         Ok(Some(Box::new(NotificationListener {
             conn,
@@ -699,8 +562,12 @@ where
         })))
     }
 
+    fn connection_shortage(&self) -> Option<String> {
+        self.connections.shortage_report()
+    }
+
     fn listens(&self) -> bool {
-        matches!(self.backend(), Ok(Backend::Postgres))
+        matches!(self.connections.backend(), Ok(Backend::Postgres))
     }
 
     fn wants_local_wakeups(&self) -> bool {
@@ -744,7 +611,7 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    conn: PooledConnection<M>,
+    conn: ListenerConnection<M>,
     /// Each notification steps the store's claim cursor back to the committed transaction's
     /// clock (see [`crate::claim_cursor`]).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -772,7 +639,7 @@ where
 {
     fn wait(&mut self, timeout: Duration) -> Result<bool, StoreError> {
         if self.checked.elapsed() >= LISTEN_HEALTH_CHECK {
-            execute_batch(&mut *self.conn, "SELECT 1")
+            execute_batch(&mut *self.conn.conn, "SELECT 1")
                 .map_err(|e| StoreError::new("checking the notification connection", e))?;
             self.checked = Instant::now();
         }
@@ -802,7 +669,7 @@ where
     M::Connection: OutboxConnection + Send,
 {
     fn drain(&mut self) -> Result<bool, StoreError> {
-        match self.conn.backend_connection() {
+        match self.conn.conn.backend_connection() {
             #[cfg(feature = "postgres")]
             BackendConnection::Pg(c) => {
                 let mut any = false;
@@ -829,7 +696,7 @@ where
 {
     fn drop(&mut self) {
         // The connection goes back to the pool: it must not keep receiving notifications.
-        let _ = execute_batch(&mut *self.conn, "UNLISTEN *");
+        let _ = execute_batch(&mut *self.conn.conn, "UNLISTEN *");
     }
 }
 

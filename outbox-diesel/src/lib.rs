@@ -105,6 +105,7 @@ mod diesel_store;
 mod enqueue;
 mod error;
 pub mod exactly_once;
+mod held;
 pub mod idempotency;
 #[cfg(feature = "webhook")]
 pub mod inbox;
@@ -182,7 +183,7 @@ struct ReadmeDoctests;
 pub mod __private {
     /// The claim's statements, for the benchmarks' `EXPLAIN`: read, never copied.
     pub mod claim_sql {
-        pub use crate::diesel_store::CLAIMS_IN_ORDER as POSTGRES_CLAIMER_SESSION;
+        pub use crate::held::CLAIMS_IN_ORDER as POSTGRES_CLAIMER_SESSION;
         pub use crate::sql::candidates;
         #[cfg(feature = "mysql")]
         pub use crate::sql::mysql::CANDIDATES as MYSQL_CANDIDATES;

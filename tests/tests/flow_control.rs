@@ -643,9 +643,7 @@ fn pushing_back_until(opens: Instant) -> Receiver {
 /// A receiver that pushes back for its first three seconds (a deploy, a burst limit) and then
 /// takes everything: the backlog drains at the receiver's pace once it opens, not at a rate
 /// learned while it refused everything.
-fn a_backlog_drains_at_full_speed_after_a_few_seconds_of_push_back<C: TestConnection>(
-    db: &TestDb,
-) {
+fn a_backlog_drains_at_full_speed_after_a_few_seconds_of_push_back<C: TestConnection>(db: &TestDb) {
     const MESSAGES: u32 = 3_000;
     let pool = db.pool::<C>(6);
     enqueue(&pool, MESSAGES);
@@ -678,9 +676,7 @@ fn a_backlog_drains_at_full_speed_after_a_few_seconds_of_push_back<C: TestConnec
 /// everything: the worker learns a rate of 1.8 a second from it and lines the backlog up on it.
 /// The line speeds up as the rate rises (200 messages in about 18 s), where turns kept at the
 /// spacing they were booked with took nearly two minutes.
-fn a_line_booked_at_a_rate_learned_low_speeds_up_as_the_rate_rises<C: TestConnection>(
-    db: &TestDb,
-) {
+fn a_line_booked_at_a_rate_learned_low_speeds_up_as_the_rate_rises<C: TestConnection>(db: &TestDb) {
     const MESSAGES: u32 = 200;
     let pool = db.pool::<C>(6);
     enqueue(&pool, MESSAGES);
@@ -756,7 +752,13 @@ fn a_pause_longer_than_max_deferral_dead_letters_nothing_after_the_resume<C: Tes
     const MESSAGES: u32 = 300;
     let pool = db.pool::<C>(6);
     let mut conn = pool.get().unwrap();
-    assert!(admin::pause(&mut conn, PauseKind::Destination, "paced", "weekend incident").unwrap());
+    assert!(admin::pause(
+        &mut conn,
+        PauseKind::Destination,
+        "paced",
+        "weekend incident"
+    )
+    .unwrap());
     enqueue(&pool, MESSAGES);
     let receiver = Receiver::ok();
     let worker = Worker::builder(DieselStore::new(pool.clone()))

@@ -94,7 +94,11 @@ fn a_message_a_settlement_makes_due_is_claimed_at_once<C: TestConnection>(db: &T
     let ids = |claimed: &[outbox_diesel::store::ClaimedMessage]| {
         claimed.iter().map(|m| m.message_id).collect::<Vec<_>>()
     };
-    assert_eq!(ids(&claimed), [head, retried], "the successor waits behind its head");
+    assert_eq!(
+        ids(&claimed),
+        [head, retried],
+        "the successor waits behind its head"
+    );
     let (head_row, retried_row) = (&claimed[0], &claimed[1]);
 
     // Another session locks the retried row: the settlement waits for it.
@@ -889,7 +893,9 @@ mod mysql {
     #[test]
     fn a_message_a_settlement_makes_due_is_claimed_at_once() {
         if let Some(db) = outbox_testkit::TestDb::new(outbox_testkit::Backend::Mysql) {
-            super::a_message_a_settlement_makes_due_is_claimed_at_once::<diesel::MysqlConnection>(&db);
+            super::a_message_a_settlement_makes_due_is_claimed_at_once::<diesel::MysqlConnection>(
+                &db,
+            );
         }
     }
 

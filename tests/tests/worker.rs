@@ -1052,8 +1052,9 @@ backend_tests!(
 );
 
 /// An application that sizes the pool for the worker alone and takes one connection of it after
-/// the worker started: the worker keeps delivering on the connections it has, and says loudly
-/// that the pool is short.
+/// the worker started: the worker keeps delivering on the connections it has, says in its health
+/// what the pool lends and who holds it, and is healthy again once the application lets go.
+/// Taken before the worker starts, the connection makes `spawn` refuse, saying so.
 fn a_worker_short_of_connections_keeps_delivering_and_says_so<C: TestConnection>(db: &TestDb) {
     outbox_testkit::log_to_stderr_from_env("OUTBOX_TEST_LOG");
     let receiver = Receiver::ok();
@@ -1063,6 +1064,15 @@ fn a_worker_short_of_connections_keeps_delivering_and_says_so<C: TestConnection>
         3
     };
     let pool = db.pool::<C>(needed);
+    let held_before = pool.get().unwrap();
+    let refused = builder(&pool, &receiver).spawn().unwrap_err().to_string();
+    assert!(
+        refused.contains("the application holds 1")
+            && refused.contains(&format!("max_size({})", needed + 1)),
+        "{refused}"
+    );
+    drop(held_before);
+
     let worker = builder(&pool, &receiver).spawn().unwrap();
     let mut held_by_application = pool.get().unwrap();
     let hooks: Vec<Hook> = (0..600).map(Hook::new).collect();
@@ -1074,6 +1084,28 @@ fn a_worker_short_of_connections_keeps_delivering_and_says_so<C: TestConnection>
         "delivered {} of 600 with one connection of the pool held by the application",
         receiver.unique()
     );
+    assert!(
+        eventually(PATIENCE, || !worker.health().is_healthy()),
+        "{:?}",
+        worker.health()
+    );
+    let shortage = worker.health().connection_shortage.unwrap_or_default();
+    assert!(
+        shortage.contains(&format!("lends at most {needed}"))
+            && shortage.contains("the application (or exactly-once handlers) 1")
+            && shortage.contains(&format!("max_size({})", needed + 1)),
+        "{shortage}"
+    );
+
     drop(held_by_application);
-    stop(worker);
+    Hook::new(600).enqueue(&mut pool.get().unwrap()).unwrap();
+    assert!(receiver.wait_unique(601, PATIENCE));
+    assert!(
+        eventually(PATIENCE, || worker.health().is_healthy()),
+        "{:?}",
+        worker.health()
+    );
+    let stats = stop(worker);
+    assert_eq!(stats.succeeded, 601);
+    assert!(dead(&pool).is_empty());
 }

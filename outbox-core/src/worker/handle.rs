@@ -122,6 +122,12 @@ pub struct Health {
     /// Panics caught in the worker's own threads (not in handlers, whose panics are failed
     /// attempts).
     pub panics: u64,
+    /// What keeps the worker short of the connections it holds, if anything has for a while
+    /// ([`Store::connection_shortage`](crate::store::Store::connection_shortage)): the pool
+    /// it shares with the application lends none, and the worker's roles share the connections
+    /// it has, more slowly. It names the pool's size and what the worker and the application
+    /// hold.
+    pub connection_shortage: Option<String>,
     /// Messages held (claimed, not yet settled).
     pub in_flight: usize,
     /// Whether the worker was asked to stop.
@@ -130,8 +136,8 @@ pub struct Health {
 
 impl Health {
     /// Whether the worker can deliver: its threads run, at least one handler thread is free of
-    /// a stuck message, the store answers, and no store call has been running for 30 s or
-    /// longer.
+    /// a stuck message, the store answers and lends the worker its connections, and no store
+    /// call has been running for 30 s or longer.
     pub fn is_healthy(&self) -> bool {
         self.claimer_alive
             && self.acker_alive
@@ -140,6 +146,7 @@ impl Health {
             && self.listener_alive != Some(false)
             && self.handler_threads > self.stuck_handlers
             && self.store_errors_in_a_row < UNHEALTHY_STORE_ERRORS
+            && self.connection_shortage.is_none()
             && self
                 .longest_store_call
                 .is_none_or(|(_, running)| running < STUCK_STORE_CALL)
@@ -311,6 +318,7 @@ impl WorkerHandle {
                 .load(Ordering::Relaxed)
                 .max(vitals.settle_errors.load(Ordering::Relaxed)),
             panics: vitals.panics.load(Ordering::Relaxed),
+            connection_shortage: self.shared.store.connection_shortage(),
             longest_store_call: vitals.longest_store_call(),
             in_flight: self.shared.held.count(),
             stopping: self.shared.stopping(),
@@ -369,6 +377,7 @@ mod tests {
             store_errors_in_a_row: 0,
             longest_store_call: None,
             panics: 0,
+            connection_shortage: None,
             in_flight: 0,
             stopping: false,
         }
@@ -385,6 +394,11 @@ mod tests {
         assert!(!running(STUCK_STORE_CALL.as_secs()).is_healthy());
         assert!(!Health {
             warden_alive: false,
+            ..healthy()
+        }
+        .is_healthy());
+        assert!(!Health {
+            connection_shortage: Some("the pool lends none".into()),
             ..healthy()
         }
         .is_healthy());

@@ -143,9 +143,9 @@ pub(crate) fn bound_deferral(
 /// Since when `message` has waited, as the deferral bound counts: its enqueue, or the end of
 /// the last operator's pause that held it, whichever is later.
 pub(crate) fn waiting_since(message: &ClaimedMessage) -> SystemTime {
-    message
-        .resumed_at
-        .map_or(message.enqueued_at, |resumed| resumed.max(message.enqueued_at))
+    message.resumed_at.map_or(message.enqueued_at, |resumed| {
+        resumed.max(message.enqueued_at)
+    })
 }
 
 /// What to do with a message no handler of this worker serves: give it back for later while
