@@ -189,6 +189,21 @@ impl<S: Store> Store for TracedStore<S> {
         self.inner.connection_shortage()
     }
 
+    fn subscriptions(&self) -> Result<Vec<outbox_diesel::subscription::Subscription>, StoreError> {
+        self.inner.subscriptions()
+    }
+
+    fn fan_out(
+        &self,
+        target: &outbox_diesel::store::SettleTarget<'_>,
+    ) -> Result<Option<usize>, StoreError> {
+        self.inner.fan_out(target)
+    }
+
+    fn release_subscription(&self, id: &str) -> Result<usize, StoreError> {
+        self.inner.release_subscription(id)
+    }
+
     fn sync_destinations(
         &self,
         destinations: &[outbox_diesel::store::SyncedDestination<'_>],

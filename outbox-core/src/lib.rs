@@ -58,6 +58,7 @@ mod priority;
 mod registry;
 mod retry;
 pub mod store;
+pub mod subscription;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod worker;
@@ -72,7 +73,10 @@ pub use message::{Handler, Message, MessageId, ParseMessageIdError};
 pub use priority::Priority;
 pub use registry::{DispatchError, HandlerRegistration, Registry, RegistryError};
 pub use retry::RetryPolicy;
-pub use worker::{Health, Stopper, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats};
+pub use worker::{
+    Health, Stopper, SubscriptionDelivery, Worker, WorkerBuilder, WorkerError, WorkerHandle,
+    WorkerStats,
+};
 
 /// What the generated code and `outbox-diesel` need; not a stable API, may change in any
 /// release.

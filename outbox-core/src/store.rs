@@ -14,6 +14,7 @@ use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message::MessageId;
 use crate::priority::Priority;
+use crate::subscription::Subscription;
 
 /// Identifies one claim: the worker that made it writes it into the rows it leases, and every
 /// later change to those rows is conditioned on it (fencing). A worker whose lease expired and
@@ -116,6 +117,8 @@ pub struct ClaimedMessage {
     pub resumed_at: Option<SystemTime>,
     /// The headers set at enqueue.
     pub headers: Headers,
+    /// The subscription this message is a delivery for ([`crate::subscription`]), if it is one.
+    pub subscription_id: Option<String>,
     /// Its priority: how soon it was claimed against other due messages, and whether a paced
     /// destination lets it ahead of the turns it gave the backlog.
     pub priority: Priority,
@@ -383,6 +386,22 @@ pub trait Store: Send + Sync + 'static {
     fn release_paused(&self) -> Result<usize, StoreError> {
         Ok(0)
     }
+
+    /// The subscriptions the store keeps ([`crate::subscription`]), enabled or not: the worker
+    /// delivers to them, reading them every few seconds. A store that keeps none returns none.
+    fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError>;
+
+    /// Fans the event at `target` out to its subscribers ([`crate::subscription`]): in one
+    /// transaction, one delivery (a message of the event's id, type, payload and headers, for
+    /// one subscription) for each enabled subscription of the event's owner whose filter takes
+    /// its type and that was created no later than it, and the event removed (its key's next
+    /// message promoted), if the claim `target.token` still holds it. Returns how many
+    /// deliveries it made, or `None` if the claim no longer holds the event (nothing written).
+    fn fan_out(&self, target: &SettleTarget<'_>) -> Result<Option<usize>, StoreError>;
+
+    /// Makes the deliveries of subscription `id` that wait paused (it was disabled) due at
+    /// once, as the subscription is enabled again; returns how many.
+    fn release_subscription(&self, id: &str) -> Result<usize, StoreError>;
 
     /// What keeps the store from lending the worker the connections it holds, if anything has
     /// for a while: the pool the application shares with the worker lends none, so the worker

@@ -416,6 +416,7 @@ impl Store for MemoryStore {
                 enqueued_at: row.enqueued_at,
                 resumed_at: row.resumed_at,
                 headers: Default::default(),
+                subscription_id: None,
                 priority: row.priority,
             });
         }
@@ -523,6 +524,30 @@ impl Store for MemoryStore {
 
     fn connection_shortage(&self) -> Option<String> {
         None
+    }
+
+    fn subscriptions(&self) -> Result<Vec<crate::subscription::Subscription>, StoreError> {
+        self.call("reading subscriptions").map(|_| Vec::new())
+    }
+
+    fn fan_out(
+        &self,
+        target: &crate::store::SettleTarget<'_>,
+    ) -> Result<Option<usize>, StoreError> {
+        // No subscriptions here: the event leaves with no delivery, if its claim holds it.
+        let mut state = self.call("fanning an event out")?;
+        match state.rows.get(&target.position) {
+            Some(row) if row.locked_by == Some(target.token) => {
+                state.rows.remove(&target.position);
+                Ok(Some(0))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn release_subscription(&self, _id: &str) -> Result<usize, StoreError> {
+        self.call("releasing a subscription's deliveries")
+            .map(|_| 0)
     }
 
     fn paused(&self) -> Result<Paused, StoreError> {

@@ -12,6 +12,7 @@ use outbox_core::store::{
     Pruned, SettleTarget, Settlement, Store, StoreError, StoredDestination, SuccessorLease,
     SyncedDestination, Turns,
 };
+use outbox_core::subscription::Subscription;
 use outbox_core::{Headers, MessageId, ProcessError};
 
 use crate::admin::{parse_message_id, time_from_micros};
@@ -24,6 +25,7 @@ use crate::error::Error;
 use crate::held::{HeldConnections, ListenerConnection, Role};
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::retention::Retention;
+use crate::sql::subscription::{SubscriptionRow, SubscriptionStatements as _};
 use crate::sql::{self, micros, Claim, ClaimRow, Statements};
 
 /// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
@@ -516,8 +518,11 @@ where
             .and_then(|_| {
                 execute_batch(
                     &mut *conn,
-                    "SELECT resumed_at FROM outbox_message WHERE 1 = 0",
+                    "SELECT resumed_at, subscription_id FROM outbox_message WHERE 1 = 0",
                 )
+            })
+            .and_then(|_| {
+                execute_batch(&mut *conn, "SELECT 1 FROM outbox_subscription WHERE 1 = 0")
             })
             .and_then(|_| {
                 if postgres {
@@ -564,6 +569,43 @@ where
 
     fn connection_shortage(&self) -> Option<String> {
         self.connections.shortage_report()
+    }
+
+    fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
+        let rows = self.connections.with(
+            Role::Chores,
+            "reading subscriptions",
+            |conn| with_backend!(conn.backend_connection(), c => c.subscriptions(None)),
+        )?;
+        Ok(rows.iter().map(SubscriptionRow::to_subscription).collect())
+    }
+
+    fn fan_out(&self, target: &SettleTarget<'_>) -> Result<Option<usize>, StoreError> {
+        let token = target.token.to_string();
+        // The deliveries are due at the transaction's clock, and the event's key's next message
+        // is promoted at it.
+        self.keeping_cursor(true, || {
+            self.connections.with(
+                Role::Settlements,
+                "fanning an event out to its subscribers",
+                |conn| {
+                    with_backend!(conn.backend_connection(), c => {
+                        c.settle_transaction(|c| sql::subscription::fan_out(c, target.position, &token))
+                    })
+                },
+            )
+        })
+    }
+
+    fn release_subscription(&self, id: &str) -> Result<usize, StoreError> {
+        let released = self.connections.with(
+            Role::Chores,
+            "making an enabled subscription's deliveries due",
+            |conn| with_backend!(conn.backend_connection(), c => c.release_subscription(id)),
+        )?;
+        // Due at the statement's clock, which claims may have passed.
+        self.claim_cursor.rewind(0);
+        Ok(released)
     }
 
     fn listens(&self) -> bool {
@@ -712,6 +754,7 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
             message: m,
             created_micros,
             resumed_micros,
+            subscription_id,
             priority,
         } = row;
         let readable = parse_message_id("outbox_message", m.id, &m.message_id).and_then(|id| {
@@ -734,6 +777,7 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
                 attempt: m.attempts.max(0).unsigned_abs(),
                 enqueued_at: time_from_micros(created_micros),
                 resumed_at: resumed_micros.map(time_from_micros),
+                subscription_id,
                 priority: priority_from_level(priority),
             }),
             Err(error) => unreadable.push(Outcome {

@@ -57,6 +57,7 @@ pub struct EnqueueOptions {
     ordering_key: Option<String>,
     priority: Priority,
     group: Option<String>,
+    owner: Option<String>,
     idempotency_key: Option<String>,
     not_before: NotBefore,
     max_payload_bytes: usize,
@@ -69,6 +70,7 @@ impl Default for EnqueueOptions {
             ordering_key: None,
             priority: Priority::Normal,
             group: None,
+            owner: None,
             idempotency_key: None,
             not_before: NotBefore::Now,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
@@ -116,6 +118,20 @@ impl EnqueueOptions {
     /// ```
     pub fn group(mut self, group: impl Into<String>) -> Self {
         self.group = Some(group.into());
+        self
+    }
+
+    /// The owner (tenant) of an event routed to the subscriptions
+    /// ([`subscription`](crate::subscription)): it reaches only the subscriptions of this
+    /// owner, and an event without one reaches only subscriptions without one. At most 255
+    /// bytes, without control characters.
+    ///
+    /// ```
+    /// # use outbox_diesel::EnqueueOptions;
+    /// let options = EnqueueOptions::new().owner("customer-42");
+    /// ```
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
         self
     }
 
@@ -175,6 +191,7 @@ pub(crate) struct NewMessage {
     ordering_key: Option<String>,
     priority: Priority,
     group: Option<String>,
+    owner: Option<String>,
     idempotency_key: Option<String>,
     not_before_micros: Option<i64>,
     /// How long after the enqueue, on the database's clock, when `not_before_micros` is `None`.
@@ -200,6 +217,7 @@ impl NewMessage {
             Error::InvalidOrderingKey,
         )?;
         check_printable(options.group.as_deref(), "group", Error::InvalidGroup)?;
+        check_printable(options.owner.as_deref(), "owner", Error::InvalidOwner)?;
         if let Some(key) = &options.idempotency_key {
             if key.len() > MAX_KEY_LEN {
                 return Err(Error::TooLong {
@@ -259,6 +277,7 @@ impl NewMessage {
             ordering_key: options.ordering_key.clone(),
             priority: options.priority,
             group: options.group.clone(),
+            owner: options.owner.clone(),
             idempotency_key: options.idempotency_key.clone(),
             not_before_micros,
             delay_micros,
@@ -458,12 +477,12 @@ where
 
 impl NewMessage {
     /// How many binds one row of an insert takes.
-    pub(crate) const BINDS: usize = 11;
+    pub(crate) const BINDS: usize = 12;
 
     /// The binds of an insert: message id, type, payload, its size in bytes, ordering key,
     /// not-before in µs since the epoch (NULL: now plus the delay), delay in µs (NULL: none),
-    /// headers as JSON, priority level, group, whether an earlier row of the insert has its
-    /// ordering key.
+    /// headers as JSON, priority level, group, owner, whether an earlier row of the insert has
+    /// its ordering key.
     pub(crate) fn binds(&self) -> [Bind<'_>; Self::BINDS] {
         [
             Bind::Text(self.message_id.as_str()),
@@ -476,6 +495,7 @@ impl NewMessage {
             Bind::NullableText(self.headers.as_deref()),
             Bind::BigInt(i64::from(priority_level(self.priority))),
             Bind::NullableText(self.group.as_deref()),
+            Bind::NullableText(self.owner.as_deref()),
             Bind::Bool(self.behind_in_batch),
         ]
     }
@@ -484,7 +504,7 @@ impl NewMessage {
     /// the key has a pending message already.
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn binds_with_key(&self) -> [Bind<'_>; Self::BINDS + 1] {
-        let [a, b, c, d, e, f, g, h, i, j, k] = self.binds();
+        let [a, b, c, d, e, f, g, h, i, j, k, l] = self.binds();
         [
             a,
             b,
@@ -497,6 +517,7 @@ impl NewMessage {
             i,
             j,
             k,
+            l,
             Bind::NullableText(self.ordering_key.as_deref()),
         ]
     }

@@ -120,6 +120,34 @@ pub enum Error {
     )]
     InvalidGroup,
 
+    /// An owner that is empty or holds control characters.
+    #[error(
+        "an owner must not be empty or hold control characters (line breaks, tabs, NUL); use \
+         printable text such as `customer-42`"
+    )]
+    InvalidOwner,
+
+    /// A subscription that cannot be created as given.
+    #[error("the subscription cannot be created: {reason}")]
+    InvalidSubscription {
+        /// Why.
+        reason: String,
+    },
+
+    /// A subscription's stored secret cannot be read with the keys given.
+    #[error(
+        "a subscription's secret cannot be read: {reason}; give every key its secrets were \
+         encrypted with (`Subscriptions::secret_key`)"
+    )]
+    SecretKey {
+        /// Why.
+        reason: String,
+    },
+
+    /// The system's random number source failed, so no secret could be made.
+    #[error("the system's random number source failed: {0}")]
+    Random(String),
+
     /// A message type or destination name to pause or resume that is empty, longer than 255
     /// characters or holds control characters: no message type or destination is named so.
     #[error(
@@ -217,12 +245,14 @@ impl From<diesel::result::Error> for Error {
 }
 
 /// Columns that migrations after the first add to the outbox tables.
-const LATER_COLUMNS: [&str; 5] = [
+const LATER_COLUMNS: [&str; 7] = [
     "headers",
     "parked",
     "payload_bytes",
     "leased_until",
     "resumed_at",
+    "owner",
+    "subscription_id",
 ];
 
 /// Which later outbox column a database error says does not exist: PostgreSQL `column

@@ -112,6 +112,7 @@ pub mod inbox;
 mod migrations;
 pub mod retention;
 mod sql;
+pub mod subscription;
 mod transaction;
 
 pub use connection::OutboxConnection;

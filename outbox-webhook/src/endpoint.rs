@@ -16,7 +16,9 @@ use crate::error::{is_retryable_status, WebhookError};
 use crate::guard::{AddressGuard, BlockedHost, GuardedResolver};
 use crate::secret::WebhookSecret;
 
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one delivery may take, connecting to the last byte of the answer, unless the
+/// endpoint says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_MAX_RESPONSE_BODY: usize = 64 * 1024;
 const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(60 * 60);
@@ -468,6 +470,71 @@ impl fmt::Debug for WebhookEndpointBuilder {
             .field("max_retry_after", &self.max_retry_after)
             .finish()
     }
+}
+
+/// Checks a receiver's URL before it is stored (a subscription a customer types): it must be
+/// `https` (or `http` when `allow_http`), and its host must not be, or resolve to, an address
+/// the guard refuses ([`is_special_purpose`](super::is_special_purpose)) unless it is one of
+/// `allowed`. The guard checks again at every connection; a name that resolves to nothing now
+/// is refused.
+pub fn check_receiver_url(
+    url: &str,
+    allow_http: bool,
+    allowed: &[IpAddr],
+) -> Result<(), WebhookError> {
+    let parsed = Url::parse(url).map_err(|error| WebhookError::InvalidUrl {
+        reason: error.to_string(),
+    })?;
+    match parsed.scheme() {
+        "https" => {}
+        "http" if allow_http => {}
+        "http" => {
+            return Err(WebhookError::InvalidUrl {
+                reason: "it is `http://`: deliveries would travel unencrypted; use `https://` \
+                         or allow `http` for this receiver explicitly"
+                    .into(),
+            })
+        }
+        scheme => {
+            return Err(WebhookError::UnsupportedScheme {
+                scheme: scheme.to_owned(),
+            })
+        }
+    }
+    let Some(host) = parsed.host_str() else {
+        return Err(WebhookError::InvalidUrl {
+            reason: "it has no host".into(),
+        });
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let addresses: Vec<IpAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => {
+            use std::net::ToSocketAddrs as _;
+            let port = parsed.port_or_known_default().unwrap_or(443);
+            (host, port)
+                .to_socket_addrs()
+                .map_err(|error| WebhookError::InvalidUrl {
+                    reason: format!("its host `{host}` does not resolve: {error}"),
+                })?
+                .map(|address| address.ip())
+                .collect()
+        }
+    };
+    let guard = AddressGuard::new(allowed);
+    let refused: Vec<IpAddr> = addresses
+        .iter()
+        .copied()
+        .filter(|ip| !guard.permits(*ip))
+        .collect();
+    if !refused.is_empty() {
+        return Err(WebhookError::BlockedAddress {
+            url: redact(&parsed),
+            host: host.to_owned(),
+            addresses: refused,
+        });
+    }
+    Ok(())
 }
 
 /// What a receiver answered to [`WebhookEndpoint::post`].

@@ -66,7 +66,9 @@ mod guard;
 mod secret;
 mod verify;
 
-pub use endpoint::{WebhookEndpoint, WebhookEndpointBuilder, WebhookResponse};
+pub use endpoint::{
+    check_receiver_url, WebhookEndpoint, WebhookEndpointBuilder, WebhookResponse, DEFAULT_TIMEOUT,
+};
 pub use error::WebhookError;
 pub use guard::is_special_purpose;
 pub use secret::{WebhookSecret, MIN_SECRET_LEN};

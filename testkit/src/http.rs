@@ -569,6 +569,70 @@ fn send(stream: &mut TcpStream, reply: Option<Reply>, state: &State) -> bool {
     }
 }
 
+/// Has another implementation of Standard Webhooks (the `standardwebhooks` package for Python,
+/// which `scripts/test` installs) verify each of `requests` with `secret`: `Err` names the first
+/// it refused, or says what to install when the package is missing (outside CI, which installs
+/// it, a missing package fails the test all the same: the promise is about that verifier).
+pub fn verify_elsewhere(requests: &[Request], secret: &str) -> Result<usize, String> {
+    const SCRIPT: &str = r#"
+import json, sys
+from standardwebhooks.webhooks import Webhook
+secret, path = sys.argv[1], sys.argv[2]
+hook = Webhook(secret)
+checked = 0
+for request in json.load(open(path)):
+    hook.verify(request["body"].encode(), request["headers"])
+    checked += 1
+print(checked)
+"#;
+    let entries: Vec<serde_json::Value> = requests
+        .iter()
+        .map(|request| {
+            let headers: serde_json::Map<String, serde_json::Value> = request
+                .headers
+                .iter()
+                .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone())))
+                .collect();
+            serde_json::json!({
+                "body": String::from_utf8_lossy(&request.body),
+                "headers": headers,
+            })
+        })
+        .collect();
+    let path = std::env::temp_dir().join(format!(
+        "outbox-verify-{}-{}.json",
+        std::process::id(),
+        NEXT_FILE.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, serde_json::Value::Array(entries).to_string())
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(secret)
+        .arg(&path)
+        .output()
+        .map_err(|e| format!("running python3: {e}"))?;
+    let _ = std::fs::remove_file(&path);
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if stderr.contains("No module named 'standardwebhooks'") {
+            return Err(
+                "the Python package `standardwebhooks` is missing: `pip install \
+                        standardwebhooks` (scripts/test installs it)"
+                    .into(),
+            );
+        }
+        return Err(format!("the other verifier refused a request: {stderr}"));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("reading the other verifier's count: {e}"))
+}
+
+static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
+
 #[cfg(test)]
 mod tests {
     use super::*;

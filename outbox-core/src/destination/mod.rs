@@ -64,7 +64,7 @@ use crate::message::MessageId;
 use crate::priority::Priority;
 
 pub use health::{DestinationState, HealthPolicy};
-pub(crate) use named::Destinations;
+pub(crate) use named::{sync_health, Destinations, Registered};
 pub use named::{DestinationOptions, DestinationRef, NameError, MAX_DESTINATION_NAME};
 pub use pace::RateLimit;
 

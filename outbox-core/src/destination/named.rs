@@ -432,10 +432,6 @@ impl Destinations {
         self.by_name.values()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
-    }
-
     /// The longest time one delivery may take, over all destinations.
     pub fn longest_timeout(&self) -> Duration {
         self.iter()
@@ -456,36 +452,6 @@ impl Destinations {
         }
     }
 
-    /// Shares the destinations' health through the store; `enables_seen` is the operator's
-    /// count of enables of each destination when this worker last read it.
-    pub fn sync(
-        &self,
-        store: &dyn crate::store::Store,
-        enables_seen: &mut HashMap<String, i64>,
-    ) -> Result<(), crate::store::StoreError> {
-        if self.is_empty() {
-            return Ok(());
-        }
-        let synced: Vec<SyncedDestination<'_>> = self
-            .iter()
-            .map(|d| SyncedDestination {
-                name: d.name(),
-                kind: d.kind(),
-            })
-            .collect();
-        store.sync_destinations(&synced, &mut |stored| {
-            for record in stored {
-                if let Some(registered) = self.get(&record.name) {
-                    registered.adopt(record, enables_seen.get(&record.name).copied());
-                    enables_seen.insert(record.name.clone(), record.enables);
-                }
-            }
-            self.iter().map(Registered::store_report).collect()
-        })?;
-        self.publish_states();
-        Ok(())
-    }
-
     /// Follows the operator's pauses of destinations (by name, with the reason): each of this
     /// worker's destinations is paused or resumed to match.
     pub fn follow_pauses(&self, paused: &BTreeMap<String, String>) {
@@ -493,6 +459,44 @@ impl Destinations {
             destination.set_operator_pause(paused.get(destination.name()).cloned());
         }
     }
+}
+
+/// Shares the health of `destinations` through the store (see [`Store::sync_destinations`]);
+/// `enables_seen` is the operator's count of enables of each destination when this worker last
+/// read it.
+pub(crate) fn sync_health(
+    destinations: &[&Registered],
+    store: &dyn crate::store::Store,
+    enables_seen: &mut HashMap<String, i64>,
+) -> Result<(), crate::store::StoreError> {
+    if destinations.is_empty() {
+        return Ok(());
+    }
+    let synced: Vec<SyncedDestination<'_>> = destinations
+        .iter()
+        .map(|d| SyncedDestination {
+            name: d.name(),
+            kind: d.kind(),
+        })
+        .collect();
+    let by_name: HashMap<&str, &Registered> = destinations.iter().map(|d| (d.name(), *d)).collect();
+    store.sync_destinations(&synced, &mut |stored| {
+        for record in stored {
+            if let Some(registered) = by_name.get(record.name.as_str()) {
+                registered.adopt(record, enables_seen.get(&record.name).copied());
+                enables_seen.insert(record.name.clone(), record.enables);
+            }
+        }
+        destinations.iter().map(|d| d.store_report()).collect()
+    })?;
+    for registered in destinations {
+        metrics::destination_state(
+            registered.name(),
+            registered.kind(),
+            registered.state().name(),
+        );
+    }
+    Ok(())
 }
 
 /// A destination name that cannot be used.
@@ -521,6 +525,10 @@ pub enum NameError {
 fn check_name(name: &str) -> Result<(), NameError> {
     let problem = if name.is_empty() {
         "empty"
+    } else if name == crate::subscription::SUBSCRIBERS
+        || name.starts_with(crate::subscription::SUBSCRIPTION_DESTINATION_PREFIX)
+    {
+        "reserved for subscriptions (`subscribers`, `subscription:<id>`)"
     } else if name.chars().count() > MAX_DESTINATION_NAME {
         "too long"
     } else if name.chars().any(char::is_control) {

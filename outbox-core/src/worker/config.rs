@@ -29,6 +29,7 @@ pub struct WorkerBuilder<S> {
     pub(super) store: S,
     pub(super) resources: Resources,
     pub(super) destinations: Vec<(String, Arc<dyn Destination>, DestinationOptions)>,
+    pub(super) subscriptions: Option<super::SubscriptionDelivery>,
     /// A resource type given twice: the second would replace the first unseen.
     duplicate_resource: Option<&'static str>,
     settings: Settings,
@@ -96,6 +97,7 @@ impl<S: Store> WorkerBuilder<S> {
             store,
             resources: Resources::new(),
             destinations: Vec::new(),
+            subscriptions: None,
             duplicate_resource: None,
             settings: Settings {
                 handler_threads: DEFAULT_HANDLER_THREADS,
@@ -268,6 +270,15 @@ impl<S: Store> WorkerBuilder<S> {
     ) -> Self {
         self.destinations
             .push((name.into(), Arc::new(destination), options));
+        self
+    }
+
+    /// Delivers the events of message types routed to
+    /// [`SUBSCRIBERS`](crate::subscription::SUBSCRIBERS) to the subscriptions the store keeps,
+    /// each as its own destination built by `delivery`'s transport (see
+    /// [`crate::subscription`]). Without it, `spawn` refuses a type routed to them.
+    pub fn subscriptions(mut self, delivery: super::SubscriptionDelivery) -> Self {
+        self.subscriptions = Some(delivery);
         self
     }
 

@@ -15,6 +15,7 @@ use crate::error::{FailureKind, ProcessError};
 use crate::registry::DispatchError;
 use crate::retry::RetryPolicy;
 use crate::store::{ClaimedMessage, Outcome, SettleTarget, Settlement};
+use crate::subscription::SUBSCRIBERS;
 
 use super::held::JobId;
 use super::jobs::JobReceiver;
@@ -253,6 +254,16 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
             )),
         };
     }
+    if let Some(subscription) = message.subscription_id.clone() {
+        // A delivery to a subscription: whatever worker enqueued the event, it goes to the
+        // subscription as it is, without the event type's handler.
+        let policy = policy_for(shared, &message.message_type);
+        if let Some(lost) = lost_each_time(message, &policy) {
+            return lost;
+        }
+        let attempt = deliver_to_subscription(shared, message, &subscription);
+        return judge(shared, message, attempt, &policy);
+    }
     let Some(registration) = shared.registry.get(&message.message_type) else {
         return settle_unknown_type(
             message,
@@ -264,17 +275,12 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
     let policy = registration
         .retry_policy()
         .unwrap_or_else(|| shared.config.retry_policy.clone());
-    if message.attempt > policy.attempts() {
-        // Every earlier attempt ended without an outcome: each time, the worker holding the
-        // message died (an abort, a crash in native code, the OOM killer). Do not let it
-        // take down one more.
-        return Settlement::DeadLetter {
-            error: storable(format!(
-                "gave up after {} attempts: the worker processing it was lost each time (a \
-                 crash or abort in the handler?)",
-                message.attempt - 1
-            )),
-        };
+    if let Some(lost) = lost_each_time(message, &policy) {
+        return lost;
+    }
+    if registration.destination() == Some(SUBSCRIBERS) {
+        let attempt = fan_out(shared, message, job);
+        return judge(shared, message, attempt, &policy);
     }
     let delivery = Delivery {
         message_id: message.message_id,
@@ -331,10 +337,34 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         Ok(Err(DispatchError::Process(failure))) => Attempt::Failed(failure),
         Err(panic) => Attempt::Panicked(panic_text(panic.as_ref())),
     };
+    judge(shared, message, attempt, &policy)
+}
+
+/// The dead letter of a message whose every earlier attempt ended without an outcome: each
+/// time, the worker holding it died (an abort, a crash in native code, the OOM killer). Do not
+/// let it take down one more.
+fn lost_each_time(message: &ClaimedMessage, policy: &RetryPolicy) -> Option<Settlement> {
+    (message.attempt > policy.attempts()).then(|| Settlement::DeadLetter {
+        error: storable(format!(
+            "gave up after {} attempts: the worker processing it was lost each time (a crash or \
+             abort in the handler?)",
+            message.attempt - 1
+        )),
+    })
+}
+
+/// What `attempt` means for `message` under `policy`: its settlement, a deferral bounded by
+/// `max_deferral` unless it waits for a turn of its destination's pace.
+fn judge(
+    shared: &Shared,
+    message: &ClaimedMessage,
+    attempt: Attempt,
+    policy: &RetryPolicy,
+) -> Settlement {
     // A turn of the destination's pace is progress at the destination's own rate, however
     // far: only waiting for a destination that takes nothing is bounded.
     let paced = matches!(&attempt, Attempt::Failed(failure) if failure.is_paced());
-    let settlement = settle_attempt(message.attempt, attempt, &policy);
+    let settlement = settle_attempt(message.attempt, attempt, policy);
     if paced {
         return settlement;
     }
@@ -348,6 +378,105 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         horizon,
         SystemTime::now(),
     )
+}
+
+/// Fans the event `message` out to its subscribers, removing it in the same transaction (see
+/// [`crate::subscription`]).
+fn fan_out(shared: &Shared, message: &ClaimedMessage, job: JobId) -> Attempt {
+    let Some(token) = shared.held.token(message.position, job) else {
+        return Attempt::Failed(ProcessError::retryable(
+            "the worker gave up on this attempt (it ran past handler_timeout), so it fans out \
+             nothing; a later attempt does",
+        ));
+    };
+    let target = SettleTarget {
+        token,
+        position: message.position,
+        ordering_key: message.ordering_key.as_deref(),
+    };
+    match shared.store.fan_out(&target) {
+        Ok(Some(deliveries)) => {
+            log::debug!(
+                "outbox: event {} ({}) fanned out to {deliveries} subscriptions",
+                message.message_id,
+                message.message_type
+            );
+            Attempt::Succeeded
+        }
+        Ok(None) => Attempt::Failed(ProcessError::retryable(
+            "the lease on this event passed to another claim before its fan-out; the claim that \
+             holds it now fans it out",
+        )),
+        Err(error) => Attempt::Failed(ProcessError::retryable(format!(
+            "fanning the event out to its subscribers failed (nothing was written): {error}"
+        ))),
+    }
+}
+
+/// How long a delivery waits for a subscription this worker cannot deliver to yet.
+const UNKNOWN_SUBSCRIPTION_WAIT: Duration = Duration::from_secs(5);
+
+/// Delivers `message`, a delivery for subscription `id`, through the subscription's
+/// destination: its health gate, pace and metrics.
+fn deliver_to_subscription(shared: &Shared, message: &mut ClaimedMessage, id: &str) -> Attempt {
+    let Some(subscribers) = &shared.subscribers else {
+        return Attempt::Failed(ProcessError::defer(
+            format!(
+                "not sent: a delivery for subscription {id}, and this worker delivers to no \
+                 subscriptions (WorkerBuilder::subscriptions); a worker that does takes it"
+            ),
+            UNKNOWN_SUBSCRIPTION_WAIT,
+        ));
+    };
+    let known = match subscribers.get_or_read(id, shared.store.as_ref()) {
+        Ok(Some(known)) => known,
+        Ok(None) => {
+            return Attempt::Failed(ProcessError::defer(
+                format!(
+                    "not sent: subscription {id} is not in the store (removed, or added a \
+                     moment ago)"
+                ),
+                UNKNOWN_SUBSCRIPTION_WAIT,
+            ))
+        }
+        Err(error) => {
+            return Attempt::Failed(ProcessError::defer(
+                format!("not sent: reading subscription {id} failed: {error}"),
+                UNKNOWN_SUBSCRIPTION_WAIT,
+            ))
+        }
+    };
+    if !known.subscription.enabled {
+        return Attempt::Failed(ProcessError::paused(format!(
+            "not sent: subscription {id} is disabled; its deliveries wait until it is enabled \
+             again"
+        )));
+    }
+    let destination = match &known.destination {
+        Ok(destination) => destination,
+        Err(problem) => {
+            return Attempt::Failed(ProcessError::defer(
+                format!("not sent: subscription {id} cannot be delivered to: {problem}"),
+                UNKNOWN_SUBSCRIPTION_WAIT,
+            ))
+        }
+    };
+    let delivery = Delivery {
+        message_id: message.message_id,
+        message_type: message.message_type.clone(),
+        attempt: message.attempt,
+        headers: message.headers.clone(),
+        ordering_key: message.ordering_key.clone(),
+        priority: message.priority,
+    };
+    let body = std::mem::take(&mut message.payload).into_bytes();
+    let started = Instant::now();
+    let sent = destination.send(&delivery.envelope(body));
+    crate::metrics::attempt_duration(&message.message_type, started.elapsed());
+    match sent {
+        Ok(()) => Attempt::Succeeded,
+        Err(failure) => Attempt::Failed(failure),
+    }
 }
 
 /// The settlement of a message whose processing panicked outside its handler (in its
@@ -541,6 +670,7 @@ mod tests {
             enqueued_at: SystemTime::now() - age,
             resumed_at: None,
             headers: Default::default(),
+            subscription_id: None,
             priority: Default::default(),
         }
     }

@@ -299,6 +299,7 @@ mod tests {
             enqueued_at: SystemTime::now(),
             resumed_at: None,
             headers: Default::default(),
+            subscription_id: None,
             priority: Default::default(),
         }
     }

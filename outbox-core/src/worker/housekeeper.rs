@@ -50,17 +50,52 @@ impl Housekeeper {
         }
     }
 
-    /// Shares the destinations' health through the store. The worker runs this once before
-    /// its first claim, so that a destination disabled before a restart gets no delivery.
+    /// Follows the subscriptions the store keeps, if the worker delivers to them: builds the
+    /// destination of each new or changed one, and makes the paused deliveries of one enabled
+    /// again due. The worker runs this once before its first claim.
+    pub fn sync_subscriptions(&mut self) {
+        let shared = &self.shared;
+        let Some(subscribers) = &shared.subscribers else {
+            return;
+        };
+        let read = shared
+            .vitals
+            .store_call("housekeeper", "subscriptions", || {
+                shared.store.subscriptions()
+            });
+        match read {
+            Ok(subscriptions) => subscribers.follow(subscriptions),
+            Err(error) => {
+                metrics::store_error("housekeeping");
+                log::warn!("outbox: reading the subscriptions from the store failed: {error}");
+            }
+        }
+        let failed: Vec<String> = subscribers
+            .take_enabled()
+            .into_iter()
+            .filter(|id| !release_subscription(shared, id))
+            .collect();
+        subscribers.release_later(failed);
+    }
+
+    /// Shares the destinations' health through the store, the subscriptions' among them. The
+    /// worker runs this once before its first claim, so that a destination disabled before a
+    /// restart gets no delivery.
     pub fn sync_destinations(&mut self) {
         let shared = &self.shared;
         let enables_seen = &mut self.enables_seen;
+        let known = shared
+            .subscribers
+            .as_ref()
+            .map(|subscribers| subscribers.all())
+            .unwrap_or_default();
         let synced = shared
             .vitals
             .store_call("housekeeper", "sync_destinations", || {
-                shared
-                    .destinations
-                    .sync(shared.store.as_ref(), enables_seen)
+                let mut registered: Vec<&crate::destination::Registered> =
+                    shared.destinations.iter().collect();
+                registered.extend(known.iter().filter_map(|k| k.destination.as_ref().ok()));
+                crate::destination::sync_health(&registered, shared.store.as_ref(), enables_seen)
             });
         if let Err(error) = synced {
             metrics::store_error("housekeeping");
@@ -101,6 +136,9 @@ impl Housekeeper {
             .write()
             .unwrap_or_else(PoisonError::into_inner) = paused.message_types.clone();
         shared.destinations.follow_pauses(&paused.destinations);
+        if let Some(subscribers) = &shared.subscribers {
+            subscribers.follow_pauses(&paused.destinations);
+        }
         for message_type in shared.registry.message_types() {
             metrics::operator_paused(
                 "type",
@@ -154,6 +192,7 @@ impl Housekeeper {
         }
         if now >= self.next_chores {
             self.next_chores = now + HOUSEKEEPING_EVERY;
+            self.sync_subscriptions();
             self.sync_destinations();
             self.sync_pauses();
             self.promote_stranded();
@@ -238,4 +277,29 @@ fn log_changes(seen: &Paused, now: &Paused) -> bool {
         }
     }
     ended
+}
+
+/// Makes the paused deliveries of subscription `id` due again, as it was enabled; whether the
+/// store took it (if not, the next chore tries again).
+fn release_subscription(shared: &Shared, id: &str) -> bool {
+    match shared
+        .vitals
+        .store_call("housekeeper", "release_subscription", || {
+            shared.store.release_subscription(id)
+        }) {
+        Ok(n) => {
+            if n > 0 {
+                log::info!("outbox: subscription {id} was enabled; {n} deliveries made due again");
+            }
+            true
+        }
+        Err(error) => {
+            metrics::store_error("housekeeping");
+            log::warn!(
+                "outbox: making the paused deliveries of subscription {id}, enabled again, due \
+                 failed (trying again at the next chore): {error}"
+            );
+            false
+        }
+    }
 }

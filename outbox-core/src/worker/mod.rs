@@ -41,6 +41,7 @@ mod listener;
 mod shared;
 #[cfg(test)]
 mod simulation;
+mod subscribers;
 #[cfg(test)]
 mod tests;
 mod text;
@@ -58,6 +59,7 @@ use crate::store::Store;
 
 pub use config::{WorkerBuilder, WorkerError};
 pub use handle::{Health, Stopper, WorkerHandle, WorkerStats};
+pub use subscribers::SubscriptionDelivery;
 pub use wake::notify_enqueued;
 
 use acker::Acker;
@@ -109,6 +111,9 @@ impl<S: Store> WorkerBuilder<S> {
             let Some(destination) = route.destination() else {
                 continue;
             };
+            if destination == crate::subscription::SUBSCRIBERS && self.subscriptions.is_some() {
+                continue;
+            }
             if destinations.get(destination).is_none() {
                 return Err(WorkerError::UnknownDestination {
                     message_type: route.message_type(),
@@ -118,8 +123,17 @@ impl<S: Store> WorkerBuilder<S> {
                 });
             }
         }
+        let subscribers = self.subscriptions.map(subscribers::Subscribers::new);
         // The watchdog must never abandon a delivery that its destination would still finish.
-        config.handler_timeout = config.handler_timeout.max(destinations.longest_timeout());
+        config.handler_timeout = config
+            .handler_timeout
+            .max(destinations.longest_timeout())
+            .max(
+                subscribers
+                    .as_ref()
+                    .map(subscribers::Subscribers::timeout)
+                    .unwrap_or_default(),
+            );
         let listens = config.listen;
         // The claimer's, the acker's and the housekeeper's, the listener's, and the one that
         // takes the turns of rate limits across processes.
@@ -163,6 +177,7 @@ impl<S: Store> WorkerBuilder<S> {
             store,
             registry,
             resources: self.resources,
+            subscribers,
         };
         let shared = Arc::new(Shared::new(
             parts,
@@ -178,6 +193,7 @@ impl<S: Store> WorkerBuilder<S> {
         // A destination disabled or paused before a restart, or a paused type, gets no
         // delivery: their records are read before the first claim.
         let mut housekeeper = Housekeeper::new(Arc::clone(&shared), stop_rx.clone());
+        housekeeper.sync_subscriptions();
         housekeeper.sync_destinations();
         housekeeper.sync_pauses();
         // From here on, a failure to start a thread stops those already started (the handle's

@@ -18,6 +18,7 @@ use super::config::Config;
 use super::handle::{Counters, Vitals};
 use super::handlers::HandlerPool;
 use super::held::Held;
+use super::subscribers::Subscribers;
 
 /// The state every role of one worker reads.
 pub(crate) struct Shared {
@@ -26,6 +27,8 @@ pub(crate) struct Shared {
     pub registry: Registry,
     pub resources: Resources,
     pub destinations: Destinations,
+    /// The subscriptions, if the worker delivers to them.
+    pub subscribers: Option<Subscribers>,
     pub held: Held,
     pub counters: Counters,
     pub vitals: Vitals,
@@ -54,6 +57,7 @@ pub(crate) struct Parts {
     pub registry: Registry,
     pub resources: Resources,
     pub destinations: Destinations,
+    pub subscribers: Option<Subscribers>,
 }
 
 impl Shared {
@@ -69,6 +73,7 @@ impl Shared {
             registry,
             resources,
             destinations,
+            subscribers,
         } = parts;
         Shared {
             config,
@@ -76,6 +81,7 @@ impl Shared {
             registry,
             resources,
             destinations,
+            subscribers,
             held: Held::default(),
             counters: Counters::default(),
             vitals: Vitals::default(),

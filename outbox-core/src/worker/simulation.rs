@@ -90,6 +90,7 @@ impl SimWorker {
             registry,
             resources: Resources::new(),
             destinations: Destinations::default(),
+            subscribers: None,
         };
         let shared = Arc::new(Shared::new(
             parts,

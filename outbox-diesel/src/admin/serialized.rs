@@ -164,6 +164,28 @@ impl Serialize for TypeStats {
     }
 }
 
+impl Serialize for crate::subscription::SubscriptionInfo {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(12))?;
+        map.serialize_entry("id", &self.id)?;
+        map.serialize_entry("owner", &self.owner)?;
+        map.serialize_entry("url", &self.url)?;
+        map.serialize_entry("event_types", &self.event_types)?;
+        map.serialize_entry("rate_limit", &self.rate_limit)?;
+        map.serialize_entry("allow_http", &self.allow_http)?;
+        map.serialize_entry("description", &self.description)?;
+        map.serialize_entry("metadata", &self.metadata)?;
+        map.serialize_entry("enabled", &self.enabled)?;
+        map.serialize_entry("created_at", &timestamp(self.created_at))?;
+        map.serialize_entry(
+            "previous_secret_until",
+            &self.previous_secret_until.map(timestamp),
+        )?;
+        map.serialize_entry("destination", &self.destination)?;
+        map.end()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};

@@ -236,6 +236,7 @@ pub(crate) mod mysql;
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+pub(crate) mod subscription;
 
 use std::collections::BTreeMap;
 
@@ -278,6 +279,9 @@ pub(crate) struct ClaimRow {
     /// When an operator's pause that held it last ended, if one did.
     #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) resumed_micros: Option<i64>,
+    /// The subscription it is a delivery for, if it is one.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) subscription_id: Option<String>,
     #[diesel(sql_type = BigInt)]
     pub(crate) priority: i64,
 }

@@ -10,6 +10,9 @@ use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::subscription::{
+    CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
+};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, Claimed, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, PauseRow,
@@ -29,17 +32,17 @@ pub(crate) const MAX_BINDS: usize = 65_535;
 /// inside an `INSERT` takes shared gap locks that block other keys' inserts (measured: 3 s).
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, created_at, \
-      next_attempt_at, headers, priority, group_name, parked) \
+      next_attempt_at, headers, priority, group_name, owner, parked) \
      VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
      GREATEST(COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
          TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), \
-     ?, ?, ?, ?)";
+     ?, ?, ?, ?, ?)";
 
 /// The VALUES tuple of each further row of a batch insert.
 const INSERT_VALUES: &str = "(?, ?, ?, ?, ?, UTC_TIMESTAMP(6), \
      GREATEST(COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), \
          TIMESTAMPADD(MICROSECOND, COALESCE(?, 0), UTC_TIMESTAMP(6))), UTC_TIMESTAMP(6)), \
-     ?, ?, ?, ?)";
+     ?, ?, ?, ?, ?)";
 
 /// The claim's transactions see what others committed, and lock no gaps (REPEATABLE READ
 /// would lock the empty range past the last row and block the application's inserts).
@@ -188,7 +191,7 @@ fn leased(n: usize) -> String {
              attempts, headers, \
              TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros, \
              TIMESTAMPDIFF(MICROSECOND, '1970-01-01', resumed_at) AS resumed_micros, \
-             CAST(priority AS SIGNED) AS priority \
+             subscription_id, CAST(priority AS SIGNED) AS priority \
          FROM outbox_message FORCE INDEX (PRIMARY) WHERE id IN ({}) \
          ORDER BY priority DESC, id",
         placeholders(n)
@@ -235,15 +238,16 @@ pub(crate) const LOCK_OWNED: &str =
 /// only a row edited by hand could leave). Binds: error, id.
 pub(crate) const COPY_TO_DEAD: &str = "INSERT INTO outbox_failure (id, message_id, \
          message_type, payload, ordering_key, attempts, last_error, created_at, failed_at, \
-         headers, priority, group_name) \
+         headers, priority, group_name, owner, subscription_id) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, \
-         UTC_TIMESTAMP(6), headers, priority, group_name \
+         UTC_TIMESTAMP(6), headers, priority, group_name, owner, subscription_id \
      FROM outbox_message WHERE id = ? \
      ON DUPLICATE KEY UPDATE message_id = VALUES(message_id), \
          message_type = VALUES(message_type), payload = VALUES(payload), \
          ordering_key = VALUES(ordering_key), attempts = VALUES(attempts), \
          headers = VALUES(headers), priority = VALUES(priority), \
-         group_name = VALUES(group_name), last_error = VALUES(last_error), \
+         group_name = VALUES(group_name), owner = VALUES(owner), \
+         subscription_id = VALUES(subscription_id), last_error = VALUES(last_error), \
          created_at = VALUES(created_at), failed_at = VALUES(failed_at)";
 
 /// The locked message removed. Binds: id.
@@ -417,9 +421,10 @@ fn requeue(n: usize) -> String {
     format!(
         "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
              ordering_key, attempts, created_at, next_attempt_at, last_error, headers, \
-             priority, group_name) \
+             priority, group_name, owner, subscription_id) \
          SELECT id, message_id, message_type, payload, LENGTH(payload), ordering_key, 0, \
-             created_at, UTC_TIMESTAMP(6), last_error, headers, priority, group_name \
+             created_at, UTC_TIMESTAMP(6), last_error, headers, priority, group_name, owner, \
+             subscription_id \
          FROM outbox_failure WHERE id IN ({}) ORDER BY id",
         placeholders(n)
     )
@@ -786,6 +791,100 @@ fn groups_to_visit(c: &mut MysqlConnection, claim: &Claim<'_>) -> QueryResult<Ve
     ))
 }
 
+/// The columns of a subscription as read ([`SubscriptionRow`]).
+macro_rules! subscription_columns {
+    () => {
+        "SELECT id, owner, url, event_types, secret, \
+             CASE WHEN previous_secret_until > UTC_TIMESTAMP(6) THEN previous_secret END \
+                 AS previous_secret, \
+             CAST(rate_limit AS SIGNED) AS rate_limit, CAST(allow_http AS SIGNED) AS allow_http, \
+             description, metadata, CAST(enabled AS SIGNED) AS enabled, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) AS created_micros, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', updated_at) AS updated_micros, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', previous_secret_until) \
+                 AS previous_until_micros \
+         FROM outbox_subscription "
+    };
+}
+
+/// Every subscription, oldest first.
+pub(crate) const SUBSCRIPTIONS: &str = concat!(subscription_columns!(), "ORDER BY created_at, id");
+
+/// One owner's subscriptions, oldest first. Binds: owner (NULL: those without an owner).
+pub(crate) const SUBSCRIPTIONS_OF: &str = concat!(
+    subscription_columns!(),
+    "WHERE owner <=> ? ORDER BY created_at, id"
+);
+
+/// One subscription. Binds: id.
+pub(crate) const SUBSCRIPTION: &str = concat!(subscription_columns!(), "WHERE id = ?");
+
+/// A new subscription. Binds: id, owner, URL, filters (JSON), secret, rate limit, whether
+/// `http` is allowed, description, metadata (JSON), enabled.
+pub(crate) const INSERT_SUBSCRIPTION: &str = "INSERT INTO outbox_subscription \
+     (id, owner, url, event_types, secret, rate_limit, allow_http, description, metadata, \
+      enabled, created_at, updated_at) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
+
+/// A subscription enabled or disabled. Binds: enabled, id.
+pub(crate) const SET_SUBSCRIPTION_ENABLED: &str =
+    "UPDATE outbox_subscription SET enabled = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+
+/// A subscription's new secret; the old one stays the previous secret for the overlap. Binds:
+/// secret, overlap µs, id.
+pub(crate) const ROTATE_SUBSCRIPTION_SECRET: &str = "UPDATE outbox_subscription \
+     SET previous_secret = secret, secret = ?, \
+         previous_secret_until = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
+         updated_at = UTC_TIMESTAMP(6) \
+     WHERE id = ?";
+
+/// A subscription's stored secrets rewritten. Binds: secret, previous secret, id.
+pub(crate) const RESEAL_SUBSCRIPTION_SECRETS: &str =
+    "UPDATE outbox_subscription SET secret = ?, previous_secret = ? WHERE id = ?";
+
+/// A subscription removed. Binds: id.
+pub(crate) const DELETE_SUBSCRIPTION: &str = "DELETE FROM outbox_subscription WHERE id = ?";
+
+/// A removed subscription's pending deliveries that no claim holds, removed. Binds: id.
+pub(crate) const DELETE_SUBSCRIPTION_DELIVERIES: &str = "DELETE FROM outbox_message \
+     WHERE subscription_id = ? AND (locked_by IS NULL OR next_attempt_at <= UTC_TIMESTAMP(6))";
+
+/// The paused deliveries of a subscription enabled again, due now. Binds: id.
+pub(crate) const RELEASE_SUBSCRIPTION: &str = "UPDATE outbox_message \
+     SET paused = FALSE, next_attempt_at = UTC_TIMESTAMP(6), resumed_at = UTC_TIMESTAMP(6) \
+     WHERE subscription_id = ? AND paused = TRUE AND locked_by IS NULL";
+
+/// The event a fan-out holds, locked, if its claim holds it. Binds: position, token.
+pub(crate) const LOCK_EVENT: &str = "SELECT message_type, ordering_key FROM outbox_message \
+     WHERE id = ? AND locked_by = ? FOR UPDATE";
+
+/// The enabled subscriptions of an event's owner created no later than the event (a
+/// subscription added later gets only later events). Binds: the event's position.
+pub(crate) const FAN_OUT_CANDIDATES: &str = "SELECT s.id, s.event_types \
+     FROM outbox_message e JOIN outbox_subscription s \
+         ON s.owner <=> e.owner AND s.created_at <= e.created_at \
+     WHERE e.id = ? AND s.enabled = TRUE ORDER BY s.created_at, s.id";
+
+/// One delivery per subscription of an event, in the order given: the event's id, type,
+/// payload, headers, priority, group, owner and enqueue time, due now. Binds: per delivery its
+/// subscription id and ordering key, then the event's position.
+fn insert_deliveries(n: usize) -> String {
+    let rows: Vec<String> = (0..n)
+        .map(|i| format!("SELECT ? AS subscription, ? AS ordering_key, {i} AS n"))
+        .collect();
+    format!(
+        "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
+             ordering_key, created_at, next_attempt_at, headers, priority, group_name, owner, \
+             subscription_id) \
+         SELECT e.message_id, e.message_type, e.payload, e.payload_bytes, d.ordering_key, \
+             e.created_at, UTC_TIMESTAMP(6), e.headers, e.priority, e.group_name, e.owner, \
+             d.subscription \
+         FROM outbox_message e JOIN ({}) d \
+         WHERE e.id = ? ORDER BY d.n",
+        rows.join(" UNION ALL ")
+    )
+}
+
 fn run(c: &mut MysqlConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -830,6 +929,116 @@ struct Sized {
     id: i64,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     size: i64,
+}
+
+impl SubscriptionStatements for MysqlConnection {
+    fn subscriptions(&mut self, owner: Option<Option<&str>>) -> QueryResult<Vec<SubscriptionRow>> {
+        match owner {
+            None => Prepared::new(SUBSCRIPTIONS, STYLE, &[]).load(self),
+            Some(owner) => {
+                Prepared::new(SUBSCRIPTIONS_OF, STYLE, &[Bind::NullableText(owner)]).load(self)
+            }
+        }
+    }
+
+    fn subscription(&mut self, id: &str) -> QueryResult<Option<SubscriptionRow>> {
+        let rows: Vec<SubscriptionRow> =
+            Prepared::new(SUBSCRIPTION, STYLE, &[Bind::Text(id)]).load(self)?;
+        Ok(rows.into_iter().next())
+    }
+
+    fn insert_subscription(&mut self, row: &NewSubscriptionRow<'_>) -> QueryResult<()> {
+        let binds = [
+            Bind::Text(row.id),
+            Bind::NullableText(row.owner),
+            Bind::Text(row.url),
+            Bind::Text(row.event_types),
+            Bind::Text(row.secret),
+            Bind::NullableBigInt(row.rate_limit),
+            Bind::Bool(row.allow_http),
+            Bind::NullableText(row.description),
+            Bind::NullableText(row.metadata),
+            Bind::Bool(row.enabled),
+        ];
+        run(self, INSERT_SUBSCRIPTION, &binds).map(drop)
+    }
+
+    fn set_subscription_enabled(&mut self, id: &str, enabled: bool) -> QueryResult<usize> {
+        run(
+            self,
+            SET_SUBSCRIPTION_ENABLED,
+            &[Bind::Bool(enabled), Bind::Text(id)],
+        )
+    }
+
+    fn rotate_subscription_secret(
+        &mut self,
+        id: &str,
+        secret: &str,
+        overlap_micros: i64,
+    ) -> QueryResult<usize> {
+        let binds = [
+            Bind::Text(secret),
+            Bind::BigInt(overlap_micros),
+            Bind::Text(id),
+        ];
+        run(self, ROTATE_SUBSCRIPTION_SECRET, &binds)
+    }
+
+    fn reseal_subscription_secrets(
+        &mut self,
+        id: &str,
+        secret: &str,
+        previous: Option<&str>,
+    ) -> QueryResult<usize> {
+        let binds = [
+            Bind::Text(secret),
+            Bind::NullableText(previous),
+            Bind::Text(id),
+        ];
+        run(self, RESEAL_SUBSCRIPTION_SECRETS, &binds)
+    }
+
+    fn delete_subscription(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, DELETE_SUBSCRIPTION, &[Bind::Text(id)])
+    }
+
+    fn delete_subscription_deliveries(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, DELETE_SUBSCRIPTION_DELIVERIES, &[Bind::Text(id)])
+    }
+
+    fn release_subscription(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, RELEASE_SUBSCRIPTION, &[Bind::Text(id)])
+    }
+
+    fn lock_event(&mut self, id: i64, token: &str) -> QueryResult<Option<EventRow>> {
+        let rows: Vec<EventRow> =
+            Prepared::new(LOCK_EVENT, STYLE, &[Bind::BigInt(id), Bind::Text(token)]).load(self)?;
+        Ok(rows.into_iter().next())
+    }
+
+    fn fan_out_candidates(&mut self, id: i64) -> QueryResult<Vec<CandidateRow>> {
+        Prepared::new(FAN_OUT_CANDIDATES, STYLE, &[Bind::BigInt(id)]).load(self)
+    }
+
+    fn insert_deliveries(
+        &mut self,
+        id: i64,
+        deliveries: &[(&str, Option<String>)],
+    ) -> QueryResult<()> {
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        let sql = insert_deliveries(deliveries.len());
+        let mut binds: Vec<Bind<'_>> = deliveries
+            .iter()
+            .flat_map(|(subscription, key)| {
+                [Bind::Text(subscription), Bind::NullableText(key.as_deref())]
+            })
+            .collect();
+        binds.push(Bind::BigInt(id));
+        dynamic::<Mysql>(&sql, &binds).execute(self).map(drop)
+    }
 }
 
 impl Statements for MysqlConnection {

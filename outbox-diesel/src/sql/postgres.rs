@@ -10,6 +10,9 @@ use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
+use super::subscription::{
+    CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
+};
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, CountRow, Cursor, DeadLetterRow,
     DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow,
@@ -48,11 +51,11 @@ pub(crate) const DURABLE_COMMIT: &str = "SET LOCAL synchronous_commit TO DEFAULT
 /// comes before a claim.
 pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, headers, \
-      priority, group_name, parked) \
+      priority, group_name, owner, parked) \
      VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
      GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', \
-         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), now()), $8, $9, $10, \
-     $11 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $12))";
+         now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), now()), $8, $9, $10, $11, \
+     $12 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $13))";
 
 /// The VALUES tuple of one row of a batch insert, from its first placeholder's number.
 fn insert_values(first: usize) -> String {
@@ -60,7 +63,7 @@ fn insert_values(first: usize) -> String {
     format!(
         "(${}::uuid, ${}, ${}::jsonb, ${}, ${}, \
          GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + ${} * INTERVAL '1 microsecond', \
-             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), now()), ${}, ${}, ${}, \
+             now() + COALESCE(${}, 0) * INTERVAL '1 microsecond'), now()), ${}, ${}, ${}, ${}, \
          ${} OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ${}))",
         p(0),
         p(1),
@@ -73,7 +76,8 @@ fn insert_values(first: usize) -> String {
         p(8),
         p(9),
         p(10),
-        p(11)
+        p(11),
+        p(12)
     )
 }
 
@@ -197,7 +201,8 @@ macro_rules! claim {
          o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
          (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
          (EXTRACT(EPOCH FROM o.resumed_at) * 1000000)::BIGINT AS resumed_micros, \
-         o.priority::bigint AS priority, first.due AS first_due, first.id AS first_id, \
+         o.subscription_id, o.priority::bigint AS priority, first.due AS first_due, \
+         first.id AS first_id, \
          last_group.name AS last_group"
         )
     };
@@ -318,10 +323,11 @@ pub(crate) const DELETE_DONE_LEASING: &str = concat!(
             o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
             (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
             (EXTRACT(EPOCH FROM o.resumed_at) * 1000000)::BIGINT AS resumed_micros, \
-            o.priority::bigint AS priority, \
+            o.subscription_id, o.priority::bigint AS priority, \
             o.locked_by IS NOT DISTINCT FROM s.token AS leased) \
      SELECT (SELECT count(*) FROM gone) AS n, m.id, m.message_id, m.message_type, m.payload, \
-         m.ordering_key, m.attempts, m.headers, m.created_micros, m.resumed_micros, m.priority \
+         m.ordering_key, m.attempts, m.headers, m.created_micros, m.resumed_micros, \
+         m.subscription_id, m.priority \
      FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"
 );
 
@@ -346,16 +352,17 @@ pub(crate) const RESCHEDULE: &str = "UPDATE outbox_message \
 pub(crate) const DEAD_LETTER: &str = "WITH moved AS (\
         DELETE FROM outbox_message WHERE id = $1 AND locked_by = $2::uuid \
         RETURNING id, message_id, message_type, payload, ordering_key, attempts, created_at, \
-            headers, priority, group_name) \
+            headers, priority, group_name, owner, subscription_id) \
      INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
-         last_error, created_at, failed_at, headers, priority, group_name) \
+         last_error, created_at, failed_at, headers, priority, group_name, owner, subscription_id) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, $3, created_at, now(), \
-         headers, priority, group_name \
+         headers, priority, group_name, owner, subscription_id \
      FROM moved \
      ON CONFLICT (id) DO UPDATE SET message_id = EXCLUDED.message_id, \
          message_type = EXCLUDED.message_type, payload = EXCLUDED.payload, \
          ordering_key = EXCLUDED.ordering_key, attempts = EXCLUDED.attempts, \
          headers = EXCLUDED.headers, priority = EXCLUDED.priority, group_name = EXCLUDED.group_name, \
+         owner = EXCLUDED.owner, subscription_id = EXCLUDED.subscription_id, \
          last_error = EXCLUDED.last_error, created_at = EXCLUDED.created_at, \
          failed_at = EXCLUDED.failed_at";
 
@@ -496,16 +503,16 @@ pub(crate) const SELECT_DEAD_AT_FOR_UPDATE: &str =
 pub(crate) const REQUEUE: &str = "WITH moved AS (\
         DELETE FROM outbox_failure WHERE id = ANY($1) \
         RETURNING id, message_id, message_type, payload, ordering_key, created_at, last_error, \
-            headers, priority, group_name), \
+            headers, priority, group_name, owner, subscription_id), \
      listed AS (\
         INSERT INTO outbox_group (name) \
         SELECT DISTINCT group_name FROM moved WHERE group_name IS NOT NULL \
         ON CONFLICT DO NOTHING) \
      INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
          ordering_key, attempts, created_at, next_attempt_at, last_error, headers, priority, \
-         group_name) \
+         group_name, owner, subscription_id) \
      SELECT id, message_id, message_type, payload, octet_length(payload::text), ordering_key, \
-         0, created_at, now(), last_error, headers, priority, group_name \
+         0, created_at, now(), last_error, headers, priority, group_name, owner, subscription_id \
      FROM moved";
 
 /// Dead letters deleted. Binds: ids.
@@ -697,6 +704,93 @@ fn pairs(claims: &[(String, Vec<i64>)]) -> (Vec<&str>, Vec<i64>) {
         .unzip()
 }
 
+/// The columns of a subscription as read ([`SubscriptionRow`]).
+macro_rules! subscription_columns {
+    () => {
+        "SELECT id, owner, url, event_types, secret, \
+             CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret, \
+             rate_limit::bigint AS rate_limit, \
+             CASE WHEN allow_http THEN 1 ELSE 0 END::bigint AS allow_http, description, \
+             metadata, CASE WHEN enabled THEN 1 ELSE 0 END::bigint AS enabled, \
+             (EXTRACT(EPOCH FROM created_at) * 1000000)::BIGINT AS created_micros, \
+             (EXTRACT(EPOCH FROM updated_at) * 1000000)::BIGINT AS updated_micros, \
+             (EXTRACT(EPOCH FROM previous_secret_until) * 1000000)::BIGINT \
+                 AS previous_until_micros \
+         FROM outbox_subscription "
+    };
+}
+
+/// Every subscription, oldest first.
+pub(crate) const SUBSCRIPTIONS: &str = concat!(subscription_columns!(), "ORDER BY created_at, id");
+
+/// One owner's subscriptions, oldest first. Binds: owner (NULL: those without an owner).
+pub(crate) const SUBSCRIPTIONS_OF: &str = concat!(
+    subscription_columns!(),
+    "WHERE owner IS NOT DISTINCT FROM $1 ORDER BY created_at, id"
+);
+
+/// One subscription. Binds: id.
+pub(crate) const SUBSCRIPTION: &str = concat!(subscription_columns!(), "WHERE id = $1");
+
+/// A new subscription. Binds: id, owner, URL, filters (JSON), secret, rate limit, whether
+/// `http` is allowed, description, metadata (JSON), enabled.
+pub(crate) const INSERT_SUBSCRIPTION: &str = "INSERT INTO outbox_subscription \
+     (id, owner, url, event_types, secret, rate_limit, allow_http, description, metadata, \
+      enabled) \
+     VALUES ($1, $2, $3, $4, $5, $6::integer, $7, $8, $9, $10)";
+
+/// A subscription enabled or disabled. Binds: enabled, id.
+pub(crate) const SET_SUBSCRIPTION_ENABLED: &str =
+    "UPDATE outbox_subscription SET enabled = $1, updated_at = clock_timestamp() WHERE id = $2";
+
+/// A subscription's new secret; the old one stays the previous secret for the overlap. Binds:
+/// secret, overlap µs, id.
+pub(crate) const ROTATE_SUBSCRIPTION_SECRET: &str = "UPDATE outbox_subscription \
+     SET previous_secret = secret, secret = $1, \
+         previous_secret_until = now() + $2 * INTERVAL '1 microsecond', \
+         updated_at = clock_timestamp() \
+     WHERE id = $3";
+
+/// A subscription's stored secrets rewritten. Binds: secret, previous secret, id.
+pub(crate) const RESEAL_SUBSCRIPTION_SECRETS: &str =
+    "UPDATE outbox_subscription SET secret = $1, previous_secret = $2 WHERE id = $3";
+
+/// A subscription removed. Binds: id.
+pub(crate) const DELETE_SUBSCRIPTION: &str = "DELETE FROM outbox_subscription WHERE id = $1";
+
+/// A removed subscription's pending deliveries that no claim holds, removed. Binds: id.
+pub(crate) const DELETE_SUBSCRIPTION_DELIVERIES: &str = "DELETE FROM outbox_message \
+     WHERE subscription_id = $1 AND (locked_by IS NULL OR leased_until <= now())";
+
+/// The paused deliveries of a subscription enabled again, due now. Binds: id.
+pub(crate) const RELEASE_SUBSCRIPTION: &str = "UPDATE outbox_message \
+     SET paused = FALSE, next_attempt_at = now(), resumed_at = now() \
+     WHERE subscription_id = $1 AND paused AND locked_by IS NULL";
+
+/// The event a fan-out holds, locked, if its claim holds it. Binds: position, token.
+pub(crate) const LOCK_EVENT: &str = "SELECT message_type, ordering_key FROM outbox_message \
+     WHERE id = $1 AND locked_by = $2::uuid FOR UPDATE";
+
+/// The enabled subscriptions of an event's owner created no later than the event (a
+/// subscription added later gets only later events). Binds: the event's position.
+pub(crate) const FAN_OUT_CANDIDATES: &str = "SELECT s.id, s.event_types \
+     FROM outbox_message e JOIN outbox_subscription s \
+         ON s.owner IS NOT DISTINCT FROM e.owner AND s.created_at <= e.created_at \
+     WHERE e.id = $1 AND s.enabled ORDER BY s.created_at, s.id";
+
+/// One delivery per subscription of an event, in the order given: the event's id, type,
+/// payload, headers, priority, group, owner and enqueue time, due now. Binds: subscription ids
+/// and their ordering keys (arrays of one length; an empty key is none), the event's position.
+pub(crate) const INSERT_DELIVERIES: &str = "INSERT INTO outbox_message \
+     (message_id, message_type, payload, payload_bytes, ordering_key, created_at, \
+      next_attempt_at, headers, priority, group_name, owner, subscription_id) \
+     SELECT e.message_id, e.message_type, e.payload, e.payload_bytes, \
+         NULLIF(d.ordering_key, ''), e.created_at, now(), e.headers, e.priority, e.group_name, \
+         e.owner, d.subscription \
+     FROM outbox_message e, \
+         unnest($1::text[], $2::text[]) WITH ORDINALITY AS d(subscription, ordering_key, n) \
+     WHERE e.id = $3 ORDER BY d.n";
+
 fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -737,6 +831,8 @@ struct SettledRow {
     created_micros: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     resumed_micros: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    subscription_id: Option<String>,
     #[diesel(sql_type = Nullable<BigInt>)]
     priority: Option<i64>,
 }
@@ -756,8 +852,127 @@ impl SettledRow {
             },
             created_micros: self.created_micros?,
             resumed_micros: self.resumed_micros,
+            subscription_id: self.subscription_id,
             priority: self.priority?,
         })
+    }
+}
+
+impl SubscriptionStatements for PgConnection {
+    fn subscriptions(&mut self, owner: Option<Option<&str>>) -> QueryResult<Vec<SubscriptionRow>> {
+        match owner {
+            None => Prepared::new(SUBSCRIPTIONS, STYLE, &[]).load(self),
+            Some(owner) => {
+                Prepared::new(SUBSCRIPTIONS_OF, STYLE, &[Bind::NullableText(owner)]).load(self)
+            }
+        }
+    }
+
+    fn subscription(&mut self, id: &str) -> QueryResult<Option<SubscriptionRow>> {
+        let rows: Vec<SubscriptionRow> =
+            Prepared::new(SUBSCRIPTION, STYLE, &[Bind::Text(id)]).load(self)?;
+        Ok(rows.into_iter().next())
+    }
+
+    fn insert_subscription(&mut self, row: &NewSubscriptionRow<'_>) -> QueryResult<()> {
+        let binds = [
+            Bind::Text(row.id),
+            Bind::NullableText(row.owner),
+            Bind::Text(row.url),
+            Bind::Text(row.event_types),
+            Bind::Text(row.secret),
+            Bind::NullableBigInt(row.rate_limit),
+            Bind::Bool(row.allow_http),
+            Bind::NullableText(row.description),
+            Bind::NullableText(row.metadata),
+            Bind::Bool(row.enabled),
+        ];
+        run(self, INSERT_SUBSCRIPTION, &binds).map(drop)
+    }
+
+    fn set_subscription_enabled(&mut self, id: &str, enabled: bool) -> QueryResult<usize> {
+        run(
+            self,
+            SET_SUBSCRIPTION_ENABLED,
+            &[Bind::Bool(enabled), Bind::Text(id)],
+        )
+    }
+
+    fn rotate_subscription_secret(
+        &mut self,
+        id: &str,
+        secret: &str,
+        overlap_micros: i64,
+    ) -> QueryResult<usize> {
+        let binds = [
+            Bind::Text(secret),
+            Bind::BigInt(overlap_micros),
+            Bind::Text(id),
+        ];
+        run(self, ROTATE_SUBSCRIPTION_SECRET, &binds)
+    }
+
+    fn reseal_subscription_secrets(
+        &mut self,
+        id: &str,
+        secret: &str,
+        previous: Option<&str>,
+    ) -> QueryResult<usize> {
+        let binds = [
+            Bind::Text(secret),
+            Bind::NullableText(previous),
+            Bind::Text(id),
+        ];
+        run(self, RESEAL_SUBSCRIPTION_SECRETS, &binds)
+    }
+
+    fn delete_subscription(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, DELETE_SUBSCRIPTION, &[Bind::Text(id)])
+    }
+
+    fn delete_subscription_deliveries(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, DELETE_SUBSCRIPTION_DELIVERIES, &[Bind::Text(id)])
+    }
+
+    fn release_subscription(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, RELEASE_SUBSCRIPTION, &[Bind::Text(id)])
+    }
+
+    fn lock_event(&mut self, id: i64, token: &str) -> QueryResult<Option<EventRow>> {
+        let rows: Vec<EventRow> =
+            Prepared::new(LOCK_EVENT, STYLE, &[Bind::BigInt(id), Bind::Text(token)]).load(self)?;
+        Ok(rows.into_iter().next())
+    }
+
+    fn fan_out_candidates(&mut self, id: i64) -> QueryResult<Vec<CandidateRow>> {
+        Prepared::new(FAN_OUT_CANDIDATES, STYLE, &[Bind::BigInt(id)]).load(self)
+    }
+
+    fn insert_deliveries(
+        &mut self,
+        id: i64,
+        deliveries: &[(&str, Option<String>)],
+    ) -> QueryResult<()> {
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        let subscriptions: Vec<&str> = deliveries.iter().map(|(id, _)| *id).collect();
+        // An array of text cannot carry a NULL here: an event without a key gives keys of ''
+        // that the statement turns back into NULL.
+        let keys: Vec<&str> = deliveries
+            .iter()
+            .map(|(_, key)| key.as_deref().unwrap_or(""))
+            .collect();
+        PreparedPg::new(
+            INSERT_DELIVERIES,
+            &[
+                PgBind::TextArray(&subscriptions),
+                PgBind::TextArray(&keys),
+                PgBind::BigInt(id),
+            ],
+        )
+        .execute(self)
+        .map(drop)
     }
 }
 
@@ -775,7 +990,8 @@ impl Statements for PgConnection {
                 .collect();
             let sql = format!(
                 "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
-                 ordering_key, next_attempt_at, headers, priority, group_name, parked) VALUES {}",
+                 ordering_key, next_attempt_at, headers, priority, group_name, owner, parked) \
+                 VALUES {}",
                 values.join(", ")
             );
             let binds: Vec<Bind<'_>> = chunk.iter().flat_map(NewMessage::binds_with_key).collect();
@@ -1225,13 +1441,13 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_insert_numbers_twelve_binds_per_row() {
+    fn a_batch_insert_numbers_thirteen_binds_per_row() {
         assert_eq!(
-            insert_values(13),
-            "($13::uuid, $14, $15::jsonb, $16, $17, \
-             GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $18 * INTERVAL '1 microsecond', \
-                 now() + COALESCE($19, 0) * INTERVAL '1 microsecond'), now()), $20, $21, $22, \
-             $23 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $24))"
+            insert_values(14),
+            "($14::uuid, $15, $16::jsonb, $17, $18, \
+             GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $19 * INTERVAL '1 microsecond', \
+                 now() + COALESCE($20, 0) * INTERVAL '1 microsecond'), now()), $21, $22, $23, \
+             $24, $25 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $26))"
         );
     }
 }

@@ -10,6 +10,9 @@ use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::subscription::{
+    CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
+};
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, Cursor,
     DeadLetterRow, DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow,
@@ -55,7 +58,7 @@ macro_rules! insert_values {
         concat!(
             "(?, ?, ?, ?, ?, COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.6f seconds', COALESCE(?, 0) / 1000000.0))), \
-             ?, ?, ?, ? OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ?))"
+             ?, ?, ?, ?, ? OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = ?))"
         )
     };
 }
@@ -69,7 +72,7 @@ macro_rules! insert_values {
 pub(crate) const INSERT_MESSAGE: &str = concat!(
     "INSERT INTO outbox_message \
      (message_id, message_type, payload, payload_bytes, ordering_key, next_attempt_at, \
-      headers, priority, group_name, parked) \
+      headers, priority, group_name, owner, parked) \
      VALUES ",
     insert_values!()
 );
@@ -137,7 +140,7 @@ fn lease(n: usize) -> String {
             micros_of!("created_at"),
             " AS created_micros, ",
             micros_of!("resumed_at"),
-            " AS resumed_micros"
+            " AS resumed_micros, subscription_id"
         ),
         placeholders(n)
     )
@@ -177,15 +180,18 @@ pub(crate) const RESCHEDULE: &str = concat!(
 /// position, which only a row edited by hand could leave). Binds: error, id, token.
 pub(crate) const COPY_TO_DEAD: &str = concat!(
     "INSERT INTO outbox_failure (id, message_id, message_type, payload, ordering_key, attempts, \
-         last_error, created_at, failed_at, headers, priority, group_name) \
+         last_error, created_at, failed_at, headers, priority, group_name, owner, \
+         subscription_id) \
      SELECT id, message_id, message_type, payload, ordering_key, attempts, ?, created_at, ",
     now!(),
-    ", headers, priority, group_name FROM outbox_message WHERE id = ? AND locked_by = ? \
+    ", headers, priority, group_name, owner, subscription_id FROM outbox_message \
+     WHERE id = ? AND locked_by = ? \
      ON CONFLICT (id) DO UPDATE SET message_id = excluded.message_id, \
          message_type = excluded.message_type, payload = excluded.payload, \
          ordering_key = excluded.ordering_key, attempts = excluded.attempts, \
          headers = excluded.headers, priority = excluded.priority, \
-         group_name = excluded.group_name, last_error = excluded.last_error, \
+         group_name = excluded.group_name, owner = excluded.owner, \
+         subscription_id = excluded.subscription_id, last_error = excluded.last_error, \
          created_at = excluded.created_at, failed_at = excluded.failed_at"
 );
 
@@ -346,11 +352,12 @@ fn requeue(n: usize) -> String {
         concat!(
             "INSERT INTO outbox_message (id, message_id, message_type, payload, payload_bytes, \
                  ordering_key, attempts, created_at, next_attempt_at, last_error, headers, \
-                 priority, group_name) \
+                 priority, group_name, owner, subscription_id) \
              SELECT id, message_id, message_type, payload, length(CAST(payload AS BLOB)), \
                  ordering_key, 0, created_at, ",
             now!(),
-            ", last_error, headers, priority, group_name FROM outbox_failure WHERE id IN ({}) \
+            ", last_error, headers, priority, group_name, owner, subscription_id \
+             FROM outbox_failure WHERE id IN ({}) \
              ORDER BY id"
         ),
         placeholders(n)
@@ -588,6 +595,121 @@ fn groups_to_visit(c: &mut SqliteConnection, claim: &Claim<'_>) -> QueryResult<V
     ))
 }
 
+/// The columns of a subscription as read ([`SubscriptionRow`]).
+macro_rules! subscription_columns {
+    () => {
+        concat!(
+            "SELECT id, owner, url, event_types, secret, \
+                 CASE WHEN previous_secret_until > ",
+            now!(),
+            " THEN previous_secret END AS previous_secret, \
+                 rate_limit, allow_http, description, metadata, enabled, ",
+            micros_of!("created_at"),
+            " AS created_micros, ",
+            micros_of!("updated_at"),
+            " AS updated_micros, ",
+            micros_of!("previous_secret_until"),
+            " AS previous_until_micros FROM outbox_subscription "
+        )
+    };
+}
+
+/// Every subscription, oldest first.
+pub(crate) const SUBSCRIPTIONS: &str = concat!(subscription_columns!(), "ORDER BY created_at, id");
+
+/// One owner's subscriptions, oldest first. Binds: owner (NULL: those without an owner).
+pub(crate) const SUBSCRIPTIONS_OF: &str = concat!(
+    subscription_columns!(),
+    "WHERE owner IS ? ORDER BY created_at, id"
+);
+
+/// One subscription. Binds: id.
+pub(crate) const SUBSCRIPTION: &str = concat!(subscription_columns!(), "WHERE id = ?");
+
+/// A new subscription. Binds: id, owner, URL, filters (JSON), secret, rate limit, whether
+/// `http` is allowed, description, metadata (JSON), enabled.
+pub(crate) const INSERT_SUBSCRIPTION: &str = "INSERT INTO outbox_subscription \
+     (id, owner, url, event_types, secret, rate_limit, allow_http, description, metadata, \
+      enabled) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// A subscription enabled or disabled. Binds: enabled, id.
+pub(crate) const SET_SUBSCRIPTION_ENABLED: &str = concat!(
+    "UPDATE outbox_subscription SET enabled = ?, updated_at = ",
+    now!(),
+    " WHERE id = ?"
+);
+
+/// A subscription's new secret; the old one stays the previous secret for the overlap. Binds:
+/// secret, overlap µs, id.
+pub(crate) const ROTATE_SUBSCRIPTION_SECRET: &str = concat!(
+    "UPDATE outbox_subscription SET previous_secret = secret, secret = ?, \
+         previous_secret_until = ",
+    now_plus_bind!(),
+    ", updated_at = ",
+    now!(),
+    " WHERE id = ?"
+);
+
+/// A subscription's stored secrets rewritten. Binds: secret, previous secret, id.
+pub(crate) const RESEAL_SUBSCRIPTION_SECRETS: &str =
+    "UPDATE outbox_subscription SET secret = ?, previous_secret = ? WHERE id = ?";
+
+/// A subscription removed. Binds: id.
+pub(crate) const DELETE_SUBSCRIPTION: &str = "DELETE FROM outbox_subscription WHERE id = ?";
+
+/// A removed subscription's pending deliveries that no claim holds, removed. Binds: id.
+pub(crate) const DELETE_SUBSCRIPTION_DELIVERIES: &str = concat!(
+    "DELETE FROM outbox_message WHERE subscription_id = ? \
+     AND (locked_by IS NULL OR next_attempt_at <= ",
+    now!(),
+    ")"
+);
+
+/// The paused deliveries of a subscription enabled again, due now. Binds: id.
+pub(crate) const RELEASE_SUBSCRIPTION: &str = concat!(
+    "UPDATE outbox_message SET paused = 0, next_attempt_at = ",
+    now!(),
+    ", resumed_at = ",
+    now!(),
+    " WHERE subscription_id = ? AND paused = 1 AND locked_by IS NULL"
+);
+
+/// The event a fan-out holds, if its claim holds it (the fan-out's write transaction holds
+/// the one writer lock). Binds: position, token.
+pub(crate) const LOCK_EVENT: &str = "SELECT message_type, ordering_key FROM outbox_message \
+     WHERE id = ? AND locked_by = ?";
+
+/// The enabled subscriptions of an event's owner created no later than the event (a
+/// subscription added later gets only later events). Binds: the event's position.
+pub(crate) const FAN_OUT_CANDIDATES: &str = "SELECT s.id, s.event_types \
+     FROM outbox_message e JOIN outbox_subscription s \
+         ON s.owner IS e.owner AND s.created_at <= e.created_at \
+     WHERE e.id = ? AND s.enabled = 1 ORDER BY s.created_at, s.id";
+
+/// One delivery per subscription of an event, in the order given: the event's id, type,
+/// payload, headers, priority, group, owner and enqueue time, due now. Binds: per delivery its
+/// subscription id and ordering key, then the event's position.
+fn insert_deliveries(n: usize) -> String {
+    let rows: Vec<String> = (0..n)
+        .map(|i| format!("SELECT ? AS subscription, ? AS ordering_key, {i} AS n"))
+        .collect();
+    format!(
+        concat!(
+            "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
+                 ordering_key, created_at, next_attempt_at, headers, priority, group_name, owner, \
+                 subscription_id) \
+             SELECT e.message_id, e.message_type, e.payload, e.payload_bytes, d.ordering_key, \
+                 e.created_at, ",
+            now!(),
+            ", e.headers, e.priority, e.group_name, e.owner, d.subscription \
+             FROM outbox_message e JOIN ({}) d \
+             WHERE e.id = ? ORDER BY d.n"
+        ),
+        rows.join(" UNION ALL ")
+    )
+}
+
 fn run(c: &mut SqliteConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -635,6 +757,116 @@ struct Candidate {
     due: String,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
     group_name: Option<String>,
+}
+
+impl SubscriptionStatements for SqliteConnection {
+    fn subscriptions(&mut self, owner: Option<Option<&str>>) -> QueryResult<Vec<SubscriptionRow>> {
+        match owner {
+            None => Prepared::new(SUBSCRIPTIONS, STYLE, &[]).load(self),
+            Some(owner) => {
+                Prepared::new(SUBSCRIPTIONS_OF, STYLE, &[Bind::NullableText(owner)]).load(self)
+            }
+        }
+    }
+
+    fn subscription(&mut self, id: &str) -> QueryResult<Option<SubscriptionRow>> {
+        let rows: Vec<SubscriptionRow> =
+            Prepared::new(SUBSCRIPTION, STYLE, &[Bind::Text(id)]).load(self)?;
+        Ok(rows.into_iter().next())
+    }
+
+    fn insert_subscription(&mut self, row: &NewSubscriptionRow<'_>) -> QueryResult<()> {
+        let binds = [
+            Bind::Text(row.id),
+            Bind::NullableText(row.owner),
+            Bind::Text(row.url),
+            Bind::Text(row.event_types),
+            Bind::Text(row.secret),
+            Bind::NullableBigInt(row.rate_limit),
+            Bind::Bool(row.allow_http),
+            Bind::NullableText(row.description),
+            Bind::NullableText(row.metadata),
+            Bind::Bool(row.enabled),
+        ];
+        run(self, INSERT_SUBSCRIPTION, &binds).map(drop)
+    }
+
+    fn set_subscription_enabled(&mut self, id: &str, enabled: bool) -> QueryResult<usize> {
+        run(
+            self,
+            SET_SUBSCRIPTION_ENABLED,
+            &[Bind::Bool(enabled), Bind::Text(id)],
+        )
+    }
+
+    fn rotate_subscription_secret(
+        &mut self,
+        id: &str,
+        secret: &str,
+        overlap_micros: i64,
+    ) -> QueryResult<usize> {
+        let binds = [
+            Bind::Text(secret),
+            Bind::BigInt(overlap_micros),
+            Bind::Text(id),
+        ];
+        run(self, ROTATE_SUBSCRIPTION_SECRET, &binds)
+    }
+
+    fn reseal_subscription_secrets(
+        &mut self,
+        id: &str,
+        secret: &str,
+        previous: Option<&str>,
+    ) -> QueryResult<usize> {
+        let binds = [
+            Bind::Text(secret),
+            Bind::NullableText(previous),
+            Bind::Text(id),
+        ];
+        run(self, RESEAL_SUBSCRIPTION_SECRETS, &binds)
+    }
+
+    fn delete_subscription(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, DELETE_SUBSCRIPTION, &[Bind::Text(id)])
+    }
+
+    fn delete_subscription_deliveries(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, DELETE_SUBSCRIPTION_DELIVERIES, &[Bind::Text(id)])
+    }
+
+    fn release_subscription(&mut self, id: &str) -> QueryResult<usize> {
+        run(self, RELEASE_SUBSCRIPTION, &[Bind::Text(id)])
+    }
+
+    fn lock_event(&mut self, id: i64, token: &str) -> QueryResult<Option<EventRow>> {
+        let rows: Vec<EventRow> =
+            Prepared::new(LOCK_EVENT, STYLE, &[Bind::BigInt(id), Bind::Text(token)]).load(self)?;
+        Ok(rows.into_iter().next())
+    }
+
+    fn fan_out_candidates(&mut self, id: i64) -> QueryResult<Vec<CandidateRow>> {
+        Prepared::new(FAN_OUT_CANDIDATES, STYLE, &[Bind::BigInt(id)]).load(self)
+    }
+
+    fn insert_deliveries(
+        &mut self,
+        id: i64,
+        deliveries: &[(&str, Option<String>)],
+    ) -> QueryResult<()> {
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        let sql = insert_deliveries(deliveries.len());
+        let mut binds: Vec<Bind<'_>> = deliveries
+            .iter()
+            .flat_map(|(subscription, key)| {
+                [Bind::Text(subscription), Bind::NullableText(key.as_deref())]
+            })
+            .collect();
+        binds.push(Bind::BigInt(id));
+        dynamic::<Sqlite>(&sql, &binds).execute(self).map(drop)
+    }
 }
 
 impl Statements for SqliteConnection {

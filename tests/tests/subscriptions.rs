@@ -1,0 +1,498 @@
+//! Subscriptions on every backend, delivered to real receivers on 127.0.0.1: each subscriber
+//! gets every event it asked for once, independently of the others; an owner's events reach
+//! only that owner's subscriptions; a subscription added later gets only later events; a
+//! disabled one gets nothing until enabled; a rotated secret verifies beside the new one while
+//! they overlap; every request verifies with another implementation of Standard Webhooks.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use outbox_diesel::destination::{DestinationOptions, HealthPolicy};
+use outbox_diesel::subscription::{self, NewSubscription, Subscriptions};
+use outbox_diesel::webhook::{verify, WebhookSecret};
+use outbox_diesel::{
+    outbox_handler, Batch, DieselStore, Enqueue, EnqueueOptions, MessageId, RetryPolicy, Worker,
+    WorkerHandle,
+};
+use outbox_testkit::http::{verify_elsewhere, Receiver, Reply, Request};
+use outbox_testkit::outbox::{dead, pending};
+use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
+use serde::{Deserialize, Serialize};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// An event for subscribers.
+#[outbox_handler("invoice.paid", deliver_to = "subscribers")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct InvoicePaid {
+    n: u32,
+}
+
+/// Another event for subscribers, of another family.
+#[outbox_handler("order.placed", deliver_to = "subscribers")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OrderPlaced {
+    n: u32,
+}
+
+/// How the tests' worker and API see subscriptions: secrets encrypted, 127.0.0.1 trusted.
+fn subscriptions() -> Subscriptions {
+    Subscriptions::new()
+        .secret_key("test-key", [7; 32])
+        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .timeout(Duration::from_secs(5))
+}
+
+fn spawn_worker<C: TestConnection>(pool: &TestPool<C>) -> WorkerHandle {
+    spawn_worker_with(pool, 3)
+}
+
+/// A worker that gives each delivery `attempts` attempts, a fraction of a second apart, and
+/// never pauses a subscriber for its failures (each delivery then spends its own attempts, as
+/// these tests count them).
+fn spawn_worker_with<C: TestConnection>(pool: &TestPool<C>, attempts: u32) -> WorkerHandle {
+    let delivery = subscriptions()
+        .delivery()
+        .options(DestinationOptions::new().health_policy(HealthPolicy::never_pause()));
+    Worker::builder(DieselStore::new(pool.clone()))
+        .handler_threads(8)
+        .poll_interval(Duration::from_millis(50))
+        .retry_policy(
+            RetryPolicy::new()
+                .max_attempts(attempts)
+                .initial_backoff(Duration::from_millis(50))
+                .max_backoff(Duration::from_millis(300)),
+        )
+        .subscriptions(delivery)
+        .spawn()
+        .expect("the worker starts")
+}
+
+/// Creates a subscription; its id and secret.
+fn subscribe<C: TestConnection>(pool: &TestPool<C>, new: NewSubscription) -> (String, String) {
+    let created = subscriptions()
+        .create(&mut pool.get().unwrap(), &new)
+        .expect("the subscription is created");
+    (created.subscription.id, created.secret)
+}
+
+fn to(receiver: &Receiver) -> String {
+    receiver.url("/hooks")
+}
+
+fn new_subscription<const N: usize>(receiver: &Receiver, types: [&str; N]) -> NewSubscription {
+    NewSubscription::new(to(receiver), types).allow_http()
+}
+
+/// `(type, n)` of each request a receiver accepted.
+fn received(receiver: &Receiver) -> Vec<(String, u64)> {
+    receiver
+        .requests()
+        .iter()
+        .filter(|r| r.answered == 200)
+        .map(|r| {
+            let body = r.json();
+            (
+                body["type"].as_str().unwrap_or_default().to_owned(),
+                body["data"]["n"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect()
+}
+
+fn ids(requests: &[Request]) -> Vec<MessageId> {
+    requests
+        .iter()
+        .map(|r| r.header("webhook-id").unwrap().parse().unwrap())
+        .collect()
+}
+
+fn stop(worker: WorkerHandle) {
+    worker.shutdown(PATIENCE).expect("the worker stops");
+}
+
+/// Three subscribers of one event type, one of which answers 500 forever: the other two get
+/// every event exactly once, signed with their own secrets, and only the third's deliveries are
+/// dead-lettered.
+fn each_subscriber_is_delivered_to_independently<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(8);
+    let (a, b) = (Receiver::ok(), Receiver::ok());
+    let failing = Receiver::start(|_: &Request, _| Reply::status(500));
+    let (a_id, a_secret) = subscribe(&pool, new_subscription(&a, ["invoice.paid"]));
+    let (_, b_secret) = subscribe(&pool, new_subscription(&b, ["invoice.*"]));
+    let (failing_id, _) = subscribe(&pool, new_subscription(&failing, ["*"]));
+    const EVENTS: u32 = 30;
+    let mut batch = Batch::new();
+    let mut enqueued = BTreeSet::new();
+    for n in 0..EVENTS {
+        enqueued.insert(batch.push(&InvoicePaid { n }).unwrap());
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = spawn_worker(&pool);
+    assert!(
+        a.wait_unique(u64::from(EVENTS), PATIENCE),
+        "a got {}",
+        a.unique()
+    );
+    assert!(
+        b.wait_unique(u64::from(EVENTS), PATIENCE),
+        "b got {}",
+        b.unique()
+    );
+    assert!(
+        eventually(PATIENCE, || dead(&pool).len() == EVENTS as usize),
+        "{} dead letters",
+        dead(&pool).len()
+    );
+    stop(worker);
+    for (receiver, secret, other) in [(&a, &a_secret, &b_secret), (&b, &b_secret, &a_secret)] {
+        let requests = receiver.requests();
+        assert_eq!(requests.len(), EVENTS as usize, "each event once, no retry");
+        assert_eq!(receiver.duplicates(), 0);
+        assert_eq!(
+            ids(&requests).into_iter().collect::<BTreeSet<_>>(),
+            enqueued,
+            "the events' own ids"
+        );
+        for request in &requests {
+            let own = WebhookSecret::parse(secret).unwrap();
+            let others = WebhookSecret::parse(other).unwrap();
+            verify(&[own], &request.headers, &request.body, PATIENCE)
+                .expect("signed with its own secret");
+            assert!(
+                verify(&[others], &request.headers, &request.body, PATIENCE).is_err(),
+                "never with another subscriber's"
+            );
+        }
+        assert_eq!(
+            verify_elsewhere(&requests, secret),
+            Ok(EVENTS as usize),
+            "another implementation of Standard Webhooks takes every request"
+        );
+    }
+    assert_eq!(
+        failing.requests().len(),
+        3 * EVENTS as usize,
+        "the failing subscriber's deliveries spend their own three attempts"
+    );
+    let dead = dead(&pool);
+    assert!(dead.iter().all(|d| d.attempts == 3), "{dead:?}");
+    assert_eq!(
+        dead.iter().map(|d| d.message_id).collect::<BTreeSet<_>>(),
+        enqueued
+    );
+    assert!(pending(&pool).is_empty());
+    // Re-queued, the failing subscriber's dead letters go to it again, and to no one else.
+    failing.set_behaviour(|_: &Request, _| Reply::status(200));
+    failing.reset();
+    let requeued = outbox_diesel::admin::requeue_dead_letters(
+        &mut pool.get().unwrap(),
+        &outbox_diesel::admin::DeadLetterSelection::All,
+    )
+    .unwrap();
+    assert_eq!(requeued.len(), EVENTS as usize);
+    let worker = spawn_worker(&pool);
+    assert!(failing.wait_unique(u64::from(EVENTS), PATIENCE));
+    stop(worker);
+    assert_eq!((a.requests().len(), b.requests().len()), (30, 30));
+    let _ = (a_id, failing_id);
+}
+
+/// A subscription added while events are waiting gets only the events enqueued after it, even
+/// those fanned out after it was added; an earlier subscription gets them all.
+fn a_subscription_added_later_gets_only_later_events<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(8);
+    let (early, late) = (Receiver::ok(), Receiver::ok());
+    subscribe(&pool, new_subscription(&early, ["invoice.paid"]));
+    for n in 0..10 {
+        InvoicePaid { n }.enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    // The clocks of SQLite's rows are kept to the millisecond.
+    std::thread::sleep(Duration::from_millis(20));
+    subscribe(&pool, new_subscription(&late, ["invoice.paid"]));
+    std::thread::sleep(Duration::from_millis(20));
+    for n in 10..20 {
+        InvoicePaid { n }.enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    // The worker starts after both: every event is fanned out with both subscriptions there.
+    let worker = spawn_worker(&pool);
+    assert!(
+        early.wait_unique(20, PATIENCE),
+        "early got {}",
+        early.unique()
+    );
+    assert!(late.wait_unique(10, PATIENCE), "late got {}", late.unique());
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    stop(worker);
+    let late_got: BTreeSet<u64> = received(&late).into_iter().map(|(_, n)| n).collect();
+    assert_eq!(late_got, (10..20).collect::<BTreeSet<u64>>());
+    assert_eq!(early.requests().len(), 20);
+}
+
+/// Several owners, wildcard filters: each event reaches exactly the subscriptions of its owner
+/// whose filters take its type; an event without an owner only those without one.
+fn an_owners_events_reach_only_that_owners_subscriptions<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(8);
+    let receivers: BTreeMap<&str, Receiver> = ["a-all", "a-invoices", "b-all", "nobody-all"]
+        .into_iter()
+        .map(|name| (name, Receiver::ok()))
+        .collect();
+    let sub = |name: &str, owner: Option<&str>, types: &[&str]| {
+        let mut new =
+            NewSubscription::new(to(&receivers[name]), types.iter().copied()).allow_http();
+        if let Some(owner) = owner {
+            new = new.owner(owner);
+        }
+        subscribe(&pool, new);
+    };
+    sub("a-all", Some("a"), &["*"]);
+    sub("a-invoices", Some("a"), &["invoice.*"]);
+    sub("b-all", Some("b"), &["*"]);
+    sub("nobody-all", None, &["*"]);
+    let owned = |owner: &str| EnqueueOptions::new().owner(owner);
+    let mut conn = pool.get().unwrap();
+    InvoicePaid { n: 1 }
+        .enqueue_with(&mut conn, &owned("a"))
+        .unwrap();
+    OrderPlaced { n: 2 }
+        .enqueue_with(&mut conn, &owned("a"))
+        .unwrap();
+    InvoicePaid { n: 3 }
+        .enqueue_with(&mut conn, &owned("b"))
+        .unwrap();
+    InvoicePaid { n: 4 }.enqueue(&mut conn).unwrap();
+    OrderPlaced { n: 5 }
+        .enqueue_with(&mut conn, &owned("c"))
+        .unwrap();
+    drop(conn);
+    let worker = spawn_worker(&pool);
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    // Deliveries are made by now; one more moment for any stray one to arrive.
+    std::thread::sleep(Duration::from_millis(300));
+    stop(worker);
+    let got = |name: &str| -> BTreeSet<u64> {
+        received(&receivers[name])
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect()
+    };
+    assert_eq!(got("a-all"), BTreeSet::from([1, 2]));
+    assert_eq!(got("a-invoices"), BTreeSet::from([1]));
+    assert_eq!(got("b-all"), BTreeSet::from([3]));
+    assert_eq!(got("nobody-all"), BTreeSet::from([4]));
+    for receiver in receivers.values() {
+        assert_eq!(receiver.duplicates(), 0);
+    }
+    assert!(dead(&pool).is_empty(), "{:?}", dead(&pool));
+}
+
+/// A disabled subscription gets no new events, and the deliveries it had waiting pause without
+/// spending attempts until it is enabled again; the other subscription is not held up.
+fn a_disabled_subscription_gets_nothing_until_enabled<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(8);
+    let flaky = Receiver::start(|_: &Request, _| Reply::status(503));
+    let steady = Receiver::ok();
+    let (flaky_id, _) = subscribe(&pool, new_subscription(&flaky, ["invoice.paid"]));
+    subscribe(&pool, new_subscription(&steady, ["invoice.paid"]));
+    let worker = spawn_worker_with(&pool, 100);
+    for n in 0..10 {
+        InvoicePaid { n }.enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    assert!(steady.wait_unique(10, PATIENCE));
+    assert!(eventually(PATIENCE, || flaky.requests().len() >= 10));
+    assert!(subscription::disable(&mut pool.get().unwrap(), &flaky_id).unwrap());
+    // Every worker reads the subscriptions every few seconds.
+    assert!(
+        eventually(PATIENCE, || {
+            pending(&pool).iter().filter(|m| m.paused).count() == 10
+        }),
+        "the disabled subscription's deliveries pause: {:?}",
+        pending(&pool)
+    );
+    flaky.set_behaviour(|_: &Request, _| Reply::status(200));
+    let asked = flaky.requests().len();
+    for n in 10..15 {
+        InvoicePaid { n }.enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    assert!(steady.wait_unique(15, PATIENCE));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(flaky.requests().len(), asked, "nothing while disabled");
+    assert_eq!(
+        pending(&pool).len(),
+        10,
+        "no delivery made for it while disabled"
+    );
+    assert!(subscription::enable(&mut pool.get().unwrap(), &flaky_id).unwrap());
+    assert!(
+        eventually(PATIENCE, || received(&flaky).len() == 10),
+        "its waiting deliveries, once enabled: {:?}",
+        received(&flaky)
+    );
+    let got: BTreeSet<u64> = received(&flaky).into_iter().map(|(_, n)| n).collect();
+    assert_eq!(got, (0..10).collect::<BTreeSet<u64>>());
+    assert!(eventually(PATIENCE, || pending(&pool).is_empty()));
+    stop(worker);
+    assert!(dead(&pool).is_empty(), "{:?}", dead(&pool));
+}
+
+/// A rotated secret keeps signing beside the new one while they overlap: every request after
+/// the rotation verifies with either alone.
+fn a_rotated_secret_verifies_beside_the_new_one<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(8);
+    let receiver = Receiver::ok();
+    let (id, old) = subscribe(&pool, new_subscription(&receiver, ["invoice.paid"]));
+    let worker = spawn_worker(&pool);
+    InvoicePaid { n: 0 }
+        .enqueue(&mut pool.get().unwrap())
+        .unwrap();
+    assert!(receiver.wait_unique(1, PATIENCE));
+    let new = subscriptions()
+        .rotate_secret(&mut pool.get().unwrap(), &id, Duration::from_secs(3600))
+        .unwrap()
+        .expect("the subscription exists");
+    assert_ne!(new, old);
+    assert!(new.starts_with("whsec_"));
+    let secret = |text: &str| WebhookSecret::parse(text).unwrap();
+    // Workers pick the new secret up within seconds: until then requests carry the old alone.
+    let mut n = 1;
+    let rotated = eventually(PATIENCE, || {
+        InvoicePaid { n }.enqueue(&mut pool.get().unwrap()).unwrap();
+        n += 1;
+        if !receiver.wait_unique(u64::from(n), PATIENCE) {
+            return false;
+        }
+        let last = receiver.requests().last().cloned().unwrap();
+        verify(&[secret(&new)], &last.headers, &last.body, PATIENCE).is_ok()
+    });
+    assert!(rotated, "the new secret signs within seconds");
+    stop(worker);
+    let last = receiver.requests().last().cloned().unwrap();
+    verify(&[secret(&old)], &last.headers, &last.body, PATIENCE)
+        .expect("the old secret still verifies during the overlap");
+    assert_eq!(verify_elsewhere(std::slice::from_ref(&last), &old), Ok(1));
+    assert_eq!(verify_elsewhere(&[last], &new), Ok(1));
+    let listed = subscription::get(&mut pool.get().unwrap(), &id)
+        .unwrap()
+        .unwrap();
+    assert!(listed.previous_secret_until.is_some());
+}
+
+/// Removing a subscription removes its waiting deliveries; a subscription's secret is stored
+/// encrypted, never as it was shown; listings show no secret.
+fn a_removed_subscription_leaves_nothing_waiting_and_secrets_stay_hidden<C: TestConnection>(
+    db: &TestDb,
+) {
+    let pool = db.pool::<C>(8);
+    let hanging = Receiver::start(|_: &Request, _| Reply::status(503));
+    let (id, secret) = subscribe(
+        &pool,
+        new_subscription(&hanging, ["invoice.paid"]).description("ops"),
+    );
+    let listed = format!(
+        "{:?}",
+        subscription::list(&mut pool.get().unwrap(), None).unwrap()
+    );
+    assert!(
+        listed.contains(&id) && !listed.contains(&secret[6..]),
+        "{listed}"
+    );
+    let stored: Vec<SecretRow> = outbox_testkit::with_connection!(db.backend(), Conn => {
+        diesel::RunQueryDsl::load(
+            diesel::sql_query("SELECT secret FROM outbox_subscription"),
+            &mut db.connect::<Conn>(),
+        )
+        .unwrap()
+    });
+    assert!(
+        stored[0].secret.starts_with("enc:v1:test-key:"),
+        "{}",
+        stored[0].secret
+    );
+    assert!(!stored[0].secret.contains(&secret[6..]));
+
+    let worker = spawn_worker(&pool);
+    for n in 0..5 {
+        InvoicePaid { n }.enqueue(&mut pool.get().unwrap()).unwrap();
+    }
+    assert!(eventually(PATIENCE, || hanging.requests().len() >= 5));
+    assert!(subscription::remove(&mut pool.get().unwrap(), &id).unwrap());
+    assert!(
+        eventually(PATIENCE, || pending(&pool).is_empty()),
+        "{:?}",
+        pending(&pool)
+    );
+    stop(worker);
+    assert!(subscription::get(&mut pool.get().unwrap(), &id)
+        .unwrap()
+        .is_none());
+    assert!(!subscription::remove(&mut pool.get().unwrap(), &id).unwrap());
+}
+
+#[derive(diesel::QueryableByName)]
+struct SecretRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    secret: String,
+}
+
+/// What customers type is checked: `http://` only where allowed, no address the guard refuses,
+/// filters that mean something.
+fn addresses_and_filters_customers_type_are_checked<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let mut conn = pool.get().unwrap();
+    let strict = Subscriptions::new();
+    let mut refused =
+        |new: NewSubscription| strict.create(&mut *conn, &new).unwrap_err().to_string();
+    assert!(refused(NewSubscription::new("http://example.com/hooks", ["*"])).contains("http://"));
+    assert!(
+        refused(NewSubscription::new("https://127.0.0.1/hooks", ["*"])).contains("special-purpose")
+    );
+    assert!(
+        refused(NewSubscription::new("https://10.1.2.3/hooks", ["*"])).contains("special-purpose")
+    );
+    assert!(refused(NewSubscription::new("https://[::1]/hooks", ["*"])).contains("special-purpose"));
+    assert!(refused(NewSubscription::new("ftp://example.com/", ["*"])).contains("ftp"));
+    let allowed = subscriptions();
+    for filters in [vec![], vec!["invoice*"], vec!["*.paid"], vec!["a b"]] {
+        let new = NewSubscription::new("https://127.0.0.1/hooks", filters.clone());
+        assert!(allowed.create(&mut *conn, &new).is_err(), "{filters:?}");
+    }
+    let ok = allowed
+        .create(
+            &mut *conn,
+            &NewSubscription::new("https://127.0.0.1/hooks", ["invoice.*"]).owner("42"),
+        )
+        .unwrap();
+    assert_eq!(ok.subscription.owner.as_deref(), Some("42"));
+    assert_eq!(
+        subscription::list(&mut *conn, Some(Some("42")))
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(subscription::list(&mut *conn, Some(None))
+        .unwrap()
+        .is_empty());
+    let unique: HashSet<String> = (0..3)
+        .map(|_| {
+            allowed
+                .create(
+                    &mut *conn,
+                    &NewSubscription::new("https://127.0.0.1/h", ["*"]),
+                )
+                .unwrap()
+                .secret
+        })
+        .collect();
+    assert_eq!(unique.len(), 3, "a secret of its own each");
+}
+
+backend_tests!(
+    each_subscriber_is_delivered_to_independently,
+    a_subscription_added_later_gets_only_later_events,
+    an_owners_events_reach_only_that_owners_subscriptions,
+    a_disabled_subscription_gets_nothing_until_enabled,
+    a_rotated_secret_verifies_beside_the_new_one,
+    a_removed_subscription_leaves_nothing_waiting_and_secrets_stay_hidden,
+    addresses_and_filters_customers_type_are_checked,
+);
