@@ -95,6 +95,94 @@ pub enum Command {
     },
     /// The message types and destinations paused, with why and since when.
     Paused,
+    /// Subscriptions: endpoints the application's customers add, each taking the event types
+    /// it asks for (secrets are read and written with the keys in `OUTBOX_SECRET_KEYS`:
+    /// `ID:BASE64` pairs, comma-separated, the first one encrypting).
+    #[command(subcommand)]
+    Subscription(SubscriptionCommand),
+}
+
+/// `outbox subscription ...`
+#[derive(Debug, Subcommand)]
+pub enum SubscriptionCommand {
+    /// Add a subscription; its signing secret is printed this once.
+    Add(AddSubscription),
+    /// List subscriptions, oldest first (never their secrets).
+    List {
+        /// Only this owner's.
+        #[arg(long, value_name = "OWNER")]
+        owner: Option<String>,
+    },
+    /// Every field of one subscription (never its secret).
+    Show {
+        /// The subscription's id (the first column of `subscription list`).
+        id: String,
+    },
+    /// Stop delivering to it: new events are not fanned out to it, and its waiting deliveries
+    /// pause, without spending attempts, until it is enabled.
+    Disable {
+        /// The subscription's id.
+        id: String,
+    },
+    /// Deliver to it again: its paused deliveries are due at once.
+    Enable {
+        /// The subscription's id.
+        id: String,
+    },
+    /// Remove it and its waiting deliveries.
+    Remove {
+        /// The subscription's id.
+        id: String,
+    },
+    /// Give it a new signing secret, printed this once; the old one keeps signing beside it
+    /// for the overlap.
+    RotateSecret {
+        /// The subscription's id.
+        id: String,
+        /// How long the old secret keeps signing (`24h`, `30m`, ...).
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        overlap: std::time::Duration,
+    },
+}
+
+/// `outbox subscription add`
+#[derive(Debug, Args)]
+pub struct AddSubscription {
+    /// Where deliveries go (`https://`; `http://` with --allow-http).
+    pub url: String,
+    /// The event types it takes: exact names, `prefix.*`, or `*` (repeat, or separate with
+    /// commas).
+    #[arg(
+        long = "event-type",
+        value_name = "FILTER",
+        required = true,
+        value_delimiter = ','
+    )]
+    pub event_types: Vec<String>,
+    /// The owner (tenant) whose events it takes.
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// Sign with this secret (`whsec_...`) instead of a new one.
+    #[arg(long, env = "OUTBOX_SUBSCRIPTION_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
+    /// At most this many deliveries a second.
+    #[arg(long, value_name = "PER_SECOND")]
+    pub rate_limit: Option<u32>,
+    /// A description shown to operators.
+    #[arg(long)]
+    pub description: Option<String>,
+    /// Data to keep with it, a JSON object.
+    #[arg(long, value_name = "JSON")]
+    pub metadata: Option<String>,
+    /// Let the URL be `http://`.
+    #[arg(long)]
+    pub allow_http: bool,
+    /// Reach this address although the address guard refuses it (loopback, private, ...).
+    #[arg(long, value_name = "IP")]
+    pub allow_address: Vec<std::net::IpAddr>,
+    /// Create it disabled.
+    #[arg(long)]
+    pub disabled: bool,
 }
 
 /// A message type, or a destination with `--destination`.

@@ -29,6 +29,14 @@ pub enum CliError {
     )]
     UnknownDestination(String),
 
+    /// No subscription of this id.
+    #[error("no subscription {} (`outbox subscription list` lists them)", crate::table::one_line(.0))]
+    UnknownSubscription(String),
+
+    /// Metadata that is not JSON.
+    #[error("--metadata is not JSON: {0}")]
+    Metadata(String),
+
     /// `outbox resume` of something that is not paused.
     #[error("{0} is not paused (`outbox paused` lists what is)")]
     NotPaused(String),

@@ -71,7 +71,13 @@ impl Run {
 
 /// Runs `outbox --database-url URL ARGS..` with `input` on stdin (none: stdin closed).
 fn outbox_with_input(url: &str, args: &[&str], input: Option<&str>) -> Run {
+    outbox_with(url, args, input, &[])
+}
+
+/// Runs `outbox --database-url URL ARGS..` with `input` on stdin and `vars` in its environment.
+fn outbox_with(url: &str, args: &[&str], input: Option<&str>, vars: &[(&str, &str)]) -> Run {
     let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .envs(vars.iter().copied())
         .arg("--database-url")
         .arg(url)
         .args(args)
@@ -1097,7 +1103,119 @@ fn pauses<C: TestConnection>(db: &TestDb) {
     );
 }
 
+/// The key the tests encrypt subscriptions' secrets with, as `OUTBOX_SECRET_KEYS` gives it.
+const SECRET_KEYS: &str = "test-key:BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
+
+fn subscriptions<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(3);
+    let url = db.url();
+    let run = |args: &[&str]| outbox_with(url, args, None, &[("OUTBOX_SECRET_KEYS", SECRET_KEYS)]);
+    let added = run(&[
+        "subscription",
+        "add",
+        "https://127.0.0.1/hooks",
+        "--event-type",
+        "invoice.*,order.paid",
+        "--owner",
+        "42",
+        "--rate-limit",
+        "5",
+        "--metadata",
+        r#"{"plan":"pro"}"#,
+        "--allow-address",
+        "127.0.0.1",
+        "--json",
+    ])
+    .json();
+    let id = added["subscription"]["id"].as_str().unwrap().to_owned();
+    let secret = added["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_"), "{added}");
+    assert_eq!(
+        added["subscription"]["event_types"],
+        json!(["invoice.*", "order.paid"])
+    );
+    assert_eq!(added["subscription"]["metadata"], json!({"plan": "pro"}));
+
+    let listed = run(&["subscription", "list"]).ok();
+    assert!(
+        listed.contains(&id) && listed.contains("enabled"),
+        "{listed}"
+    );
+    assert!(!listed.contains(&secret[6..]), "{listed}");
+    let of = |owner: &str| {
+        run(&["subscription", "list", "--owner", owner, "--json"]).json()["subscriptions"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!((of("42"), of("43")), (1, 0));
+    let shown = run(&["subscription", "show", &id]).ok();
+    assert!(
+        shown.contains("5/s") && shown.contains("invoice.*"),
+        "{shown}"
+    );
+    assert!(!shown.contains(&secret[6..]), "{shown}");
+
+    run(&["subscription", "disable", &id]).ok();
+    let get = || {
+        outbox_diesel::subscription::get(&mut pool.get().unwrap(), &id)
+            .unwrap()
+            .unwrap()
+    };
+    assert!(!get().enabled);
+    run(&["subscription", "enable", &id]).ok();
+    assert!(get().enabled);
+
+    let rotated = run(&[
+        "subscription",
+        "rotate-secret",
+        &id,
+        "--overlap",
+        "1h",
+        "--json",
+    ])
+    .json();
+    let new = rotated["secret"].as_str().unwrap();
+    assert!(new.starts_with("whsec_") && new != secret);
+    assert!(get().previous_secret_until.is_some());
+
+    let refused = run(&[
+        "subscription",
+        "add",
+        "http://example.com/h",
+        "--event-type",
+        "*",
+    ]);
+    assert!(refused.error().contains("http://"), "{}", refused.error());
+    let refused = run(&[
+        "subscription",
+        "add",
+        "https://10.0.0.1/h",
+        "--event-type",
+        "*",
+    ]);
+    assert!(
+        refused.error().contains("special-purpose"),
+        "{}",
+        refused.error()
+    );
+
+    run(&["subscription", "remove", &id]).ok();
+    assert!(
+        outbox_diesel::subscription::get(&mut pool.get().unwrap(), &id)
+            .unwrap()
+            .is_none()
+    );
+    let missing = run(&["subscription", "remove", &id]);
+    assert!(
+        missing.error().contains("no subscription"),
+        "{}",
+        missing.error()
+    );
+}
+
 backend_tests!(
+    subscriptions,
     pauses,
     destinations,
     show_by_message_id,

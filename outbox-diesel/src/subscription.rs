@@ -302,6 +302,29 @@ impl Subscriptions {
         self
     }
 
+    /// Adds the keys of `list`: `ID:KEY` pairs separated by commas, each key 32 bytes in
+    /// base64, the first one encrypting (e.g. `OUTBOX_SECRET_KEYS=2026-12:…,2026-06:…` from the
+    /// environment, newest first).
+    pub fn secret_keys(mut self, list: &str) -> Result<Self> {
+        for entry in list
+            .split(',')
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty())
+        {
+            let (id, key) = entry.split_once(':').ok_or_else(|| Error::SecretKey {
+                reason: format!("a key is `ID:BASE64`, not {:?}", entry.split(':').next()),
+            })?;
+            let bytes = STANDARD.decode(key.trim()).map_err(|_| Error::SecretKey {
+                reason: format!("key `{id}` is not base64"),
+            })?;
+            let key: [u8; 32] = bytes.try_into().map_err(|_| Error::SecretKey {
+                reason: format!("key `{id}` is not 32 bytes"),
+            })?;
+            self = self.secret_key(id.trim(), key);
+        }
+        Ok(self)
+    }
+
     /// Allows subscriptions to reach `address` although the address guard refuses it
     /// (loopback, private, ...), for a receiver you trust; checked at creation and at every
     /// connection.

@@ -33,6 +33,15 @@ pub fn endpoint(url: &str, timeout: Duration) -> WebhookEndpoint {
         .expect("building the test endpoint")
 }
 
+/// How the tests, the test worker process and the drills see subscriptions: secrets encrypted
+/// with a test key, receivers on 127.0.0.1 trusted, deliveries cut at 5 s.
+pub fn subscriptions() -> outbox_diesel::subscription::Subscriptions {
+    outbox_diesel::subscription::Subscriptions::new()
+        .secret_key("test-key", [7; 32])
+        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .timeout(Duration::from_secs(5))
+}
+
 /// Every pending message in the pool's database.
 pub fn pending<M>(pool: &Pool<M>) -> Vec<PendingMessage>
 where

@@ -7,7 +7,9 @@
 //! `test.relay` messages go, on the brokers of [`crate::brokers`]), and optionally
 //! `OUTBOX_WORKER_LEASE_MS` (6000), `OUTBOX_WORKER_TIMEOUT_MS` (1000, the webhook and handler
 //! timeout), `OUTBOX_WORKER_THREADS` (8), `OUTBOX_WORKER_BATCH` (16),
-//! `OUTBOX_WORKER_UNKNOWN_GRACE_MS` (1000: how long unknown types are given back).
+//! `OUTBOX_WORKER_UNKNOWN_GRACE_MS` (1000: how long unknown types are given back). It delivers
+//! to the subscriptions of the database too, as `outbox_testkit::outbox::subscriptions` sees
+//! them.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -60,6 +62,7 @@ fn run<C: TestConnection>(url: &str) -> ! {
         builder = builder.destination(RELAY, relay_destination(&destination, timeout));
     }
     let _worker = builder
+        .subscriptions(outbox_testkit::outbox::subscriptions().delivery())
         .resource(backend)
         .handler_threads(threads as usize)
         .batch_size(number("OUTBOX_WORKER_BATCH", 16) as usize)

@@ -5,7 +5,6 @@
 //! they overlap; every request verifies with another implementation of Standard Webhooks.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use outbox_diesel::destination::{DestinationOptions, HealthPolicy};
@@ -36,13 +35,7 @@ struct OrderPlaced {
     n: u32,
 }
 
-/// How the tests' worker and API see subscriptions: secrets encrypted, 127.0.0.1 trusted.
-fn subscriptions() -> Subscriptions {
-    Subscriptions::new()
-        .secret_key("test-key", [7; 32])
-        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
-        .timeout(Duration::from_secs(5))
-}
+use outbox_testkit::outbox::subscriptions;
 
 fn spawn_worker<C: TestConnection>(pool: &TestPool<C>) -> WorkerHandle {
     spawn_worker_with(pool, 3)
@@ -487,6 +480,170 @@ fn addresses_and_filters_customers_type_are_checked<C: TestConnection>(db: &Test
     assert_eq!(unique.len(), 3, "a secret of its own each");
 }
 
+/// An event for subscribers that the test worker process fans out too (it registers the type
+/// itself).
+#[outbox_handler("test.event", deliver_to = "subscribers")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Event {
+    n: u32,
+    key: Option<String>,
+}
+
+/// The positions and ids (`message_id`, subscription or none) of rows a claim holds.
+fn leased_rows(db: &TestDb) -> HashSet<(String, Option<String>)> {
+    #[derive(diesel::QueryableByName)]
+    struct Leased {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        message_id: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        subscription_id: Option<String>,
+    }
+    let cast = if db.backend() == outbox_testkit::Backend::Postgres {
+        "message_id::text"
+    } else {
+        "message_id"
+    };
+    let sql = format!(
+        "SELECT {cast} AS message_id, subscription_id FROM outbox_message \
+         WHERE locked_by IS NOT NULL"
+    );
+    let rows: Vec<Leased> = outbox_testkit::with_connection!(db.backend(), Conn => {
+        diesel::RunQueryDsl::load(diesel::sql_query(sql), &mut db.connect::<Conn>()).unwrap()
+    });
+    rows.into_iter()
+        .map(|row| (row.message_id, row.subscription_id))
+        .collect()
+}
+
+/// A worker process SIGKILLed again and again while it fans events out to ten subscribers and
+/// delivers to them: every (event, subscriber) pair arrives, and only a delivery that was in
+/// flight at a kill may arrive twice; a fan-out cut short is done again whole, never in part.
+fn a_killed_worker_fans_out_each_event_once<C: TestConnection>(db: &TestDb) {
+    const EVENTS: u32 = 200;
+    const SUBSCRIBERS: usize = 10;
+    let pool = db.pool::<C>(8);
+    let receiver = Receiver::start(|_: &Request, _| {
+        std::thread::sleep(Duration::from_millis(5));
+        Reply::status(200)
+    });
+    let mut paths = BTreeMap::new();
+    for i in 0..SUBSCRIBERS {
+        let url = receiver.url(&format!("/s{i}"));
+        let (id, _) = subscribe(&pool, NewSubscription::new(url, ["test.*"]).allow_http());
+        paths.insert(format!("/s{i}"), id);
+    }
+    let mut batch = Batch::new();
+    let mut events = BTreeSet::new();
+    for n in 0..EVENTS {
+        let key = (n % 3 == 0).then(|| format!("k{}", n % 4));
+        let options = match &key {
+            Some(key) => EnqueueOptions::new().ordering_key(key.clone()),
+            None => EnqueueOptions::new(),
+        };
+        events.insert(batch.push_with(&Event { n, key }, &options).unwrap());
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+
+    let mut in_flight: HashSet<(String, Option<String>)> = HashSet::new();
+    for kill in 0..4 {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-test-worker"))
+            .env("OUTBOX_WORKER_DATABASE_URL", db.url())
+            .env("OUTBOX_WORKER_LEASE_MS", "3000")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("starting the worker process");
+        let before = receiver.requests().len();
+        assert!(
+            eventually(PATIENCE, || receiver.requests().len() >= before + 150),
+            "kill {kill}: the child delivered {} more",
+            receiver.requests().len() - before
+        );
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaping the child");
+        in_flight.extend(leased_rows(db));
+    }
+    assert!(!in_flight.is_empty(), "the kills found nothing in flight");
+    let worker = spawn_worker(&pool);
+    assert!(
+        eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
+        "{} still pending",
+        pending(&pool).len()
+    );
+    stop(worker);
+    assert!(dead(&pool).is_empty(), "{:?}", dead(&pool));
+
+    let mut deliveries: BTreeMap<(String, MessageId), usize> = BTreeMap::new();
+    for request in receiver.requests() {
+        let id: MessageId = request.header("webhook-id").unwrap().parse().unwrap();
+        *deliveries.entry((request.path.clone(), id)).or_default() += 1;
+    }
+    for path in paths.keys() {
+        for event in &events {
+            assert!(
+                deliveries.contains_key(&(path.clone(), *event)),
+                "event {event} never reached {path}"
+            );
+        }
+    }
+    assert_eq!(deliveries.len(), EVENTS as usize * SUBSCRIBERS);
+    for ((path, id), count) in &deliveries {
+        if *count > 1 {
+            let delivery = (id.to_string(), Some(paths[path].clone()));
+            assert!(
+                in_flight.contains(&delivery),
+                "{path} got {id} {count} times, and it was not in flight at a kill"
+            );
+        }
+    }
+}
+
+/// Per-key order holds within each subscriber, and a subscriber whose first answers fail holds
+/// up neither another subscriber nor its own other keys for long.
+fn each_subscriber_gets_each_keys_events_in_order<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(8);
+    let steady = Receiver::ok();
+    let flaky = Receiver::start(|_: &Request, n| {
+        if n % 3 == 0 {
+            Reply::status(503)
+        } else {
+            Reply::status(200)
+        }
+    });
+    subscribe(&pool, new_subscription(&steady, ["test.event"]));
+    subscribe(&pool, new_subscription(&flaky, ["test.event"]));
+    let mut batch = Batch::new();
+    for n in 0..60 {
+        let key = format!("k{}", n % 3);
+        batch
+            .push_with(
+                &Event {
+                    n,
+                    key: Some(key.clone()),
+                },
+                &EnqueueOptions::new().ordering_key(key),
+            )
+            .unwrap();
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = spawn_worker_with(&pool, 10);
+    assert!(steady.wait_unique(60, PATIENCE));
+    assert!(flaky.wait_unique(60, PATIENCE));
+    stop(worker);
+    for receiver in [&steady, &flaky] {
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        for request in receiver.requests().iter().filter(|r| r.answered == 200) {
+            let body = request.json();
+            let key = body["data"]["key"].as_str().unwrap().to_owned();
+            let n = body["data"]["n"].as_u64().unwrap();
+            if let Some(previous) = last.insert(key.clone(), n) {
+                assert!(previous < n, "{key}: {n} after {previous}");
+            }
+        }
+        assert_eq!(last.len(), 3);
+    }
+    assert!(dead(&pool).is_empty());
+}
+
 backend_tests!(
     each_subscriber_is_delivered_to_independently,
     a_subscription_added_later_gets_only_later_events,
@@ -495,4 +652,6 @@ backend_tests!(
     a_rotated_secret_verifies_beside_the_new_one,
     a_removed_subscription_leaves_nothing_waiting_and_secrets_stay_hidden,
     addresses_and_filters_customers_type_are_checked,
+    a_killed_worker_fans_out_each_event_once,
+    each_subscriber_gets_each_keys_events_in_order,
 );

@@ -5,11 +5,12 @@ mod destinations;
 mod listing;
 mod pauses;
 mod stats;
+mod subscriptions;
 
 use outbox_diesel::OutboxConnection;
 use serde_json::{json, Value};
 
-use crate::cli::{Command, DeadCommand, DestinationCommand, PendingCommand};
+use crate::cli::{Command, DeadCommand, DestinationCommand, PendingCommand, SubscriptionCommand};
 use crate::error::CliError;
 
 /// What a command prints on stdout, and an error to report after it when the command did only
@@ -62,6 +63,19 @@ where
         Command::Pause { target, reason } => pauses::pause(conn, target, reason, json),
         Command::Resume { target } => pauses::resume(conn, target, json),
         Command::Paused => pauses::list(conn, json),
+        Command::Subscription(command) => match command {
+            SubscriptionCommand::Add(args) => subscriptions::add(conn, args, json),
+            SubscriptionCommand::List { owner } => {
+                subscriptions::list(conn, owner.as_deref(), json)
+            }
+            SubscriptionCommand::Show { id } => subscriptions::show(conn, id, json),
+            SubscriptionCommand::Disable { id } => subscriptions::switch(conn, id, false, json),
+            SubscriptionCommand::Enable { id } => subscriptions::switch(conn, id, true, json),
+            SubscriptionCommand::Remove { id } => subscriptions::remove(conn, id, json),
+            SubscriptionCommand::RotateSecret { id, overlap } => {
+                subscriptions::rotate_secret(conn, id, *overlap, json)
+            }
+        },
         Command::Dead(DeadCommand::Requeue { selector, dry_run }) => {
             changes::requeue(conn, selector, *dry_run, json)
         }

@@ -1,4 +1,13 @@
-//! A worker process for tests that kill it; see `outbox_tests::worker_process`.
+//! A worker process for tests that kill it; see `outbox_tests::worker_process`. It also fans
+//! out `test.event`, an event for subscribers (registered here only: the other test binaries'
+//! workers deliver to no subscriptions).
+
+/// An event for subscribers.
+#[outbox_diesel::outbox_handler("test.event", deliver_to = "subscribers")]
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Event {
+    n: u32,
+}
 
 fn main() {
     outbox_tests::worker_process::run_from_env()
