@@ -542,6 +542,7 @@ impl Subscriptions {
     pub fn delivery(&self) -> outbox_core::SubscriptionDelivery {
         outbox_core::SubscriptionDelivery::new(SubscriptionWebhooks {
             subscriptions: self.clone(),
+            template: std::sync::OnceLock::new(),
         })
     }
 }
@@ -554,10 +555,39 @@ fn key_id(stored: &str) -> Option<&str> {
         .map(|(id, _)| id)
 }
 
-/// Builds each subscription's signed webhook: [`Subscriptions::delivery`].
+/// Builds each subscription's signed webhook: [`Subscriptions::delivery`]. Every one shares the
+/// HTTP client of one template endpoint (its connections and its runtime thread), whatever the
+/// number of subscriptions.
 #[cfg(feature = "webhook")]
 struct SubscriptionWebhooks {
     subscriptions: Subscriptions,
+    template: std::sync::OnceLock<std::result::Result<outbox_webhook::WebhookEndpoint, String>>,
+}
+
+#[cfg(feature = "webhook")]
+impl SubscriptionWebhooks {
+    /// The endpoint whose client, guard and timeouts every subscription's shares.
+    fn template(&self) -> std::result::Result<&outbox_webhook::WebhookEndpoint, String> {
+        self.template
+            .get_or_init(|| {
+                let settings = &self.subscriptions;
+                let secret = generate_secret().map_err(|error| error.to_string())?;
+                let secret = outbox_webhook::WebhookSecret::parse(&secret)
+                    .map_err(|error| error.to_string())?;
+                let mut builder =
+                    outbox_webhook::WebhookEndpoint::builder("https://subscribers.invalid/")
+                        .secret(secret);
+                for address in &settings.allowed {
+                    builder = builder.allow_address(*address);
+                }
+                if let Some(timeout) = settings.timeout {
+                    builder = builder.timeout(timeout);
+                }
+                builder.build().map_err(|error| error.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
 }
 
 #[cfg(feature = "webhook")]
@@ -571,21 +601,16 @@ impl outbox_core::subscription::SubscriptionTransport for SubscriptionWebhooks {
         settings
             .check_url(&subscription.url, subscription.allow_http)
             .map_err(|error| error.to_string())?;
-        let mut builder = outbox_webhook::WebhookEndpoint::builder(subscription.url.clone());
+        let mut secrets = Vec::with_capacity(subscription.secrets.len());
         for stored in &subscription.secrets {
             let secret = settings.open(stored).map_err(|error| error.to_string())?;
-            let secret = outbox_webhook::WebhookSecret::parse(&secret)
-                .map_err(|error| format!("its secret cannot sign: {error}"))?;
-            builder = builder.secret(secret);
+            secrets.push(
+                outbox_webhook::WebhookSecret::parse(&secret)
+                    .map_err(|error| format!("its secret cannot sign: {error}"))?,
+            );
         }
-        for address in &settings.allowed {
-            builder = builder.allow_address(*address);
-        }
-        if let Some(timeout) = settings.timeout {
-            builder = builder.timeout(timeout);
-        }
-        builder
-            .build()
+        self.template()?
+            .to_url(&subscription.url, secrets)
             .map(|endpoint| {
                 std::sync::Arc::new(endpoint)
                     as std::sync::Arc<dyn outbox_core::destination::Destination>

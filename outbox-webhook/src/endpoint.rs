@@ -63,7 +63,8 @@ struct Inner {
     headers: HeaderMap,
     guard: Arc<AddressGuard>,
     allowed: Vec<IpAddr>,
-    client: OffRuntimeClient,
+    /// Shared by the endpoints made with [`WebhookEndpoint::to_url`].
+    client: Arc<OffRuntimeClient>,
     timeout: Duration,
     connect_timeout: Duration,
     max_response_body: usize,
@@ -95,6 +96,39 @@ impl WebhookEndpoint {
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
         }
+    }
+
+    /// An endpoint like this one, posting to `url` signed with `secrets`: it shares this one's
+    /// HTTP client (its connections and its one runtime thread), address guard, timeouts and
+    /// extra headers. For many receivers behind one configuration (a service's subscribers),
+    /// without a client and a thread each. Fails as [`WebhookEndpointBuilder::build`] does on
+    /// the URL and the secrets.
+    pub fn to_url(
+        &self,
+        url: &str,
+        secrets: Vec<WebhookSecret>,
+    ) -> Result<WebhookEndpoint, WebhookError> {
+        let (url, literal_ip, shown_url) = parse_url(url)?;
+        if secrets.is_empty() {
+            return Err(WebhookError::NoSecret { url: shown_url });
+        }
+        let inner = &*self.inner;
+        Ok(WebhookEndpoint {
+            inner: Arc::new(Inner {
+                url,
+                shown_url,
+                literal_ip,
+                secrets,
+                headers: inner.headers.clone(),
+                guard: Arc::clone(&inner.guard),
+                allowed: inner.allowed.clone(),
+                client: Arc::clone(&inner.client),
+                timeout: inner.timeout,
+                connect_timeout: inner.connect_timeout,
+                max_response_body: inner.max_response_body,
+                max_retry_after: inner.max_retry_after,
+            }),
+        })
     }
 
     /// The receiver's URL.
@@ -397,25 +431,7 @@ impl WebhookEndpointBuilder {
     /// Fails on a URL that does not parse or is not `http`/`https`, without any secret, with a
     /// reserved or invalid extra header, or when the client cannot be built.
     pub fn build(self) -> Result<WebhookEndpoint, WebhookError> {
-        let url = Url::parse(&self.url).map_err(|error| WebhookError::InvalidUrl {
-            reason: error.to_string(),
-        })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(WebhookError::UnsupportedScheme {
-                scheme: url.scheme().to_owned(),
-            });
-        }
-        let Some(host) = url.host_str() else {
-            return Err(WebhookError::InvalidUrl {
-                reason: "it has no host".into(),
-            });
-        };
-        let literal_ip = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-            .ok();
-        let shown_url = redact(&url);
+        let (url, literal_ip, shown_url) = parse_url(&self.url)?;
         if self.secrets.is_empty() {
             return Err(WebhookError::NoSecret { url: shown_url });
         }
@@ -443,7 +459,7 @@ impl WebhookEndpointBuilder {
                 headers,
                 guard,
                 allowed: self.allowed,
-                client,
+                client: Arc::new(client),
                 timeout: self.timeout,
                 connect_timeout: self.connect_timeout,
                 max_response_body: self.max_response_body,
@@ -470,6 +486,31 @@ impl fmt::Debug for WebhookEndpointBuilder {
             .field("max_retry_after", &self.max_retry_after)
             .finish()
     }
+}
+
+/// A receiver's URL: `http` or `https` with a host; the host as an address when it is one, and
+/// the URL as errors and logs show it (without its password).
+fn parse_url(url: &str) -> Result<(Url, Option<IpAddr>, String), WebhookError> {
+    let url = Url::parse(url).map_err(|error| WebhookError::InvalidUrl {
+        reason: error.to_string(),
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(WebhookError::UnsupportedScheme {
+            scheme: url.scheme().to_owned(),
+        });
+    }
+    let Some(host) = url.host_str() else {
+        return Err(WebhookError::InvalidUrl {
+            reason: "it has no host".into(),
+        });
+    };
+    let literal_ip = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .ok();
+    let shown_url = redact(&url);
+    Ok((url, literal_ip, shown_url))
 }
 
 /// Checks a receiver's URL before it is stored (a subscription a customer types): it must be
