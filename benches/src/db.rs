@@ -90,6 +90,14 @@ impl BenchDb {
             .ctx("emptying the tables")?;
         Ok(())
     }
+
+    /// Removes every subscription.
+    pub fn empty_subscriptions<C: BenchConnection>(&self) -> Res<()> {
+        let mut conn = self.connect::<C>()?;
+        conn.batch_execute("DELETE FROM outbox_subscription")
+            .ctx("removing the subscriptions")?;
+        Ok(())
+    }
 }
 
 /// The SQL the baselines write by hand.

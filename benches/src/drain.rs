@@ -262,9 +262,11 @@ pub fn spawn_worker<C: BenchConnection>(
 ) -> Res<WorkerHandle> {
     let pool = db.worker_pool::<C>(4)?;
     let store = TracedStore::new(DieselStore::new(pool), trace.clone());
-    let mut builder = opts
-        .claims
-        .apply(Worker::builder(store).handler_threads(opts.handler_threads));
+    let mut builder = opts.claims.apply(
+        Worker::builder(store)
+            .subscriptions(crate::handlers::subscribers())
+            .handler_threads(opts.handler_threads),
+    );
     if let Some(endpoint) = endpoint {
         builder = builder.destination(crate::handlers::HOOK, endpoint.clone());
     }

@@ -125,3 +125,36 @@ impl Handler for Relayed {
         ctx.destination(RELAY)?.deliver(&self)
     }
 }
+
+/// An event for subscribers: the `fanout` scenario's.
+#[outbox_handler("bench.event", deliver_to = "subscribers")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Event {
+    /// A sequence number.
+    pub n: u64,
+    /// Padding to a realistic size.
+    pub note: String,
+}
+
+impl Event {
+    /// Event number `n`.
+    pub fn new(n: u64) -> Event {
+        Event {
+            n,
+            note: NOTE.to_owned(),
+        }
+    }
+}
+
+/// How every benchmark worker delivers to subscriptions (only `fanout` makes any): signed
+/// webhooks to receivers on 127.0.0.1, secrets stored as they are.
+pub fn subscribers() -> outbox_diesel::SubscriptionDelivery {
+    subscription_settings().delivery()
+}
+
+/// What `fanout` creates its subscriptions with, and its workers deliver them with.
+pub fn subscription_settings() -> outbox_diesel::subscription::Subscriptions {
+    outbox_diesel::subscription::Subscriptions::new()
+        .allow_address(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+        .timeout(std::time::Duration::from_secs(10))
+}

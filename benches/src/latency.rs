@@ -248,6 +248,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         let pool = db.worker_pool::<C>(4)?;
         let trace = TraceHandle::default();
         let builder = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
+            .subscriptions(crate::handlers::subscribers())
             .handler_threads(opts.handler_threads);
         let worker = opts
             .claims

@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Scenarios: `enqueue`, `drain` (with `--keys K,…` the keyed drains, with `--metrics` the cost
-//! of recording metrics, with `--destination jetstream|rabbitmq` the relay to a broker), `latency`, `memory`, `scale`, `ratelimit`, `priority`, `fairness`, `peers` (the no-op drain against graphile-worker and pg-boss, PostgreSQL) (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
+//! of recording metrics, with `--destination jetstream|rabbitmq` the relay to a broker), `latency`, `memory`, `scale`, `ratelimit`, `priority`, `fairness`, `fanout`, `peers` (the no-op drain against graphile-worker and pg-boss, PostgreSQL) (and `explain`, the claim query's plan). Each prints one JSON object per line on stdout (one per run, then a summary with
 //! medians and spread) and a short human summary on stderr. `chart --input F --output F.svg`
 //! draws a `peers` or `latency --hold-transaction` file of those lines. A scenario that loses or duplicates
 //! messages exits non-zero; a missed speed target only prints `"target_met": false`.
@@ -18,6 +18,7 @@ mod drain;
 mod enqueue;
 mod explain;
 mod fairness;
+mod fanout;
 mod handlers;
 mod latency;
 mod library_sql;
@@ -127,6 +128,9 @@ enum Command {
     /// One group's few messages behind another group's flood: their commit → received time,
     /// against the same messages without groups.
     Fairness(Opts),
+    /// Events fanned out to 1, 10, 100 and 1,000 subscriptions, against as many deliveries of
+    /// separate messages to one webhook destination; and an event's enqueue against a message's.
+    Fanout(Opts),
     /// The no-op drain against graphile-worker and pg-boss (Node.js, installed from npm into
     /// a cache) on the same PostgreSQL backlog, alternated; their ratios.
     Peers(Opts),
@@ -339,6 +343,7 @@ fn main() {
         Command::Ratelimit(opts) => ratelimit::run(&opts),
         Command::Priority(opts) => priority::run(&opts),
         Command::Fairness(opts) => fairness::run(&opts),
+        Command::Fanout(opts) => fanout::run(&opts),
         Command::Peers(opts) => peers::run(&opts),
         Command::Chart(args) => chart::run(&args).map(|()| true),
         Command::Worker(args) => worker_process::run(&args).map(|()| true),

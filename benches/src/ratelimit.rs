@@ -87,6 +87,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         let receiver = rate_limited(allowed);
         prefill::<C>(db, count, Kind::Hook)?;
         let worker = Worker::builder(DieselStore::new(db.worker_pool::<C>(4)?))
+            .subscriptions(crate::handlers::subscribers())
             .handler_threads(opts.handler_threads)
             .destination(HOOK, endpoint(&receiver.url("/hook"))?)
             .spawn()
@@ -135,6 +136,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         let backlog = (f64::from(STATIC_LIMIT) * seconds * 1.5) as usize + 100;
         prefill::<C>(db, backlog, Kind::Hook)?;
         let worker = Worker::builder(DieselStore::new(db.worker_pool::<C>(4)?))
+            .subscriptions(crate::handlers::subscribers())
             .handler_threads(opts.handler_threads)
             .destination_with(
                 HOOK,

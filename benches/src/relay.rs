@@ -456,7 +456,11 @@ pub fn relay_drain_on<C: BenchConnection>(
         let started = Instant::now();
         let worker = opts
             .claims
-            .apply(Worker::builder(DieselStore::new(pool)).handler_threads(opts.handler_threads))
+            .apply(
+                Worker::builder(DieselStore::new(pool))
+                    .subscriptions(crate::handlers::subscribers())
+                    .handler_threads(opts.handler_threads),
+            )
             .destination(RELAY, broker.target()?)
             .spawn()
             .ctx("starting the worker")?;

@@ -58,6 +58,7 @@ fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
     let pool = db.worker_pool::<C>(4 + u32::from(args.across_processes))?;
     let trace = TraceHandle::default();
     let builder = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
+        .subscriptions(crate::handlers::subscribers())
         .handler_threads(args.handler_threads);
     let worker = args
         .claims

@@ -129,8 +129,8 @@ pub use outbox_core::metrics;
 pub use outbox_core::{
     Context, Delivery, DispatchError, FailureKind, Handler, HandlerRegistration, HeaderError,
     Headers, Message, MessageId, ParseMessageIdError, Priority, ProcessError, Registry,
-    RegistryError, Resources, RetryPolicy, Stopper, Worker, WorkerBuilder, WorkerError,
-    WorkerHandle, WorkerStats, MAX_HEADERS, MAX_HEADER_BYTES,
+    RegistryError, Resources, RetryPolicy, Stopper, SubscriptionDelivery, Worker, WorkerBuilder,
+    WorkerError, WorkerHandle, WorkerStats, MAX_HEADERS, MAX_HEADER_BYTES,
 };
 pub use transaction::write_transaction;
 
