@@ -125,6 +125,7 @@ pub struct Admin<M: ManageConnection> {
     worker_stats: Option<StatsSource>,
     samples: Mutex<Samples>,
     refresh: Duration,
+    subscriptions: Option<outbox_diesel::subscription::Subscriptions>,
 }
 
 impl<M: ManageConnection> fmt::Debug for Admin<M> {
@@ -147,6 +148,7 @@ pub struct AdminBuilder<M: ManageConnection> {
     session_key: Option<Vec<u8>>,
     worker_stats: Option<StatsSource>,
     refresh: Duration,
+    subscriptions: Option<outbox_diesel::subscription::Subscriptions>,
 }
 
 impl<M: ManageConnection> fmt::Debug for AdminBuilder<M> {
@@ -196,6 +198,19 @@ where
     /// same key: sessions are bound to the token they signed in with.
     pub fn session_key(mut self, key: impl AsRef<[u8]>) -> Self {
         self.session_key = Some(key.as_ref().to_vec());
+        self
+    }
+
+    /// What the pages create and rotate subscriptions' secrets with (the keys that encrypt
+    /// them, the addresses this application trusts): the same
+    /// [`Subscriptions`](outbox_diesel::subscription::Subscriptions) the application uses.
+    /// Without it the subscriptions page lists, enables, disables and removes, but adds none
+    /// and rotates no secret.
+    pub fn subscriptions(
+        mut self,
+        subscriptions: outbox_diesel::subscription::Subscriptions,
+    ) -> Self {
+        self.subscriptions = Some(subscriptions);
         self
     }
 
@@ -256,6 +271,7 @@ where
             worker_stats: self.worker_stats,
             samples: Mutex::new(Samples::default()),
             refresh: self.refresh,
+            subscriptions: self.subscriptions,
         })
     }
 }
@@ -285,6 +301,7 @@ where
             session_key: None,
             worker_stats: None,
             refresh: Duration::from_secs(10),
+            subscriptions: None,
         }
     }
 

@@ -7,6 +7,7 @@ use outbox_diesel::admin::{
     BlockedKey, DeadLetter, DestinationStatus, FoundMessage, Pause, PauseKind, PendingMessage,
     TypeStats,
 };
+use outbox_diesel::subscription::SubscriptionInfo;
 use outbox_diesel::Headers;
 
 use crate::chart::{sparkline, Sample};
@@ -100,6 +101,7 @@ fn layout(page: Page<'_>, title: &str, body: &str, refresh: Option<Duration>) ->
          <title>{title} · outbox</title><style>{STYLE}</style></head><body>\
          <nav><a href=\"{base}/\">Overview</a><a href=\"{base}/messages\">Pending</a>\
          <a href=\"{base}/dead\">Dead letters</a>\
+         <a href=\"{base}/subscriptions\">Subscriptions</a>\
          <form method=\"get\" action=\"{base}/find\"><input name=\"id\" placeholder=\"message id\" \
          aria-label=\"message id\" size=\"38\"> <button class=\"quiet\">Find</button></form>\
          <form method=\"post\" action=\"{base}/logout\"><button class=\"quiet\" id=\"sign-out\">\
@@ -426,6 +428,81 @@ fn destinations(base: &str, destinations: &[DestinationStatus], pauses: &[Pause]
     }
     table.push_str("</table>");
     table
+}
+
+/// The subscriptions, with their actions, and a form to add one (when the pages may make
+/// secrets).
+pub(crate) fn subscriptions(page: Page<'_>, listed: &[SubscriptionInfo], can_add: bool) -> String {
+    let base = escape(page.base);
+    let mut body = format!(
+        "<h1>Subscriptions</h1><p class=\"meta\">Endpoints the application's customers add. \
+         Each takes the events it asks for, delivered and retried on its own, and is a \
+         destination of its own on the overview (<code>subscription:&lt;id&gt;</code>). A \
+         disabled one gets no new events, and its waiting deliveries pause until it is enabled. \
+         Secrets are shown once, when made.</p>\
+         <table id=\"subscriptions\"><tr><th>id</th><th>owner</th><th>state</th>\
+         <th>event types</th><th>url</th><th>created</th><th></th></tr>"
+    );
+    for s in listed {
+        let id = percent_encoding::utf8_percent_encode(&s.id, percent_encoding::NON_ALPHANUMERIC);
+        let (state, switch) = if s.enabled {
+            ("enabled", "disable")
+        } else {
+            ("disabled", "enable")
+        };
+        let button = |action: &str, label: &str| {
+            format!(
+                "<form class=\"inline\" method=\"post\" action=\"{base}/subscriptions/{id}/{action}\">\
+                 <button class=\"quiet {action}-subscription\">{label}</button></form>"
+            )
+        };
+        let mut actions = button(switch, if s.enabled { "Disable" } else { "Enable" });
+        if can_add {
+            actions.push_str(&button("rotate-secret", "Rotate secret"));
+        }
+        actions.push_str(&button("remove", "Remove"));
+        let _ = write!(
+            body,
+            "<tr class=\"subscription\"><td><code>{}</code></td><td>{}</td>\
+             <td><span class=\"state {class}\">{state}</span></td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{actions}</td></tr>",
+            escape(&s.id),
+            escape(s.owner.as_deref().unwrap_or("-")),
+            escape(&s.event_types.join(", ")),
+            escape(&s.url),
+            when(s.created_at),
+            class = if s.enabled { "" } else { "dead" },
+        );
+    }
+    body.push_str("</table>");
+    if can_add {
+        let _ = write!(
+            body,
+            "<h2>Add a subscription</h2><form class=\"stack\" method=\"post\" \
+             action=\"{base}/subscriptions\">\
+             <input name=\"url\" id=\"subscription-url\" placeholder=\"https://receiver.example/hooks\" \
+             required><input name=\"event_types\" id=\"subscription-types\" \
+             placeholder=\"event types: invoice.*, order.paid\" required>\
+             <input name=\"owner\" placeholder=\"owner (optional)\">\
+             <input name=\"description\" placeholder=\"description (optional)\">\
+             <label><input type=\"checkbox\" name=\"allow_http\" value=\"1\"> allow http://</label>\
+             <button id=\"add-subscription\">Add</button></form>"
+        );
+    }
+    layout(page, "Subscriptions", &body, None)
+}
+
+/// A secret just made: shown this once.
+pub(crate) fn secret_once(page: Page<'_>, id: &str, secret: &str, what: &str) -> String {
+    let base = escape(page.base);
+    let body = format!(
+        "<h1>Subscription {what}</h1><p>Subscription <code>{}</code>. Its signing secret, shown \
+         this once (give it to the subscriber now):</p><p><code id=\"secret\">{}</code></p>\
+         <p><a href=\"{base}/subscriptions\">Back to the subscriptions</a></p>",
+        escape(id),
+        escape(secret)
+    );
+    layout(page, "Subscription", &body, None)
 }
 
 /// A filter form's text field, keeping what was asked.

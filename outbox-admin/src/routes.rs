@@ -4,6 +4,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use diesel::r2d2::ManageConnection;
 use outbox_diesel::admin::{self, DeadLetterSelection, FoundMessage, ListOptions, PauseKind};
+use outbox_diesel::subscription::{self, NewSubscription};
 use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::{json, Value};
 
@@ -100,6 +101,13 @@ where
         ("GET", ["api", "destinations"]) => destinations_json(admin),
         ("POST", ["destinations", name, "enable"]) => enable_destination(admin, request, name),
         ("GET", ["api", "paused"]) => paused_json(admin),
+        ("GET", ["subscriptions"]) => subscriptions_page(admin, page),
+        ("GET", ["api", "subscriptions"]) => subscriptions_json(admin),
+        ("POST", ["subscriptions"]) => add_subscription(admin, page, request),
+        (
+            "POST",
+            ["subscriptions", id, action @ ("enable" | "disable" | "remove" | "rotate-secret")],
+        ) => change_subscription(admin, page, request, id, action),
         ("POST", [kind @ ("types" | "destinations"), name, action @ ("pause" | "resume")]) => {
             pause_or_resume(admin, request, kind, name, action)
         }
@@ -373,6 +381,156 @@ where
     };
     log::info!(target: "outbox_admin", "{what} {name}: {action} by an operator from {peer}");
     Ok(done(admin.base_path(), "/", &text))
+}
+
+fn subscriptions_page<M>(admin: &Admin<M>, page: Page<'_>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let listed = subscription::list(&mut *connection(admin)?, None).map_err(text)?;
+    Ok(Response::html(
+        200,
+        pages::subscriptions(page, &listed, admin.subscriptions.is_some()),
+    ))
+}
+
+fn subscriptions_json<M>(admin: &Admin<M>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let listed = subscription::list(&mut *connection(admin)?, None).map_err(text)?;
+    Ok(Response::json(200, &json!({ "subscriptions": listed })))
+}
+
+/// Why the pages cannot make secrets: the application gave them no subscription settings.
+const NO_SUBSCRIPTION_SETTINGS: &str = "These pages make no secrets: give them the application's \
+     subscription settings (AdminBuilder::subscriptions), or use the application or `outbox \
+     subscription`.";
+
+fn add_subscription<M>(admin: &Admin<M>, page: Page<'_>, request: &Request) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let Some(settings) = &admin.subscriptions else {
+        return Ok(Response::html(
+            400,
+            pages::problem(admin.base_path(), NO_SUBSCRIPTION_SETTINGS),
+        ));
+    };
+    let form = request.form();
+    let url = form.get("url").unwrap_or_default();
+    let event_types: Vec<&str> = form
+        .get("event_types")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|filter| !filter.is_empty())
+        .collect();
+    let mut new = NewSubscription::new(url, event_types);
+    if let Some(owner) = form.get("owner") {
+        new = new.owner(owner);
+    }
+    if let Some(description) = form.get("description") {
+        new = new.description(description);
+    }
+    if form.get("allow_http").is_some() {
+        new = new.allow_http();
+    }
+    let created = match settings.create(&mut *connection(admin)?, &new) {
+        Ok(created) => created,
+        Err(
+            error @ (outbox_diesel::Error::InvalidSubscription { .. }
+            | outbox_diesel::Error::InvalidOwner),
+        ) => {
+            return Ok(Response::html(
+                400,
+                pages::problem(admin.base_path(), &error.to_string()),
+            ))
+        }
+        Err(error) => return Err(error.to_string()),
+    };
+    log::info!(
+        target: "outbox_admin",
+        "subscription {} added by an operator from {}",
+        created.subscription.id,
+        request.peer_or_unknown()
+    );
+    Ok(Response::html(
+        200,
+        pages::secret_once(page, &created.subscription.id, &created.secret, "added"),
+    ))
+}
+
+fn change_subscription<M>(
+    admin: &Admin<M>,
+    page: Page<'_>,
+    request: &Request,
+    id: &str,
+    action: &str,
+) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+    let mut conn = connection(admin)?;
+    let peer = request.peer_or_unknown();
+    let (found, done_text) = match action {
+        "enable" => (
+            subscription::enable(&mut *conn, &id).map_err(text)?,
+            format!("Enabled subscription {id}: its paused deliveries are due now."),
+        ),
+        "disable" => (
+            subscription::disable(&mut *conn, &id).map_err(text)?,
+            format!(
+                "Disabled subscription {id}: within a few seconds no new event reaches it and \
+                 its waiting deliveries pause."
+            ),
+        ),
+        "remove" => (
+            subscription::remove(&mut *conn, &id).map_err(text)?,
+            format!("Removed subscription {id} and its waiting deliveries."),
+        ),
+        _ => {
+            let Some(settings) = &admin.subscriptions else {
+                return Ok(Response::html(
+                    400,
+                    pages::problem(admin.base_path(), NO_SUBSCRIPTION_SETTINGS),
+                ));
+            };
+            let rotated = settings
+                .rotate_secret(
+                    &mut *conn,
+                    &id,
+                    outbox_diesel::subscription::DEFAULT_ROTATION_OVERLAP,
+                )
+                .map_err(text)?;
+            log::info!(
+                target: "outbox_admin",
+                "subscription {id}: secret rotated by an operator from {peer}"
+            );
+            return Ok(match rotated {
+                Some(secret) => {
+                    Response::html(200, pages::secret_once(page, &id, &secret, "rotated"))
+                }
+                None => Response::html(
+                    404,
+                    pages::problem(admin.base_path(), "No such subscription."),
+                ),
+            });
+        }
+    };
+    if !found {
+        return Ok(Response::html(
+            404,
+            pages::problem(admin.base_path(), "No such subscription."),
+        ));
+    }
+    log::info!(target: "outbox_admin", "subscription {id}: {action} by an operator from {peer}");
+    Ok(done(admin.base_path(), "/subscriptions", &done_text))
 }
 
 fn enable_destination<M>(admin: &Admin<M>, request: &Request, name: &str) -> Outcome

@@ -885,7 +885,112 @@ fn operators_pause_and_resume_types_and_destinations_from_the_pages<C: TestConne
     assert!(!html.contains("id=\"paused\""));
 }
 
+/// Operators see, add, disable, enable, rotate and remove subscriptions from the pages: a
+/// secret shows once, when made; the pages refuse to make one without the application's
+/// settings; a cross-site request changes nothing.
+fn operators_manage_subscriptions_from_the_pages<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(3);
+    let admin = Admin::builder(pool.clone(), TOKEN)
+        .base_path("/ops/outbox")
+        .subscriptions(outbox_testkit::outbox::subscriptions())
+        .build()
+        .unwrap();
+    let cookie = sign_in(&admin);
+    let added = post(
+        &admin,
+        &cookie,
+        "/subscriptions",
+        "url=https%3A%2F%2F127.0.0.1%2Fhooks&event_types=invoice.*%2C+order.paid&owner=42",
+    );
+    assert_eq!(added.status, 200, "{}", added.text());
+    let page = added.text();
+    let secret = page
+        .split("<code id=\"secret\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .expect("the secret, shown once")
+        .to_owned();
+    assert!(secret.starts_with("whsec_"), "{page}");
+    let listed = outbox_diesel::subscription::list(&mut pool.get().unwrap(), None).unwrap();
+    assert_eq!(listed.len(), 1);
+    let id = listed[0].id.clone();
+    assert_eq!(listed[0].event_types, ["invoice.*", "order.paid"]);
+
+    let page = get(&admin, &cookie, "/subscriptions").text();
+    assert!(page.contains(&id) && page.contains("invoice.*"), "{page}");
+    assert!(
+        !page.contains(&secret[6..]),
+        "the listing never shows a secret"
+    );
+    let api = json(&get(&admin, &cookie, "/api/subscriptions"));
+    assert_eq!(api["subscriptions"][0]["id"], id.as_str());
+    assert!(!api.to_string().contains(&secret[6..]));
+
+    let disabled = post(&admin, &cookie, &format!("/subscriptions/{id}/disable"), "");
+    assert_eq!(disabled.status, 303, "{}", disabled.text());
+    let get_one = || {
+        outbox_diesel::subscription::get(&mut pool.get().unwrap(), &id)
+            .unwrap()
+            .unwrap()
+    };
+    assert!(!get_one().enabled);
+    // Cross-site: refused, nothing changes.
+    let forged = admin.handle(
+        &Request::new("POST", &format!("/subscriptions/{id}/enable"))
+            .header("cookie", &cookie)
+            .header("sec-fetch-site", "cross-site"),
+    );
+    assert_eq!(forged.status, 403);
+    assert!(!get_one().enabled);
+    post(&admin, &cookie, &format!("/subscriptions/{id}/enable"), "");
+    assert!(get_one().enabled);
+
+    let rotated = post(
+        &admin,
+        &cookie,
+        &format!("/subscriptions/{id}/rotate-secret"),
+        "",
+    );
+    assert_eq!(rotated.status, 200);
+    assert!(rotated.text().contains("whsec_") && !rotated.text().contains(&secret[6..]));
+    assert!(get_one().previous_secret_until.is_some());
+
+    let refused = post(
+        &admin,
+        &cookie,
+        "/subscriptions",
+        "url=http%3A%2F%2Fexample.com&event_types=*",
+    );
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(refused.text().contains("http://"));
+
+    let removed = post(&admin, &cookie, &format!("/subscriptions/{id}/remove"), "");
+    assert_eq!(removed.status, 303);
+    assert!(
+        outbox_diesel::subscription::get(&mut pool.get().unwrap(), &id)
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        post(&admin, &cookie, &format!("/subscriptions/{id}/remove"), "").status,
+        404
+    );
+
+    // Pages without the application's settings list and switch, but make no secret.
+    let plain = pages(&pool);
+    let cookie = sign_in(&plain);
+    let no_settings = post(
+        &plain,
+        &cookie,
+        "/subscriptions",
+        "url=https%3A%2F%2Fexample.com&event_types=*",
+    );
+    assert_eq!(no_settings.status, 400);
+    assert!(no_settings.text().contains("AdminBuilder::subscriptions"));
+}
+
 backend_tests!(
+    operators_manage_subscriptions_from_the_pages,
     operators_pause_and_resume_types_and_destinations_from_the_pages,
     signing_out_ends_the_session_on_every_replica,
     listings_read_payload_previews_and_a_message_its_whole_payload,
