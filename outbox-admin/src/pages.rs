@@ -434,7 +434,7 @@ fn destinations(base: &str, destinations: &[DestinationStatus], pauses: &[Pause]
 /// secrets).
 pub(crate) fn subscriptions(page: Page<'_>, listed: &[SubscriptionInfo], can_add: bool) -> String {
     let base = escape(page.base);
-    let mut body = format!(
+    let mut body = String::from(
         "<h1>Subscriptions</h1><p class=\"meta\">Endpoints the application's customers add. \
          Each takes the events it asks for, delivered and retried on its own, and is a \
          destination of its own on the overview (<code>subscription:&lt;id&gt;</code>). A \

@@ -1,3 +1,7 @@
+//! What a handler is given besides its message: the [`Context`], with the [`Delivery`]'s facts
+//! (id, attempt, headers), the worker's named destinations and the application's shared
+//! [`Resources`].
+
 use std::any::{type_name, Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;

@@ -1,3 +1,6 @@
+//! How a handler's attempt fails: [`ProcessError`] and its [`FailureKind`], which decide
+//! whether the message is retried, deferred or dead-lettered.
+
 use std::fmt;
 use std::time::Duration;
 

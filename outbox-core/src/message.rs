@@ -1,3 +1,6 @@
+//! The typed side of a message: [`Message`] (what is enqueued, serialized with serde),
+//! [`Handler`] (what the worker runs for it) and [`MessageId`].
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -1,3 +1,5 @@
+//! [`Priority`]: which due messages a claim takes first.
+
 /// How soon a due message is claimed, against other due messages: every claim takes the due
 /// messages of a higher priority before any of a lower one, and those of one priority in due
 /// order. Order within an ordering key comes first: a `High` message waits for the earlier

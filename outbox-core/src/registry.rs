@@ -1,3 +1,6 @@
+//! The handlers `#[outbox_handler]` registers at link time ([`HandlerRegistration`], collected
+//! with `inventory`), and the [`Registry`] the worker looks a message's type up in.
+
 use std::collections::HashMap;
 use std::fmt;
 

@@ -1,3 +1,5 @@
+//! [`RetryPolicy`]: when a failed message is tried again, and when it is dead-lettered.
+
 use std::time::Duration;
 
 /// When to try a failed message again, and when to give up on it.

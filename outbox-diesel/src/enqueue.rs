@@ -1,3 +1,6 @@
+//! Writing messages into the outbox table through the caller's connection, inside the
+//! caller's transaction: [`Enqueue`], [`Batch`], [`enqueue_all`] and [`EnqueueOptions`].
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_core::{Headers, Message, MessageId, Priority};

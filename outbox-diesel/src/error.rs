@@ -1,3 +1,5 @@
+//! [`Error`]: what went wrong in an outbox operation, and what to do about it.
+
 /// A `Result` whose error is the outbox's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -1,3 +1,6 @@
+//! The outbox's tables, created and upgraded by [`run_migrations`] with the migrations embedded
+//! for each backend.
+
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use crate::connection::{BackendConnection, OutboxConnection};

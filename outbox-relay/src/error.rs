@@ -1,3 +1,5 @@
+//! [`RelayError`]: why a message was not relayed to a broker, classified for the worker.
+
 use std::time::Duration;
 
 use outbox_core::destination::{DeliveryError, Scope};

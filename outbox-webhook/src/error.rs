@@ -1,3 +1,6 @@
+//! [`WebhookError`]: why an endpoint could not be built or a delivery did not succeed,
+//! classified for the worker.
+
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::time::Duration;

@@ -1,3 +1,6 @@
+//! [`WebhookSecret`]: a Standard Webhooks signing secret (`whsec_…`), and the signature it
+//! makes.
+
 use std::fmt;
 use std::str::FromStr;
 

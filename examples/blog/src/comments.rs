@@ -6,7 +6,7 @@ use diesel::prelude::*;
 use outbox_diesel::{Batch, EnqueueOptions};
 
 use crate::db::{comments, members, posts, subscriptions, AnyConnection};
-use crate::messages::{Notification, ThankYou};
+use crate::messages::{post_owner, CommentPosted, Notification, ThankYou};
 
 /// A comment as submitted.
 #[derive(Debug, Clone, rocket::FromForm)]
@@ -64,7 +64,8 @@ fn excerpt(text: &str) -> String {
 }
 
 /// Stores the comment, subscribes its author to the post, and enqueues a notification for
-/// every other subscriber and, on a first comment, a thank-you: all or nothing.
+/// every other subscriber, on a first comment a thank-you, and a `comment.posted` event for the
+/// post's webhook subscriptions: all or nothing.
 ///
 /// The transaction reads before it writes, so it is a `write_transaction`: on SQLite it takes
 /// the write lock first, and the worker committing in between cannot make it fail.
@@ -164,9 +165,20 @@ pub fn post_comment(
                 &EnqueueOptions::new().ordering_key(format!("member-{member_id}")),
             )?;
         }
-        if !batch.is_empty() {
-            batch.enqueue(conn)?;
-        }
+        // Keyed by post: each subscription gets a post's comments in the order they were
+        // posted.
+        batch.push_with(
+            &CommentPosted {
+                post_id,
+                post_title: post_title.clone(),
+                commenter: name.to_owned(),
+                excerpt: excerpt(body),
+            },
+            &EnqueueOptions::new()
+                .owner(post_owner(post_id))
+                .ordering_key(post_owner(post_id)),
+        )?;
+        batch.enqueue(conn)?;
         Ok(Posted {
             first_comment,
             notified: others.len(),

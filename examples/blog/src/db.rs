@@ -200,3 +200,23 @@ pub fn recent_deliveries(conn: &mut AnyConnection, limit: i64) -> QueryResult<Ve
         .limit(limit)
         .load(conn)
 }
+
+/// What a log line of a reader's hook says it was: `verified, at hook <hook>`.
+pub fn hook_outcome(hook: &str) -> String {
+    format!("verified, at hook {hook}")
+}
+
+/// The newest deliveries that arrived verified at the hooks of post `post_id`'s readers.
+pub fn hook_deliveries(
+    conn: &mut AnyConnection,
+    post_id: i32,
+    limit: i64,
+) -> QueryResult<Vec<Delivery>> {
+    // Hooks are named `post-<id>-<tag>`: the trailing dash keeps post 1 from matching post 11.
+    let pattern = format!("{}%", hook_outcome(&format!("post-{post_id}-")));
+    deliveries::table
+        .filter(deliveries::outcome.like(pattern))
+        .order(deliveries::id.desc())
+        .limit(limit)
+        .load(conn)
+}

@@ -7,6 +7,11 @@
 //! and records each delivery once through the outbox's inbox. `/outbox` shows the queue and the
 //! dead letters to operators, `/metrics` the worker's metrics in Prometheus' text format.
 //!
+//! Readers subscribe webhooks of their own to a post's events at `/posts/<id>/webhooks`: each
+//! comment enqueues a `comment.posted` event in the same transaction, and every subscription
+//! of the post that asks for it gets its own delivery, retried on its own. Their endpoints stand
+//! in at `/receiver/readers/<hook>`, where the deliveries can be watched arriving.
+//!
 //! Configuration (environment):
 //! - `DATABASE_URL`: an SQLite file (default `blog.db`), or `postgres://…` / `mysql://…` when
 //!   built with the `postgres` / `mysql` feature.
@@ -14,6 +19,8 @@
 //! - `WEBHOOK_URL`, `WEBHOOK_SECRET`: where to deliver and the `whsec_…` signing secret
 //!   (default: the built-in receiver, with a secret made at start).
 //! - `OUTBOX_ADMIN_TOKEN`: the token for `/outbox` (default: made at start and printed once).
+//! - `OUTBOX_SECRET_KEYS`: `ID:BASE64` keys that encrypt subscriptions' secrets at rest, the
+//!   first one encrypting (default: none, secrets stored as they are).
 //! - `BLOG_MAX_ATTEMPTS`, `BLOG_RETRY_MS`: a shorter retry schedule, to watch dead letters
 //!   happen (default: the library's, 10 attempts over about 15 hours).
 
@@ -35,6 +42,7 @@ use std::time::Duration;
 
 use diesel::r2d2::Pool;
 use outbox_diesel::inbox::Inbox;
+use outbox_diesel::subscription::Subscriptions;
 use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
 use outbox_diesel::{DieselStore, OutboxManager, RetryPolicy, Worker, WorkerHandle};
 use rocket::fairing::AdHoc;
@@ -63,6 +71,8 @@ pub struct Settings {
     pub admin_token: String,
     /// The worker's retry policy.
     pub retry_policy: RetryPolicy,
+    /// The keys that encrypt subscriptions' secrets (`ID:BASE64,...`), if any.
+    pub secret_keys: Option<String>,
 }
 
 fn random_token() -> String {
@@ -72,6 +82,11 @@ fn random_token() -> String {
         .chars()
         .filter(char::is_ascii_alphanumeric)
         .collect()
+}
+
+/// A short random name for a reader's hook.
+pub(crate) fn hook_tag() -> String {
+    random_token().chars().take(10).collect()
 }
 
 impl Settings {
@@ -120,6 +135,7 @@ impl Settings {
             webhook_secret,
             admin_token,
             retry_policy,
+            secret_keys: var("OUTBOX_SECRET_KEYS"),
         })
     }
 }
@@ -155,6 +171,14 @@ pub struct App {
     /// the blog's `/receiver` page.
     pub(crate) admin: Arc<OutboxAdmin>,
     pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// What subscriptions may be and how they are delivered: readers' hooks are the blog's own
+    /// `/receiver/readers/...` on 127.0.0.1.
+    pub(crate) subscriptions: Subscriptions,
+    /// The signing secret readers' hooks are given, so that their stand-in endpoints can check
+    /// what arrives (an application's customers would each get their own, shown once).
+    pub(crate) webhook_secret: outbox_diesel::webhook::WebhookSecret,
+    /// The blog's own address, for the readers' stand-in endpoints.
+    pub(crate) base_url: String,
     worker: Arc<Mutex<Option<WorkerHandle>>>,
 }
 
@@ -183,6 +207,14 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
     };
     let host = build(&[])?.url().host_str().map(str::to_owned);
     let endpoint = build(&receiver_addresses(host.as_deref()))?;
+    let mut subscriptions = Subscriptions::new()
+        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .timeout(Duration::from_secs(5));
+    if let Some(keys) = &settings.secret_keys {
+        subscriptions = subscriptions
+            .secret_keys(keys)
+            .map_err(|e| format!("OUTBOX_SECRET_KEYS: {e}"))?;
+    }
 
     // The manager's errors show the URL without its password.
     let manager = OutboxManager::new(&settings.database_url).map_err(|e| e.to_string())?;
@@ -209,6 +241,7 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
                 .and_then(|slot| slot.as_ref().map(WorkerHandle::stats))
                 .unwrap_or_default()
         })
+        .subscriptions(subscriptions.clone())
         .build()
         .map_err(|e| format!("the admin pages (OUTBOX_ADMIN_TOKEN): {e}"))?;
     let admin = Arc::new(admin);
@@ -218,8 +251,12 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
         receiver_failing: AtomicBool::new(false),
         admin: Arc::clone(&admin),
         metrics: metrics::recorder(),
+        subscriptions: subscriptions.clone(),
+        webhook_secret: settings.webhook_secret.clone(),
+        base_url: format!("http://127.0.0.1:{port}"),
         worker,
     };
+    let delivery = subscriptions.delivery();
     let retry_policy = settings.retry_policy.clone();
     let rocket = rocket::custom(figment)
         .manage(app)
@@ -235,6 +272,7 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
                         .handler_threads(4)
                         .retry_policy(retry_policy)
                         .destination(messages::MAIL, endpoint)
+                        .subscriptions(delivery)
                         .spawn()
                 })
                 .await;

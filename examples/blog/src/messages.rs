@@ -1,4 +1,6 @@
-//! What the blog tells the world: each message is routed to the mail webhook, as it is.
+//! What the blog tells the world: mails are routed to the mail webhook, as they are; a
+//! `comment.posted` event goes to every webhook subscription that asks for it, each delivered
+//! on its own.
 
 use outbox_diesel::outbox_handler;
 use serde::{Deserialize, Serialize};
@@ -34,4 +36,24 @@ pub struct Notification {
     pub commenter: String,
     /// The start of the comment.
     pub excerpt: String,
+}
+
+/// A comment was posted: an event for the webhook subscriptions readers add to the post
+/// (`/posts/<id>/webhooks`), owned by the post so that only its own subscriptions take it.
+#[outbox_handler("comment.posted", deliver_to = "subscribers")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommentPosted {
+    /// The post.
+    pub post_id: i32,
+    /// Its title.
+    pub post_title: String,
+    /// Who commented (their name; never their address: readers' endpoints see this).
+    pub commenter: String,
+    /// The start of the comment.
+    pub excerpt: String,
+}
+
+/// The owner of a post's events and of the subscriptions that take them.
+pub fn post_owner(post_id: i32) -> String {
+    format!("post-{post_id}")
 }

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use outbox_diesel::subscription::SubscriptionInfo;
 use rocket::response::content::RawHtml;
 
 use crate::db::{Delivery, Post, ShownComment};
@@ -116,7 +117,9 @@ pub fn post(
          <button type=\"submit\" id=\"submit\">Post comment</button></form>\
          <p class=\"meta\">Commenting subscribes you to this post. Your first comment ever earns a \
          thank-you mail; each later comment by someone else sends you a notification. Both go \
-         through the outbox: see them arrive at the <a href=\"/receiver\">mail receiver</a>.</p>",
+         through the outbox: see them arrive at the <a href=\"/receiver\">mail receiver</a>.</p>\
+         <p class=\"meta\">Want this post's comments as webhooks? \
+         <a id=\"webhooks-link\" href=\"/posts/{id}/webhooks\">Subscribe a webhook</a>.</p>",
         id = post.id
     );
     layout(&post.title, &body)
@@ -167,4 +170,82 @@ pub fn receiver(deliveries: &[Delivery], failing: bool) -> RawHtml<String> {
     }
     body.push_str("</table>");
     layout("Mail receiver", &body)
+}
+
+/// A post's webhook subscriptions, the form to add one, and what arrived at their hooks.
+pub fn webhooks(
+    post: &Post,
+    listed: &[SubscriptionInfo],
+    arrived: &[Delivery],
+    notice: Option<&str>,
+    error: Option<&str>,
+) -> RawHtml<String> {
+    let id = post.id;
+    let mut body = format!(
+        "<h1>Webhooks for “{title}”</h1>{message}\
+         <p>Subscribe a webhook to this post's events: every comment posted here is written with \
+         a <code>comment.posted</code> event in the comment's own transaction, and each \
+         subscription that asks for it gets its own delivery, signed, retried and dead-lettered \
+         on its own. In a real application you would give your endpoint's URL and get a secret, \
+         shown once; here every hook is an endpoint of the blog's own, \
+         <code>/receiver/readers/&lt;hook&gt;</code>, which checks each signature and logs what \
+         arrives below.</p>\
+         <form class=\"stack\" method=\"post\" action=\"/posts/{id}/webhooks\">\
+         <label for=\"events\">Event types (exact names or <code>prefix.*</code>)</label>\
+         <input name=\"events\" id=\"events\" value=\"comment.*\" required>\
+         <button type=\"submit\" id=\"subscribe\">Subscribe a webhook</button></form>\
+         <h2>Subscriptions</h2><table id=\"subscriptions\"><tr><th>id</th><th>event types</th>\
+         <th>hook</th><th>state</th><th></th></tr>",
+        title = escape(&post.title),
+        message = message(notice, error),
+    );
+    for subscription in listed {
+        let hook = subscription
+            .url
+            .rsplit('/')
+            .next()
+            .unwrap_or(&subscription.url);
+        let _ = write!(
+            body,
+            "<tr class=\"subscription\"><td><code>{sid}</code></td><td>{types}</td>\
+             <td><code>{hook}</code></td><td>{state}</td><td>\
+             <form class=\"inline\" method=\"post\" action=\"/posts/{id}/webhooks/remove\">\
+             <input type=\"hidden\" name=\"subscription\" value=\"{sid}\">\
+             <button class=\"danger\">Remove</button></form></td></tr>",
+            sid = escape(&subscription.id),
+            types = escape(&subscription.event_types.join(", ")),
+            hook = escape(hook),
+            state = if subscription.enabled {
+                "enabled"
+            } else {
+                "disabled"
+            },
+        );
+    }
+    let _ = write!(
+        body,
+        "</table><h2>Arrived at the hooks</h2><p class=\"meta\">At least once: a delivery \
+         retried after a lost answer shows twice, with the same webhook-id. \
+         <a href=\"/posts/{id}/webhooks\">Refresh</a> · <a href=\"/posts/{id}\">Back to the \
+         post</a></p><table id=\"arrivals\"><tr><th>received</th><th>hook</th>\
+         <th>webhook-id</th><th>body</th></tr>"
+    );
+    for delivery in arrived {
+        let hook = delivery
+            .outcome
+            .rsplit(' ')
+            .next()
+            .unwrap_or(&delivery.outcome);
+        let _ = write!(
+            body,
+            "<tr class=\"arrival\"><td>{}</td><td><code>{}</code></td><td><code>{}</code></td>\
+             <td><pre>{}</pre></td></tr>",
+            ago(delivery.received_at),
+            escape(hook),
+            escape(&delivery.webhook_id),
+            escape(&delivery.body)
+        );
+    }
+    body.push_str("</table>");
+    layout(&format!("Webhooks for {}", post.title), &body)
 }

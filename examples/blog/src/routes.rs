@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use diesel::prelude::*;
 use outbox_diesel::inbox::{InboxError, Received};
+use outbox_diesel::subscription::{self, NewSubscription};
 use rocket::data::{Data, ToByteUnit};
 use rocket::form::Form;
 use rocket::http::{ContentType, Status};
@@ -14,7 +15,8 @@ use rocket::response::Redirect;
 use rocket::{get, post, routes, uri, Route, State};
 
 use crate::comments::{post_comment, NewComment, PostError};
-use crate::db::{deliveries, AnyConnection, DbConn};
+use crate::db::{deliveries, hook_outcome, AnyConnection, DbConn};
+use crate::messages::post_owner;
 use crate::{pages, App};
 
 pub fn all() -> Vec<Route> {
@@ -26,6 +28,10 @@ pub fn all() -> Vec<Route> {
         receive_webhook,
         set_receiver_mode,
         metrics,
+        webhooks,
+        add_webhook,
+        remove_webhook,
+        receive_at_hook,
     ]
 }
 
@@ -296,4 +302,171 @@ fn metrics(app: &State<App>) -> Result<(ContentType, String), Status> {
     let handle = app.metrics.as_ref().ok_or(Status::NotFound)?;
     let prometheus_text = ContentType::new("text", "plain").with_params(("version", "0.0.4"));
     Ok((prometheus_text, handle.render()))
+}
+
+/// How many arrivals a post's webhooks page shows.
+const SHOWN_HOOK_DELIVERIES: i64 = 50;
+
+/// A post's webhook subscriptions and what arrived at their hooks.
+#[get("/posts/<id>/webhooks?<notice>&<error>")]
+async fn webhooks(
+    app: &State<App>,
+    id: i32,
+    notice: Option<String>,
+    error: Option<String>,
+) -> Result<RawHtml<String>, Status> {
+    let page = blocking(app, move |conn| {
+        let Some((post, _)) = crate::db::post_page(conn, id).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let owner = post_owner(id);
+        let listed =
+            subscription::list(&mut **conn, Some(Some(&owner))).map_err(|e| e.to_string())?;
+        let arrived = crate::db::hook_deliveries(conn, id, SHOWN_HOOK_DELIVERIES)
+            .map_err(|e| e.to_string())?;
+        Ok(Some((post, listed, arrived)))
+    })
+    .await?;
+    let (post, listed, arrived) = page.ok_or(Status::NotFound)?;
+    Ok(pages::webhooks(
+        &post,
+        &listed,
+        &arrived,
+        notice.as_deref(),
+        error.as_deref(),
+    ))
+}
+
+#[derive(rocket::FromForm)]
+struct NewHook {
+    /// Event-type filters, separated by commas or spaces.
+    events: String,
+}
+
+/// Subscribes a new hook to the post's events: the hook stands in for the reader's endpoint.
+#[post("/posts/<id>/webhooks", data = "<form>")]
+async fn add_webhook(
+    app: &State<App>,
+    _same_site: SameSite_,
+    id: i32,
+    form: Form<NewHook>,
+) -> Result<Redirect, Status> {
+    let events: Vec<String> = form
+        .events
+        .split([',', ' '])
+        .map(str::trim)
+        .filter(|filter| !filter.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let hook = format!("post-{id}-{}", crate::hook_tag());
+    let url = format!("{}/receiver/readers/{hook}", app.base_url);
+    let subscriptions = app.subscriptions.clone();
+    let secret = app.webhook_secret.expose_whsec();
+    let created = blocking(app, move |conn| {
+        if crate::db::post_page(conn, id)
+            .map_err(|e| e.to_string())?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let new = NewSubscription::new(url, events)
+            .owner(post_owner(id))
+            .secret(secret)
+            .allow_http()
+            .description(format!("a reader's hook on post {id}"));
+        Ok(Some(subscriptions.create(&mut **conn, &new)))
+    })
+    .await?;
+    Ok(match created.ok_or(Status::NotFound)? {
+        Ok(created) => {
+            let notice = format!(
+                "Subscribed {}: the next comment on this post that it asks for arrives below.",
+                created.subscription.id
+            );
+            Redirect::to(uri!(webhooks(id = id, notice = Some(notice), error = _)))
+        }
+        Err(outbox_diesel::Error::InvalidSubscription { reason }) => {
+            let error = format!("Not subscribed: {reason}.");
+            Redirect::to(uri!(webhooks(id = id, notice = _, error = Some(error))))
+        }
+        Err(error) => {
+            log::error!("blog: adding a subscription failed: {error}");
+            return Err(Status::InternalServerError);
+        }
+    })
+}
+
+#[derive(rocket::FromForm)]
+struct RemovedHook {
+    subscription: String,
+}
+
+/// Removes one of the post's subscriptions (never another post's).
+#[post("/posts/<id>/webhooks/remove", data = "<form>")]
+async fn remove_webhook(
+    app: &State<App>,
+    _same_site: SameSite_,
+    id: i32,
+    form: Form<RemovedHook>,
+) -> Result<Redirect, Status> {
+    let subscription_id = form.into_inner().subscription;
+    let removed = blocking(app, move |conn| {
+        outbox_diesel::write_transaction(&mut **conn, |conn| {
+            let owned = subscription::get(conn, &subscription_id)?
+                .is_some_and(|found| found.owner.as_deref() == Some(post_owner(id).as_str()));
+            if owned {
+                subscription::remove(conn, &subscription_id)
+            } else {
+                Ok(false)
+            }
+        })
+        .map_err(|e: outbox_diesel::Error| e.to_string())
+    })
+    .await?;
+    let notice = if removed {
+        "Subscription removed: its waiting deliveries are gone with it."
+    } else {
+        "No such subscription on this post."
+    };
+    Ok(Redirect::to(uri!(webhooks(
+        id = id,
+        notice = Some(notice),
+        error = _
+    ))))
+}
+
+/// A reader's stand-in endpoint: logs each verified arrival, every time it arrives (at least
+/// once: a retried delivery shows twice), and refuses what is not signed by the blog.
+#[post("/receiver/readers/<hook>", data = "<body>")]
+async fn receive_at_hook(
+    app: &State<App>,
+    hook: &str,
+    headers: Headers,
+    body: Data<'_>,
+) -> Result<(Status, &'static str), Status> {
+    let body = body
+        .open(1.mebibytes())
+        .into_bytes()
+        .await
+        .map_err(|_| Status::BadRequest)?
+        .into_inner();
+    let verified = outbox_diesel::webhook::verify(
+        std::slice::from_ref(&app.webhook_secret),
+        &headers.0,
+        &body,
+        outbox_diesel::webhook::DEFAULT_TOLERANCE,
+    );
+    let webhook = match verified {
+        Ok(webhook) => webhook,
+        Err(error) => {
+            log::warn!("blog: a delivery to hook {hook} was refused: {error}");
+            return Ok((Status::Unauthorized, "signature rejected"));
+        }
+    };
+    let outcome = hook_outcome(hook);
+    blocking(app, move |conn| {
+        log_delivery(conn, &webhook.id, &body, &outcome).map_err(|e| e.to_string())
+    })
+    .await?;
+    Ok((Status::Ok, "received"))
 }

@@ -381,3 +381,146 @@ fn metrics_show_the_backlog_from_the_start_and_the_deliveries() {
         "no personal data in the metrics"
     );
 }
+
+/// Arrivals at the hooks of post 1 whose body mentions `needle`.
+fn arrived(deliveries: &[outbox_example_blog::db::Delivery], hook: &str, needle: &str) -> usize {
+    deliveries
+        .iter()
+        .filter(|d| d.outcome == format!("verified, at hook {hook}") && d.body.contains(needle))
+        .count()
+}
+
+#[test]
+fn a_reader_subscribes_a_webhook_and_watches_only_what_it_asked_for_arrive() {
+    use outbox_diesel::subscription::{self, NewSubscription, Subscriptions};
+
+    let server = Server::start("hooks");
+    let client = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let subscribe = |events: &str| {
+        let response = client
+            .post(server.url("/posts/1/webhooks"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(&[("events", events)]))
+            .send()
+            .unwrap();
+        assert_eq!(response.status(), 303, "{events}");
+        let to = response.headers()["location"].to_str().unwrap().to_owned();
+        client.get(server.url(&to)).send().unwrap().text().unwrap()
+    };
+    let page = subscribe("comment.*");
+    assert!(page.contains("id=\"notice\""), "{page}");
+    let page = subscribe("comment.thankYou");
+    assert!(page.contains("id=\"notice\""), "{page}");
+    let refused = subscribe("comment.**");
+    assert!(refused.contains("id=\"error\"") && refused.contains("Not subscribed"));
+
+    let mut conn: outbox_example_blog::db::AnyConnection =
+        outbox_diesel::establish(&server.db.0).unwrap();
+    let listed = subscription::list(&mut conn, Some(Some("post-1"))).unwrap();
+    assert_eq!(listed.len(), 2, "{listed:#?}");
+    let hook_of = |types: &str| {
+        let found = listed
+            .iter()
+            .find(|s| s.event_types == [types])
+            .unwrap_or_else(|| panic!("a subscription to {types}: {listed:#?}"));
+        (
+            found.id.clone(),
+            found.url.rsplit('/').next().unwrap().to_owned(),
+        )
+    };
+    let (everything, everything_hook) = hook_of("comment.*");
+    let (_, thanks_hook) = hook_of("comment.thankYou");
+    // Another owner's subscription to the same events, at the blog's own receiver: the post's
+    // events are not its.
+    let stranger = Subscriptions::new()
+        .allow_address(std::net::Ipv4Addr::LOCALHOST.into())
+        .create(
+            &mut conn,
+            &NewSubscription::new(server.url("/receiver/readers/post-9-stranger"), ["*"])
+                .secret(SECRET)
+                .allow_http(),
+        )
+        .unwrap();
+
+    post_comment(&client, &server, "Ada", "Hooked!");
+    post_comment(&client, &server, "Bob", "Me too.");
+    server.wait_for("both comments at the comment.* hook", |d| {
+        arrived(d, &everything_hook, "Hooked!") >= 1 && arrived(d, &everything_hook, "Me too.") >= 1
+    });
+    // The worker had time to deliver the rest: Ada's and Bob's thank-yous reached the mail
+    // receiver after their events were enqueued in the same transactions.
+    server.wait_for("the thank-yous", |d| {
+        delivered(d, "comment.thankYou", "bob@example.com") == 1
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let log = server.deliveries();
+    let at_hook: Vec<_> = log
+        .iter()
+        .filter(|d| d.outcome == format!("verified, at hook {everything_hook}"))
+        .collect();
+    assert!(
+        at_hook
+            .iter()
+            .all(|d| d.message_type == "comment.posted" && !d.body.contains("@example.com")),
+        "only comment.posted events, without addresses: {at_hook:#?}"
+    );
+    let ada = at_hook.iter().position(|d| d.body.contains("Hooked!"));
+    let bob = at_hook.iter().position(|d| d.body.contains("Me too."));
+    assert!(ada < bob, "in the order posted: {at_hook:#?}");
+    assert_eq!(
+        arrived(&log, &thanks_hook, ""),
+        0,
+        "a hook for comment.thankYou takes no comment.posted: {log:#?}"
+    );
+    assert!(
+        !log.iter().any(|d| d.outcome.contains("post-9-stranger")),
+        "another owner's subscription got the post's events: {log:#?}"
+    );
+
+    let page = client
+        .get(server.url("/posts/1/webhooks"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        page.contains(&everything) && page.contains("Hooked!"),
+        "{page}"
+    );
+    assert!(!page.contains(&stranger.subscription.id), "{page}");
+
+    // What is not signed with the blog's secret is refused and not shown.
+    let forged = client
+        .post(server.url(&format!("/receiver/readers/{everything_hook}")))
+        .header("webhook-id", "msg_forged")
+        .header("webhook-timestamp", "1")
+        .header("webhook-signature", "v1,AAAA")
+        .body(r#"{"type":"comment.posted","data":{"excerpt":"forged"}}"#)
+        .send()
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+    assert!(!server
+        .deliveries()
+        .iter()
+        .any(|d| d.body.contains("forged")));
+
+    // A post's page removes its own subscriptions only.
+    let remove = |id: &str| {
+        let response = client
+            .post(server.url("/posts/1/webhooks/remove"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(&[("subscription", id)]))
+            .send()
+            .unwrap();
+        assert_eq!(response.status(), 303);
+    };
+    remove(&stranger.subscription.id);
+    assert!(subscription::get(&mut conn, &stranger.subscription.id)
+        .unwrap()
+        .is_some());
+    remove(&everything);
+    assert!(subscription::get(&mut conn, &everything).unwrap().is_none());
+}

@@ -9,9 +9,12 @@
 //!
 //! One role per file: [`config`] (the builder and the checked settings), [`handle`] (what the
 //! application holds: stats, health, shutdown), [`claimer`], [`handlers`] (the pool, and what
-//! a finished attempt means), [`jobs`] (the channel between them, raised priorities first), [`acker`] (settlements, the refused-outcome policy, the lease
-//! heartbeat and the handler watchdog), [`listener`]; [`held`] is the book of what the worker
-//! holds, [`timing`] every interval it keeps.
+//! a finished attempt means), [`jobs`] (the channel between them, raised priorities first),
+//! [`acker`] (settlements and the refused-outcome policy), [`warden`] (the lease heartbeat and
+//! the handler watchdog), [`housekeeper`] (the chores no message waits for: per-key order's
+//! safety net, pruning, gauges, shared health, pauses, the subscriptions cache),
+//! [`subscribers`] (deliveries to the application's subscriptions), [`listener`]; [`held`] is
+//! the book of what the worker holds, [`timing`] every interval it keeps.
 //!
 //! While claims come back short (a few ordering keys are all there is to claim), a settlement
 //! may lease the next message of each key it settles ([`Store::settle_and_lease`]); the acker

@@ -18,9 +18,12 @@
 //!   is parked. A claim that parked some returns a short batch, and the claimer looks again
 //!   at once; reading more rows to fill the batch cost more than it saved (every row read
 //!   costs a lock on PostgreSQL and a probe on every backend, see BENCHMARKS.md).
-//!   The enqueue does not park: it stays one plain `INSERT` that reads nothing, so it takes no
-//!   lock the worker could wait on (MySQL's `INSERT … SELECT` would, under REPEATABLE READ),
-//!   and a keyed backlog costs its first claims a visit per message, once.
+//!   On PostgreSQL and SQLite the enqueue parks too: its `INSERT` parks a keyed message when
+//!   its key has a pending message already (an index probe that locks nothing), so a burst
+//!   behind a head that is not due never comes before a claim. On MySQL it stays one plain
+//!   `INSERT` that reads nothing (an `INSERT … SELECT` would take a lock the worker could wait
+//!   on, under REPEATABLE READ), and a keyed backlog costs its first claims a visit per
+//!   message, once.
 //! - **Who promotes.** The settlement that removes a head (done or dead-lettered) unparks the
 //!   message with the lowest remaining position of its key, in the same statement (PostgreSQL)
 //!   or transaction (MySQL, SQLite). A head that is retried stays the head, so its key waits.

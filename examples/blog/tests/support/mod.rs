@@ -49,6 +49,7 @@ pub fn settings(db: &TempDb, port: u16) -> Settings {
             .max_attempts(2)
             .initial_backoff(Duration::from_millis(200))
             .multiplier(1.0),
+        secret_keys: Some(format!("test:{}", "A".repeat(43) + "=")),
     }
 }
 
