@@ -441,7 +441,7 @@ pub(crate) fn subscriptions(page: Page<'_>, listed: &[SubscriptionInfo], can_add
          disabled one gets no new events, and its waiting deliveries pause until it is enabled. \
          Secrets are shown once, when made.</p>\
          <table id=\"subscriptions\"><tr><th>id</th><th>owner</th><th>state</th>\
-         <th>event types</th><th>url</th><th>created</th><th></th></tr>"
+         <th>event types</th><th>url</th><th>created</th><th></th></tr>",
     );
     for s in listed {
         let id = percent_encoding::utf8_percent_encode(&s.id, percent_encoding::NON_ALPHANUMERIC);

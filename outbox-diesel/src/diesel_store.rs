@@ -2,7 +2,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel::r2d2::{ManageConnection, Pool};
@@ -22,6 +22,7 @@ use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
 use crate::enqueue::priority_from_level;
 use crate::error::Error;
+use crate::fan_outs::{self, FanOut, FanOuts, RunFanOuts};
 use crate::held::{HeldConnections, ListenerConnection, Role};
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::retention::Retention;
@@ -81,6 +82,8 @@ pub struct DieselStore<M: ManageConnection> {
     idempotency_window: Duration,
     idempotency_sweep: Mutex<SweepCursor>,
     retention: Retention,
+    /// Fan-outs waiting for the settlement connection, committed together.
+    fan_outs: FanOuts,
 }
 
 impl<M: ManageConnection> fmt::Debug for DieselStore<M> {
@@ -105,6 +108,7 @@ where
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_sweep: Mutex::new(SweepCursor::default()),
             retention: Retention::default(),
+            fan_outs: FanOuts::default(),
         }
     }
 
@@ -581,20 +585,8 @@ where
     }
 
     fn fan_out(&self, target: &SettleTarget<'_>) -> Result<Option<usize>, StoreError> {
-        let token = target.token.to_string();
-        // The deliveries are due at the transaction's clock, and the event's key's next message
-        // is promoted at it.
-        self.keeping_cursor(true, || {
-            self.connections.with(
-                Role::Settlements,
-                "fanning an event out to its subscribers",
-                |conn| {
-                    with_backend!(conn.backend_connection(), c => {
-                        c.settle_transaction(|c| sql::subscription::fan_out(c, target.position, &token))
-                    })
-                },
-            )
-        })
+        self.fan_outs
+            .fan_out(target.position, target.token.to_string(), self)
     }
 
     fn release_subscription(&self, id: &str) -> Result<usize, StoreError> {
@@ -792,4 +784,44 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
         }
     }
     (claimed, unreadable)
+}
+
+/// Fan-outs run on the settlement connection. The deliveries are due at the transaction's
+/// clock, and each event's key's next message is promoted at it: the claim cursor steps back.
+impl<M> RunFanOuts for DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Send,
+{
+    fn together(&self, group: &[Arc<FanOut>]) -> Result<Vec<Option<usize>>, StoreError> {
+        self.keeping_cursor(true, || {
+            self.connections.with(
+                Role::Settlements,
+                "fanning events out to their subscribers",
+                |conn| {
+                    with_backend!(conn.backend_connection(), c => {
+                        c.settle_transaction(|c| {
+                            fan_outs::each(c, group, sql::subscription::fan_out)
+                        })
+                    })
+                },
+            )
+        })
+    }
+
+    fn alone(&self, fan_out: &FanOut) -> Result<Option<usize>, StoreError> {
+        self.keeping_cursor(true, || {
+            self.connections.with(
+                Role::Settlements,
+                "fanning an event out to its subscribers",
+                |conn| {
+                    with_backend!(conn.backend_connection(), c => {
+                        c.settle_transaction(|c| {
+                            sql::subscription::fan_out(c, fan_out.position, &fan_out.token)
+                        })
+                    })
+                },
+            )
+        })
+    }
 }

@@ -105,6 +105,7 @@ mod diesel_store;
 mod enqueue;
 mod error;
 pub mod exactly_once;
+mod fan_outs;
 mod held;
 pub mod idempotency;
 #[cfg(feature = "webhook")]
