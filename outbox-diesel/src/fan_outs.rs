@@ -221,9 +221,10 @@ mod tests {
         }
     }
 
-    fn fan_out_from_threads(
-        positions: &[i64],
-    ) -> (Vec<(i64, Result<Option<usize>, String>)>, Counting) {
+    /// An event's position and what its fan-out returned.
+    type FannedOut = (i64, Result<Option<usize>, String>);
+
+    fn fan_out_from_threads(positions: &[i64]) -> (Vec<FannedOut>, Counting) {
         let fan_outs = FanOuts::default();
         let runner = Counting::default();
         let start = Barrier::new(positions.len());
