@@ -95,6 +95,21 @@ pub enum Command {
     },
     /// The message types and destinations paused, with why and since when.
     Paused,
+    /// Cancel pending messages: each is removed from the outbox and kept with the reason in
+    /// `outbox_cancelled`, never dead-lettered and never delivered; a cancelled message that
+    /// headed its ordering key lets the key's next message run. A message a worker is
+    /// delivering at that moment is left alone, and counted.
+    Cancel {
+        /// Which messages (every filter given must hold).
+        #[command(flatten)]
+        target: CancelTarget,
+        /// Only messages enqueued at least this long ago (`1h`, `30m`, ...).
+        #[arg(long, value_parser = humantime::parse_duration, value_name = "AGE")]
+        older_than: Option<std::time::Duration>,
+        /// Why: kept with each cancelled message.
+        #[arg(long)]
+        reason: String,
+    },
     /// Subscriptions: endpoints the application's customers add, each taking the event types
     /// it asks for (secrets are read and written with the keys in `OUTBOX_SECRET_KEYS`:
     /// `ID:BASE64` pairs, comma-separated, the first one encrypting).
@@ -195,6 +210,22 @@ pub struct PauseTarget {
     /// A destination instead (as `outbox destinations` lists it).
     #[arg(long, value_name = "NAME")]
     pub destination: Option<String>,
+}
+
+/// Which pending messages a cancel takes: at least one of these, every one given must hold.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = true)]
+pub struct CancelTarget {
+    /// The message with this id (a UUID): the event and its deliveries alike, unless
+    /// `--subscription` narrows it to one.
+    #[arg(long = "id", value_name = "MESSAGE_ID")]
+    pub message_id: Option<outbox_diesel::MessageId>,
+    /// Messages of this type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub message_type: Option<String>,
+    /// Deliveries to this subscription.
+    #[arg(long, value_name = "ID")]
+    pub subscription: Option<String>,
 }
 
 /// `outbox destination ...`
@@ -309,5 +340,29 @@ mod tests {
         assert!(parse(&["requeue"]).is_err());
         assert!(parse(&["requeue", "1", "--all"]).is_err());
         assert!(parse(&["purge", "--type", "a", "--all"]).is_err());
+    }
+
+    #[test]
+    fn a_cancel_names_messages_and_gives_a_reason() {
+        let parse = |args: &[&str]| Cli::try_parse_from([&["outbox"], args].concat());
+        assert!(parse(&["cancel", "--type", "a", "--reason", "r"]).is_ok());
+        assert!(parse(&[
+            "cancel",
+            "--type",
+            "a",
+            "--subscription",
+            "s",
+            "--reason",
+            "r"
+        ])
+        .is_ok());
+        assert!(
+            parse(&["cancel", "--reason", "r"]).is_err(),
+            "names no message"
+        );
+        assert!(
+            parse(&["cancel", "--type", "a"]).is_err(),
+            "gives no reason"
+        );
     }
 }

@@ -1214,7 +1214,55 @@ fn subscriptions<C: TestConnection>(db: &TestDb) {
     );
 }
 
+/// `outbox cancel`: removes the pending messages named, never one being delivered (it is
+/// counted), never a dead letter; says how many; refuses a cancel without a reason.
+fn cancel<C: TestConnection>(db: &TestDb) {
+    let pool = seed::<C>(db);
+    let json = outbox(
+        db.url(),
+        &[
+            "--json",
+            "cancel",
+            "--type",
+            "cli.alpha",
+            "--reason",
+            "wrong run",
+        ],
+    )
+    .json();
+    assert_eq!(
+        json,
+        json!({ "cancelled": 1, "in_flight": 1, "reason": "wrong run" }),
+        "alpha 4 cancelled, alpha 3 (claimed) left alone"
+    );
+    assert_eq!(pending_count(&pool), 2);
+    assert_eq!(dead(&pool).len(), 3, "no dead letter was made or taken");
+    let text = outbox(
+        db.url(),
+        &["cancel", "--type", "cli.beta", "--reason", "wrong run"],
+    )
+    .ok();
+    assert_eq!(text, "cancelled 1 messages\n");
+    let again = outbox(
+        db.url(),
+        &["cancel", "--type", "cli.alpha", "--reason", "again"],
+    )
+    .ok();
+    assert!(
+        again.starts_with("cancelled 0 messages\n1 more are being delivered right now"),
+        "{again}"
+    );
+    let refused = outbox(
+        db.url(),
+        &["cancel", "--type", "cli.alpha", "--reason", " "],
+    );
+    assert!(refused.error().contains("give a reason"), "{refused:?}");
+    assert_eq!(outbox(db.url(), &["cancel", "--reason", "r"]).code, 2);
+    assert_eq!(pending_count(&pool), 1);
+}
+
 backend_tests!(
+    cancel,
     subscriptions,
     pauses,
     destinations,

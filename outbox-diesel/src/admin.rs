@@ -506,6 +506,140 @@ pub fn purge_dead_letters<C: OutboxConnection>(
     Ok(purged)
 }
 
+/// Which pending messages [`cancel`] removes: every filter given must hold, and at least one
+/// of message, type and subscription must be given.
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let mut conn = SqliteConnection::establish(":memory:")?;
+/// # outbox_diesel::run_migrations(&mut conn)?;
+/// use std::time::Duration;
+/// use outbox_diesel::admin::{self, CancelSelection};
+///
+/// // A customer's endpoint is gone for good: stop the hour-old backlog of its deliveries.
+/// let selection = CancelSelection::new()
+///     .subscription("0193a3b4-5c6d-7e8f-9a0b-1c2d3e4f5a6b")
+///     .older_than(Duration::from_secs(3600));
+/// let cancelled = admin::cancel(&mut conn, &selection, "endpoint retired (ticket 4211)")?;
+/// println!("{} cancelled, {} being delivered", cancelled.cancelled, cancelled.in_flight);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CancelSelection {
+    message_id: Option<MessageId>,
+    message_type: Option<String>,
+    subscription: Option<String>,
+    older_than: Option<Duration>,
+}
+
+impl CancelSelection {
+    /// No filter yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The message with this id: every row of it (an event waiting to be fanned out and its
+    /// deliveries to subscriptions share it; add [`subscription`](Self::subscription) for one).
+    /// The outbox table has no index on message ids: this reads the table, as
+    /// [`find_message`] does.
+    pub fn message_id(mut self, id: MessageId) -> Self {
+        self.message_id = Some(id);
+        self
+    }
+
+    /// Messages of this type.
+    pub fn message_type(mut self, message_type: impl Into<String>) -> Self {
+        self.message_type = Some(message_type.into());
+        self
+    }
+
+    /// Deliveries to this subscription.
+    pub fn subscription(mut self, id: impl Into<String>) -> Self {
+        self.subscription = Some(id.into());
+        self
+    }
+
+    /// Messages enqueued at least this long ago.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+}
+
+/// What [`cancel`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Cancelled {
+    /// Messages cancelled: removed from the outbox, recorded in `outbox_cancelled`.
+    pub cancelled: u64,
+    /// Selected messages a worker is delivering right now, which were left alone: they finish
+    /// (or, should they fail, wait for their next attempt, where a second cancel takes them).
+    pub in_flight: u64,
+}
+
+/// Messages a cancel moves in one transaction.
+const CANCEL_BATCH: i64 = 1_000;
+
+/// Cancels the pending messages `selection` names: each is removed from the outbox and
+/// recorded in `outbox_cancelled` with `reason`, never dead-lettered, and never delivered.
+/// A cancelled message that headed its ordering key lets the key's next message run. A message
+/// a worker is delivering at this moment cannot be called back: it is left alone and counted
+/// in [`Cancelled::in_flight`].
+///
+/// Runs its own transactions, a thousand messages each, so a large cancel never holds locks
+/// long; the messages of one transaction are cancelled together or not at all.
+pub fn cancel<C: OutboxConnection>(
+    conn: &mut C,
+    selection: &CancelSelection,
+    reason: &str,
+) -> Result<Cancelled> {
+    if selection.message_id.is_none()
+        && selection.message_type.is_none()
+        && selection.subscription.is_none()
+    {
+        return Err(Error::InvalidCancel {
+            reason: "name a message id, a message type or a subscription (a cancel of every \
+                     pending message is refused)"
+                .into(),
+        });
+    }
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(Error::InvalidCancel {
+            reason: "give a reason: it is kept with each cancelled message".into(),
+        });
+    }
+    let message_id = selection.message_id.map(|id| id.to_string());
+    let rows = crate::sql::cancel::CancelRows {
+        message_id: message_id.as_deref(),
+        message_type: selection.message_type.as_deref(),
+        subscription: selection.subscription.as_deref(),
+        older_than_micros: selection
+            .older_than
+            .map(|age| i64::try_from(age.as_micros()).unwrap_or(i64::MAX)),
+        limit: CANCEL_BATCH,
+    };
+    let mut cancelled = 0;
+    let in_flight = with_backend!(conn.backend_connection(), c => {
+        use crate::sql::cancel::CancelStatements as _;
+        loop {
+            let moved = c.cancel_transaction(|c| crate::sql::cancel::cancel_batch(c, &rows, reason))?;
+            cancelled += moved as u64;
+            if (moved as i64) < CANCEL_BATCH {
+                break;
+            }
+        }
+        c.cancel_in_flight(&rows)?
+    });
+    log::info!("outbox: cancelled {cancelled} messages ({reason})");
+    Ok(Cancelled {
+        cancelled,
+        in_flight: u64::try_from(in_flight).unwrap_or(0),
+    })
+}
+
 /// A destination's health as the workers that deliver to it report it: every worker given
 /// the destination (`WorkerBuilder::destination`) writes what it sees when it starts and every
 /// few seconds after (the last report wins when several deliver to it).

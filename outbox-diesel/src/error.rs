@@ -136,6 +136,14 @@ pub enum Error {
         reason: String,
     },
 
+    /// A cancel that names no message, type or subscription (it would cancel every pending
+    /// message), or gives no reason (it would leave no record of why).
+    #[error("nothing was cancelled: {reason}")]
+    InvalidCancel {
+        /// Why.
+        reason: String,
+    },
+
     /// A subscription's stored secret cannot be read with the keys given.
     #[error(
         "a subscription's secret cannot be read: {reason}; give every key its secrets were \
@@ -220,8 +228,11 @@ pub enum Error {
     },
 }
 
-/// The outbox's tables, as a missing-table error names them.
-const OUTBOX_TABLES: [&str; 4] = [
+/// The outbox's tables, as a missing-table error names them. The later tables come first: a
+/// message naming one of them may quote a statement that names `outbox_message` too.
+const OUTBOX_TABLES: [&str; 6] = [
+    "outbox_cancelled",
+    "outbox_subscription",
     "outbox_message",
     "outbox_failure",
     "outbox_inbox",

@@ -1,4 +1,4 @@
-//! `outbox dead requeue` and `outbox dead purge`.
+//! `outbox dead requeue`, `outbox dead purge` and `outbox cancel`.
 
 use std::io::{BufRead, IsTerminal, Write};
 
@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::listing::dead_table;
 use super::Output;
-use crate::cli::Selector;
+use crate::cli::{CancelTarget, Selector};
 use crate::error::CliError;
 
 /// Positions listed in human output before the rest are only counted.
@@ -236,6 +236,46 @@ fn confirm(question: &str) -> bool {
         Ok(0) | Err(_) => false,
         Ok(_) => matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"),
     }
+}
+
+/// `outbox cancel`.
+pub(super) fn cancel<C: OutboxConnection>(
+    conn: &mut C,
+    target: &CancelTarget,
+    older_than: Option<std::time::Duration>,
+    reason: &str,
+    json: bool,
+) -> Result<Output, CliError> {
+    let mut selection = admin::CancelSelection::new();
+    if let Some(id) = target.message_id {
+        selection = selection.message_id(id);
+    }
+    if let Some(message_type) = &target.message_type {
+        selection = selection.message_type(message_type.clone());
+    }
+    if let Some(subscription) = &target.subscription {
+        selection = selection.subscription(subscription.clone());
+    }
+    if let Some(age) = older_than {
+        selection = selection.older_than(age);
+    }
+    let cancelled = admin::cancel(conn, &selection, reason)?;
+    if json {
+        return Ok(Output::json(&json!({
+            "cancelled": cancelled.cancelled,
+            "in_flight": cancelled.in_flight,
+            "reason": reason.trim(),
+        })));
+    }
+    let mut text = format!("cancelled {} messages\n", cancelled.cancelled);
+    if cancelled.in_flight > 0 {
+        text.push_str(&format!(
+            "{} more are being delivered right now and were left alone; should one fail, \
+             cancel again before its next attempt\n",
+            cancelled.in_flight
+        ));
+    }
+    Ok(Output::text(text))
 }
 
 #[cfg(test)]

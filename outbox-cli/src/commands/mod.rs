@@ -63,6 +63,11 @@ where
         Command::Pause { target, reason } => pauses::pause(conn, target, reason, json),
         Command::Resume { target } => pauses::resume(conn, target, json),
         Command::Paused => pauses::list(conn, json),
+        Command::Cancel {
+            target,
+            older_than,
+            reason,
+        } => changes::cancel(conn, target, *older_than, reason, json),
         Command::Subscription(command) => match command {
             SubscriptionCommand::Add(args) => subscriptions::add(conn, args, json),
             SubscriptionCommand::List { owner } => {

@@ -233,6 +233,7 @@ macro_rules! fixed_statement_methods {
 }
 
 pub(crate) mod bind;
+pub(crate) mod cancel;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
@@ -502,7 +503,6 @@ pub(crate) struct IdRow {
 }
 
 /// A row of one BIGINT column named `n`.
-#[cfg(feature = "postgres")]
 #[derive(QueryableByName, Debug)]
 pub(crate) struct CountRow {
     #[diesel(sql_type = BigInt)]

@@ -10,13 +10,15 @@ use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::cancel::{CancelRows, CancelStatements, KeyedRow};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
 use super::{
-    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, Claimed, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, PauseRow,
-    PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, Turns, TurnsRow, ID_CHUNK,
+    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, Claimed, CountRow, Cursor,
+    DeadLetterRow, DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow,
+    MessageIdRow, PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow,
+    Turns, TurnsRow, ID_CHUNK,
 };
 use crate::enqueue::NewMessage;
 
@@ -883,6 +885,105 @@ fn insert_deliveries(n: usize) -> String {
          WHERE e.id = ? ORDER BY d.n",
         rows.join(" UNION ALL ")
     )
+}
+
+/// The filters of a cancel, in its binds' order: message id, type, subscription, age in µs.
+/// A filter not given (NULL) takes every row.
+macro_rules! cancel_filters {
+    () => {
+        "message_id = COALESCE(?, message_id) \
+         AND message_type = COALESCE(?, message_type) \
+         AND COALESCE(?, subscription_id) <=> subscription_id \
+         AND created_at <= TIMESTAMPADD(MICROSECOND, -COALESCE(?, 0), UTC_TIMESTAMP(6))"
+    };
+}
+
+/// The rows a cancel takes: no claim holds them, nor another transaction. Binds: the filters,
+/// limit.
+pub(crate) const CANCELLABLE: &str = concat!(
+    "SELECT id, ordering_key FROM outbox_message WHERE ",
+    cancel_filters!(),
+    " AND (locked_by IS NULL OR next_attempt_at <= UTC_TIMESTAMP(6)) \
+     ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
+);
+
+/// How many rows of a cancel a claim holds. Binds: the filters.
+pub(crate) const CANCEL_IN_FLIGHT: &str = concat!(
+    "SELECT count(*) AS n FROM outbox_message WHERE ",
+    cancel_filters!(),
+    " AND locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6)"
+);
+
+/// Deletes rows. Binds: ids.
+fn delete_at(n: usize) -> String {
+    format!(
+        "DELETE FROM outbox_message WHERE id IN ({})",
+        placeholders(n)
+    )
+}
+
+/// Copies rows to `outbox_cancelled`. Binds: reason, ids.
+fn copy_to_cancelled(n: usize) -> String {
+    format!(
+        "INSERT INTO outbox_cancelled (id, message_id, message_type, payload, ordering_key, \
+             attempts, created_at, headers, priority, group_name, owner, subscription_id, \
+             reason, cancelled_at) \
+         SELECT id, message_id, message_type, payload, ordering_key, attempts, created_at, \
+             headers, priority, group_name, owner, subscription_id, ?, UTC_TIMESTAMP(6) \
+         FROM outbox_message WHERE id IN ({})",
+        placeholders(n)
+    )
+}
+
+fn cancel_binds<'a>(rows: &CancelRows<'a>) -> [Bind<'a>; 4] {
+    [
+        Bind::NullableText(rows.message_id),
+        Bind::NullableText(rows.message_type),
+        Bind::NullableText(rows.subscription),
+        Bind::NullableBigInt(rows.older_than_micros),
+    ]
+}
+
+impl CancelStatements for MysqlConnection {
+    fn cancellable(&mut self, rows: &CancelRows<'_>) -> QueryResult<Vec<KeyedRow>> {
+        let [id, kind, subscription, age] = cancel_binds(rows);
+        Prepared::new(
+            CANCELLABLE,
+            STYLE,
+            &[id, kind, subscription, age, Bind::BigInt(rows.limit)],
+        )
+        .load(self)
+    }
+
+    fn cancel_in_flight(&mut self, rows: &CancelRows<'_>) -> QueryResult<i64> {
+        let counted: Vec<CountRow> =
+            Prepared::new(CANCEL_IN_FLIGHT, STYLE, &cancel_binds(rows)).load(self)?;
+        Ok(counted.first().map_or(0, |row| row.n))
+    }
+
+    fn move_to_cancelled(&mut self, ids: &[i64], reason: &str) -> QueryResult<usize> {
+        let mut moved = 0;
+        for chunk in ids.chunks(ID_CHUNK) {
+            moved += dynamic::<Mysql>(
+                &copy_to_cancelled(chunk.len()),
+                &with_ids(&[Bind::Text(reason)], chunk),
+            )
+            .execute(self)?;
+            dynamic::<Mysql>(&delete_at(chunk.len()), &ids_bound(chunk)).execute(self)?;
+        }
+        Ok(moved)
+    }
+
+    fn cancel_transaction<T>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> QueryResult<T>,
+    ) -> QueryResult<T> {
+        // Its row locks only, as the claims': REPEATABLE READ would lock every row it reads.
+        if !super::transaction_open(self)? {
+            run(self, READ_COMMITTED, &[])?;
+        }
+        self.transaction(body)
+    }
 }
 
 fn run(c: &mut MysqlConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {

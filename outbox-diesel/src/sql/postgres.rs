@@ -10,6 +10,7 @@ use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
+use super::cancel::{CancelRows, CancelStatements, KeyedRow};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
@@ -791,6 +792,85 @@ pub(crate) const INSERT_DELIVERIES: &str = "INSERT INTO outbox_message \
          unnest($1::text[], $2::text[]) WITH ORDINALITY AS d(subscription, ordering_key, n) \
      WHERE e.id = $3 ORDER BY d.n";
 
+/// The filters of a cancel, in its binds' order: message id, type, subscription, age in µs.
+/// A filter not given (NULL) takes every row.
+macro_rules! cancel_filters {
+    () => {
+        "message_id = COALESCE($1::uuid, message_id) \
+         AND message_type = COALESCE($2, message_type) \
+         AND COALESCE($3, subscription_id) IS NOT DISTINCT FROM subscription_id \
+         AND created_at <= now() - COALESCE($4, 0) * INTERVAL '1 microsecond'"
+    };
+}
+
+/// The rows a cancel takes: no claim holds them, nor another transaction. Binds: the filters,
+/// limit.
+pub(crate) const CANCELLABLE: &str = concat!(
+    "SELECT id, ordering_key FROM outbox_message WHERE ",
+    cancel_filters!(),
+    " AND (locked_by IS NULL OR leased_until <= now()) \
+     ORDER BY id LIMIT $5 FOR UPDATE SKIP LOCKED"
+);
+
+/// How many rows of a cancel a claim holds. Binds: the filters.
+pub(crate) const CANCEL_IN_FLIGHT: &str = concat!(
+    "SELECT count(*) AS n FROM outbox_message WHERE ",
+    cancel_filters!(),
+    " AND locked_by IS NOT NULL AND leased_until > now()"
+);
+
+/// Moves rows to `outbox_cancelled`. Binds: ids, reason.
+pub(crate) const MOVE_TO_CANCELLED: &str = "WITH moved AS (\
+        DELETE FROM outbox_message WHERE id = ANY($1) \
+        RETURNING id, message_id, message_type, payload, ordering_key, attempts, created_at, \
+            headers, priority, group_name, owner, subscription_id) \
+     INSERT INTO outbox_cancelled (id, message_id, message_type, payload, ordering_key, \
+         attempts, created_at, headers, priority, group_name, owner, subscription_id, reason) \
+     SELECT id, message_id, message_type, payload, ordering_key, attempts, created_at, headers, \
+         priority, group_name, owner, subscription_id, $2 \
+     FROM moved";
+
+fn cancel_binds<'a>(rows: &CancelRows<'a>) -> [Bind<'a>; 4] {
+    [
+        Bind::NullableText(rows.message_id),
+        Bind::NullableText(rows.message_type),
+        Bind::NullableText(rows.subscription),
+        Bind::NullableBigInt(rows.older_than_micros),
+    ]
+}
+
+impl CancelStatements for PgConnection {
+    fn cancellable(&mut self, rows: &CancelRows<'_>) -> QueryResult<Vec<KeyedRow>> {
+        let [id, kind, subscription, age] = cancel_binds(rows);
+        Prepared::new(
+            CANCELLABLE,
+            STYLE,
+            &[id, kind, subscription, age, Bind::BigInt(rows.limit)],
+        )
+        .load(self)
+    }
+
+    fn cancel_in_flight(&mut self, rows: &CancelRows<'_>) -> QueryResult<i64> {
+        let counted: Vec<CountRow> =
+            Prepared::new(CANCEL_IN_FLIGHT, STYLE, &cancel_binds(rows)).load(self)?;
+        Ok(counted.first().map_or(0, |row| row.n))
+    }
+
+    fn move_to_cancelled(&mut self, ids: &[i64], reason: &str) -> QueryResult<usize> {
+        diesel::sql_query(MOVE_TO_CANCELLED)
+            .bind::<Array<BigInt>, _>(ids)
+            .bind::<Text, _>(reason)
+            .execute(self)
+    }
+
+    fn cancel_transaction<T>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> QueryResult<T>,
+    ) -> QueryResult<T> {
+        self.transaction(body)
+    }
+}
+
 fn run(c: &mut PgConnection, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
     Prepared::new(sql, STYLE, binds).execute(c)
 }
@@ -1258,6 +1338,9 @@ mod tests {
     fn placeholders_are_numbered_in_order() {
         for sql in [
             INSERT_MESSAGE,
+            CANCELLABLE,
+            CANCEL_IN_FLIGHT,
+            MOVE_TO_CANCELLED,
             CLAIM,
             REGISTER_GROUPS,
             REMOVE_EMPTY_GROUPS,
