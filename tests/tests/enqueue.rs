@@ -364,8 +364,8 @@ fn serialization_failure_is_returned_and_the_transaction_goes_on<C: TestConnecti
 
 fn outbox_migrations(db: &TestDb) -> usize {
     match db.backend() {
-        Backend::Postgres => 20,
-        Backend::Mysql | Backend::Sqlite => 17,
+        Backend::Postgres => 21,
+        Backend::Mysql | Backend::Sqlite => 18,
     }
 }
 
@@ -378,7 +378,7 @@ fn migrations_twice_are_a_no_op<C: TestConnection>(db: &TestDb) {
         "outbox tables, inbox table, payload sizes, parked messages, idempotency keys, the dead \
          letters' age index, headers, destinations, parking what waits behind its key, signed-out \
          admin sessions, pauses, priorities, groups, shared turns, the end of a pause, \
-         subscriptions (and on PostgreSQL autovacuum settings, the due time in notifications and \
+         subscriptions, cancelled messages (and on PostgreSQL autovacuum settings, the due time in notifications and \
          the lease in a column of its own): {first:?}"
     );
     let second = run_migrations(&mut conn).unwrap();

@@ -6,6 +6,7 @@
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::QueryResult;
 
+use super::bind::Bind;
 use super::Statements;
 
 /// The pending messages a cancel takes: every filter given must hold.
@@ -20,6 +21,18 @@ pub(crate) struct CancelRows<'a> {
     pub(crate) older_than_micros: Option<i64>,
     /// At most this many rows a transaction.
     pub(crate) limit: i64,
+}
+
+impl<'a> CancelRows<'a> {
+    /// The binds of the filters, in every backend's order: message id, type, subscription, age.
+    pub(crate) fn filter_binds(&self) -> [Bind<'a>; 4] {
+        [
+            Bind::NullableText(self.message_id),
+            Bind::NullableText(self.message_type),
+            Bind::NullableText(self.subscription),
+            Bind::NullableBigInt(self.older_than_micros),
+        ]
+    }
 }
 
 /// A pending row a cancel takes: its position and ordering key.

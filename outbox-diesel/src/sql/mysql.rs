@@ -935,18 +935,9 @@ fn copy_to_cancelled(n: usize) -> String {
     )
 }
 
-fn cancel_binds<'a>(rows: &CancelRows<'a>) -> [Bind<'a>; 4] {
-    [
-        Bind::NullableText(rows.message_id),
-        Bind::NullableText(rows.message_type),
-        Bind::NullableText(rows.subscription),
-        Bind::NullableBigInt(rows.older_than_micros),
-    ]
-}
-
 impl CancelStatements for MysqlConnection {
     fn cancellable(&mut self, rows: &CancelRows<'_>) -> QueryResult<Vec<KeyedRow>> {
-        let [id, kind, subscription, age] = cancel_binds(rows);
+        let [id, kind, subscription, age] = rows.filter_binds();
         Prepared::new(
             CANCELLABLE,
             STYLE,
@@ -957,7 +948,7 @@ impl CancelStatements for MysqlConnection {
 
     fn cancel_in_flight(&mut self, rows: &CancelRows<'_>) -> QueryResult<i64> {
         let counted: Vec<CountRow> =
-            Prepared::new(CANCEL_IN_FLIGHT, STYLE, &cancel_binds(rows)).load(self)?;
+            Prepared::new(CANCEL_IN_FLIGHT, STYLE, &rows.filter_binds()).load(self)?;
         Ok(counted.first().map_or(0, |row| row.n))
     }
 
