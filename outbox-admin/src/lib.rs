@@ -12,8 +12,10 @@
 //!   blocked behind a failing head), the pending messages with filters (type, ordering key,
 //!   attempts, due now) and keyset pagination, one message (payload pretty-printed, attempts,
 //!   last error, next attempt, headers), the dead letters with re-queue and purge, one by one
-//!   or in bulk behind a confirmation that states the count.
-//! - **JSON** (read-only, the same figures): see [`Admin::handle`] for the endpoints.
+//!   or in bulk behind a confirmation that states the count, the subscriptions, and a cancel
+//!   of waiting messages (one message, a type, a subscription's deliveries) with the
+//!   operator's reason.
+//! - **JSON** (the same figures, and a cancel): see [`Admin::handle`] for the endpoints.
 //!
 //! **Security.** Everything needs the admin token: once through the sign-in form, which sets
 //! an `HttpOnly`, `SameSite=Strict` session cookie, or as `Authorization: Bearer <token>` on
@@ -326,6 +328,9 @@ where
     /// `type`, `key`, `after`), `GET /dead/confirm?action=requeue|purge&type=`,
     /// `POST /dead/requeue` and `POST /dead/purge` (form `type`, `count`: done only if the
     /// count still holds), `POST /dead/{position}/requeue|purge`,
+    /// `POST /messages/{message_id}/cancel`, `POST /messages/cancel` (form `type`) and
+    /// `POST /subscriptions/{id}/cancel` (each with form `reason`: see
+    /// [`outbox_diesel::admin::cancel`]),
     /// `POST /destinations/{name}/enable`, `POST /types/{type}/pause|resume` and
     /// `POST /destinations/{name}/pause|resume` (an operator's pause: see
     /// [`outbox_diesel::admin::pause`]), `GET|POST /login`, `POST /logout`.
@@ -338,7 +343,9 @@ where
     /// last page), `/api/messages/{id}` (`state`: `pending` or `dead`, and the `message`),
     /// `/api/dead` (`dead_letters`, `next_after`), `/api/blocked` (`blocked_keys`),
     /// `/api/destinations` (`destinations`: as the workers report them), `/api/paused`
-    /// (`paused`: what operators paused).
+    /// (`paused`: what operators paused). `POST /api/cancel` (form `message_id`, `type`,
+    /// `subscription`, `older_than_seconds`, `reason`) cancels and answers `cancelled` and
+    /// `in_flight`, as `outbox cancel --json` prints them.
     ///
     /// The records (messages, dead letters, blocked keys, destinations, types) have one JSON
     /// form, the one `outbox … --json` prints (see

@@ -4,8 +4,8 @@ use std::fmt::Write;
 use std::time::{Duration, SystemTime};
 
 use outbox_diesel::admin::{
-    BlockedKey, DeadLetter, DestinationStatus, FoundMessage, Pause, PauseKind, PendingMessage,
-    TypeStats,
+    BlockedKey, Cancelled, DeadLetter, DestinationStatus, FoundMessage, Pause, PauseKind,
+    PendingMessage, TypeStats,
 };
 use outbox_diesel::subscription::SubscriptionInfo;
 use outbox_diesel::Headers;
@@ -461,6 +461,11 @@ pub(crate) fn subscriptions(page: Page<'_>, listed: &[SubscriptionInfo], can_add
             actions.push_str(&button("rotate-secret", "Rotate secret"));
         }
         actions.push_str(&button("remove", "Remove"));
+        actions.push_str(&cancel_form(
+            &format!("{base}/subscriptions/{id}/cancel"),
+            "cancel-deliveries",
+            "Cancel waiting deliveries",
+        ));
         let _ = write!(
             body,
             "<tr class=\"subscription\"><td><code>{}</code></td><td>{}</td>\
@@ -617,6 +622,18 @@ pub(crate) fn pending(page: Page<'_>, p: &PendingPage<'_>) -> String {
         body.push_str("<tr><td colspan=\"8\">No message matches.</td></tr>");
     }
     body.push_str("</table>");
+    if let Some(message_type) = p.query.get("type") {
+        let _ = write!(
+            body,
+            "<div id=\"cancel-type\">Cancel every waiting message of type <code>{t}</code> (not only this page): \
+             <form class=\"inline\" method=\"post\" action=\"{base}/messages/cancel\">\
+             <input type=\"hidden\" name=\"type\" value=\"{t}\">\
+             <input name=\"reason\" class=\"cancel-reason\" placeholder=\"reason (kept)\" \
+             size=\"18\" required> <button class=\"danger cancel-type\">Cancel all</button>\
+             </form></div>",
+            t = escape(message_type),
+        );
+    }
     body.push_str(&next_link(
         page.base,
         "/messages",
@@ -652,6 +669,39 @@ fn headers_table(headers: &Headers) -> String {
     table
 }
 
+/// A form that cancels what `action` names, asking for the reason kept with each message.
+fn cancel_form(action: &str, id: &str, label: &str) -> String {
+    format!(
+        "<form class=\"inline\" method=\"post\" action=\"{action}\">\
+         <input name=\"reason\" class=\"cancel-reason\" placeholder=\"reason (kept)\" size=\"18\" \
+         required> <button class=\"danger {id}\">{label}</button></form>"
+    )
+}
+
+/// What a cancel did, for the page it returns to.
+pub(crate) fn cancelled(cancelled: Cancelled, reason: &str) -> String {
+    let mut text = match cancelled.cancelled {
+        0 => "Nothing was cancelled: no waiting message matched.".to_owned(),
+        1 => format!("Cancelled 1 message ({reason})."),
+        n => format!("Cancelled {n} messages ({reason})."),
+    };
+    match cancelled.in_flight {
+        0 => {}
+        1 => text.push_str(
+            " 1 was being delivered and was left alone: it finishes, or a second cancel takes \
+             it before its next attempt.",
+        ),
+        n => {
+            let _ = write!(
+                text,
+                " {n} were being delivered and were left alone: they finish, or a second cancel \
+                 takes them before their next attempt."
+            );
+        }
+    }
+    text
+}
+
 fn dead_actions(base: &str, position: i64) -> String {
     format!(
         "<form class=\"inline\" method=\"post\" action=\"{base}/dead/{position}/requeue\">\
@@ -684,7 +734,11 @@ pub(crate) fn message(page: Page<'_>, found: &FoundMessage) -> String {
             ),
             &m.payload,
             &m.headers,
-            String::new(),
+            cancel_form(
+                &format!("{base}/messages/{}/cancel", m.message_id),
+                "cancel-message",
+                "Cancel",
+            ),
         ),
         FoundMessage::Dead(d) => (
             format!(
@@ -723,7 +777,7 @@ pub(crate) fn message(page: Page<'_>, found: &FoundMessage) -> String {
 pub(crate) fn not_found_message(page: Page<'_>, id: &str) -> String {
     let body = format!(
         "<h1>Message <code>{}</code></h1><p class=\"error\" id=\"problem\">Neither pending nor \
-         dead: delivered, purged, or never enqueued.</p>",
+         dead: delivered, cancelled, purged, or never enqueued.</p>",
         escape(id)
     );
     layout(page, "Message", &body, None)

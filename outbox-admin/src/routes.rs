@@ -3,7 +3,9 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use diesel::r2d2::ManageConnection;
-use outbox_diesel::admin::{self, DeadLetterSelection, FoundMessage, ListOptions, PauseKind};
+use outbox_diesel::admin::{
+    self, CancelSelection, DeadLetterSelection, FoundMessage, ListOptions, PauseKind,
+};
 use outbox_diesel::subscription::{self, NewSubscription};
 use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::{json, Value};
@@ -86,6 +88,12 @@ where
         ("GET", []) => overview(admin, page),
         ("GET", ["messages"]) => pending(admin, page, &query),
         ("GET", ["messages", id]) => message(admin, page, id),
+        ("POST", ["messages", "cancel"]) => cancel(admin, request, CancelFrom::Pending),
+        ("POST", ["messages", id, "cancel"]) => cancel(admin, request, CancelFrom::Message(id)),
+        ("POST", ["subscriptions", id, "cancel"]) => {
+            cancel(admin, request, CancelFrom::Subscription(id))
+        }
+        ("POST", ["api", "cancel"]) => cancel(admin, request, CancelFrom::Api),
         ("GET", ["find"]) => find(admin, &query),
         ("GET", ["dead"]) => dead(admin, page, &query),
         ("GET", ["dead", "confirm"]) => confirm(admin, page, &query, None),
@@ -975,6 +983,110 @@ where
         request.peer_or_unknown()
     );
     Ok(done(admin.base_path(), "/dead", &text_done))
+}
+
+/// Which form asked for a cancel: it says what the path names and where the operator goes
+/// next.
+#[derive(Debug, Clone, Copy)]
+enum CancelFrom<'a> {
+    /// A message's page: every pending row of the message in the path.
+    Message(&'a str),
+    /// The subscriptions page: the pending deliveries to the subscription in the path.
+    Subscription(&'a str),
+    /// The pending page filtered by type: the form's `type` (and `older_than_seconds`).
+    Pending,
+    /// `POST /api/cancel`: the form's `message_id`, `type`, `subscription`,
+    /// `older_than_seconds`, answered in JSON.
+    Api,
+}
+
+/// Cancels pending messages ([`admin::cancel`]) with the form's `reason`; the selection comes
+/// from the path and the form as `from` says. Each surface asks the same function, so a
+/// cancel means the same from a page, the JSON API and the CLI.
+fn cancel<M>(admin: &Admin<M>, request: &Request, from: CancelFrom<'_>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let api = matches!(from, CancelFrom::Api);
+    let base = admin.base_path();
+    let form = request.form();
+    let decoded = |part: &str| {
+        percent_encoding::percent_decode_str(part)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let (message_id, subscription_id, back) = match from {
+        CancelFrom::Message(id) => (Some(decoded(id)), None, "/messages".to_owned()),
+        CancelFrom::Subscription(id) => (None, Some(decoded(id)), "/subscriptions".to_owned()),
+        CancelFrom::Pending => (None, None, pending_path(form.get("type"))),
+        CancelFrom::Api => (
+            form.get("message_id").map(str::to_owned),
+            form.get("subscription").map(str::to_owned),
+            String::new(),
+        ),
+    };
+    let mut selection = CancelSelection::new();
+    if let Some(id) = message_id {
+        let Ok(id) = id.parse::<MessageId>() else {
+            return Ok(bad_request(
+                base,
+                api,
+                &format!("`{id}` is not a message id (a UUID)"),
+            ));
+        };
+        selection = selection.message_id(id);
+    }
+    if let Some(id) = subscription_id {
+        selection = selection.subscription(id);
+    }
+    if matches!(from, CancelFrom::Pending | CancelFrom::Api) {
+        if let Some(message_type) = form.get("type") {
+            selection = selection.message_type(message_type);
+        }
+        if let Some(seconds) = form.get("older_than_seconds") {
+            let Ok(seconds) = seconds.parse::<u64>() else {
+                return Ok(bad_request(
+                    base,
+                    api,
+                    "older_than_seconds must be a whole number of seconds",
+                ));
+            };
+            selection = selection.older_than(std::time::Duration::from_secs(seconds));
+        }
+    }
+    let reason = form.get("reason").unwrap_or_default();
+    let cancelled = match admin::cancel(&mut *connection(admin)?, &selection, reason) {
+        Ok(cancelled) => cancelled,
+        Err(error @ outbox_diesel::Error::InvalidCancel { .. }) => {
+            return Ok(bad_request(base, api, &error.to_string()))
+        }
+        Err(error) => return Err(error.to_string()),
+    };
+    log::info!(
+        target: "outbox_admin",
+        "{} cancelled, {} being delivered left alone ({selection:?}, reason: {reason}) by an \
+         operator from {}",
+        cancelled.cancelled,
+        cancelled.in_flight,
+        request.peer_or_unknown()
+    );
+    if api {
+        return Ok(Response::json(200, &json!(cancelled)));
+    }
+    Ok(done(base, &back, &pages::cancelled(cancelled, reason)))
+}
+
+/// The pending page, filtered by `message_type` if there is one.
+fn pending_path(message_type: Option<&str>) -> String {
+    match message_type {
+        Some(message_type) => {
+            let encoded: String =
+                form_urlencoded::byte_serialize(message_type.as_bytes()).collect();
+            format!("/messages?type={encoded}")
+        }
+        None => "/messages".to_owned(),
+    }
 }
 
 #[cfg(test)]

@@ -989,7 +989,207 @@ fn operators_manage_subscriptions_from_the_pages<C: TestConnection>(db: &TestDb)
     assert!(no_settings.text().contains("AdminBuilder::subscriptions"));
 }
 
+#[derive(diesel::QueryableByName, Debug)]
+struct CancelReason {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    reason: String,
+}
+
+/// The reasons kept with cancelled messages.
+fn cancel_reasons(db: &TestDb) -> Vec<String> {
+    let rows: Vec<CancelReason> = outbox_testkit::with_connection!(db.backend(), Conn => {
+        diesel::RunQueryDsl::load(
+            diesel::sql_query("SELECT reason FROM outbox_cancelled ORDER BY id"),
+            &mut db.connect::<Conn>(),
+        )
+        .unwrap()
+    });
+    rows.into_iter().map(|row| row.reason).collect()
+}
+
+/// The text a redirect's flash cookie shows on the page it leads to.
+fn flash_after<C: TestConnection>(
+    admin: &Admin<outbox_diesel::OutboxManager<C>>,
+    cookie: &str,
+    response: &Response,
+) -> String {
+    assert_eq!(response.status, 303, "{}", response.text());
+    let location = response.header("location").expect("a redirect").to_owned();
+    let path = location.trim_start_matches("/ops/outbox");
+    let flash = cookie_of(response);
+    get(admin, &format!("{cookie}; {flash}"), path).text()
+}
+
+/// Operators cancel waiting messages from a message's page, from the pending page of a type,
+/// from a subscription's row and through the JSON API: a cancel without a reason or a
+/// selection changes nothing, a cross-site one is refused, a message being delivered is left
+/// alone and counted, and each cancelled message is kept with the reason given.
+fn operators_cancel_waiting_messages_from_the_pages_and_the_api<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(3);
+    let mut conn = pool.get().unwrap();
+    let mut mails = Vec::new();
+    for n in 0..3 {
+        mails.push(Mail { n }.enqueue(&mut conn).unwrap());
+    }
+    for n in 0..2 {
+        Event { n }.enqueue(&mut conn).unwrap();
+    }
+    let admin = pages(&pool);
+    let cookie = sign_in(&admin);
+    let types = |pool: &TestPool<C>| -> Vec<String> {
+        pending(pool).into_iter().map(|m| m.message_type).collect()
+    };
+
+    // One message, from its page: the form asks for a reason, and nothing happens without one.
+    let page = get(&admin, &cookie, &format!("/messages/{}", mails[0])).text();
+    assert!(
+        page.contains(&format!(
+            "action=\"/ops/outbox/messages/{}/cancel\"",
+            mails[0]
+        )) && page.contains("name=\"reason\""),
+        "{page}"
+    );
+    let no_reason = post(
+        &admin,
+        &cookie,
+        &format!("/messages/{}/cancel", mails[0]),
+        "",
+    );
+    assert_eq!(no_reason.status, 400, "{}", no_reason.text());
+    assert!(
+        no_reason.text().contains("give a reason"),
+        "{}",
+        no_reason.text()
+    );
+    let forged = admin.handle(
+        &Request::new("POST", &format!("/messages/{}/cancel", mails[0]))
+            .header("cookie", &cookie)
+            .header("sec-fetch-site", "cross-site")
+            .body("reason=forged".to_owned()),
+    );
+    assert_eq!(forged.status, 403);
+    assert_eq!(pending(&pool).len(), 5, "nothing was cancelled yet");
+    let one = post(
+        &admin,
+        &cookie,
+        &format!("/messages/{}/cancel", mails[0]),
+        "reason=sent+by+mistake",
+    );
+    assert!(flash_after(&admin, &cookie, &one).contains("Cancelled 1 message (sent by mistake)."));
+    assert_eq!(pending(&pool).len(), 4);
+    assert!(pending(&pool).iter().all(|m| m.message_id != mails[0]));
+    let gone = get(&admin, &cookie, &format!("/messages/{}", mails[0]));
+    assert_eq!(gone.status, 404);
+    assert!(gone.text().contains("cancelled"), "{}", gone.text());
+
+    // Every waiting message of a type, from the pending page filtered by it.
+    let listing = get(&admin, &cookie, "/messages?type=admin.event").text();
+    assert!(listing.contains("id=\"cancel-type\""), "{listing}");
+    assert!(!get(&admin, &cookie, "/messages")
+        .text()
+        .contains("id=\"cancel-type\""));
+    let of_type = post(
+        &admin,
+        &cookie,
+        "/messages/cancel",
+        "type=admin.event&reason=retired+event",
+    );
+    assert_eq!(
+        of_type.header("location"),
+        Some("/ops/outbox/messages?type=admin.event")
+    );
+    assert!(
+        flash_after(&admin, &cookie, &of_type).contains("Cancelled 2 messages (retired event).")
+    );
+    assert_eq!(types(&pool), ["admin.mail", "admin.mail"]);
+
+    // The JSON API, with the bearer token: a message being delivered is left alone and counted.
+    let store = DieselStore::new(pool.clone());
+    let held = store
+        .claim(ClaimToken::new(), ClaimLimit::messages(1), LEASE)
+        .unwrap();
+    assert_eq!(held.len(), 1);
+    let api = |form: &str| {
+        admin.handle(
+            &Request::new("POST", "/api/cancel")
+                .header("authorization", &format!("Bearer {TOKEN}"))
+                .body(form.to_owned()),
+        )
+    };
+    let nothing_named = api("reason=everything");
+    assert_eq!(nothing_named.status, 400);
+    assert!(json(&nothing_named)["error"]
+        .as_str()
+        .unwrap()
+        .contains("name a message id"));
+    let bad_age = api("type=admin.mail&older_than_seconds=soon&reason=x");
+    assert_eq!(bad_age.status, 400);
+    let too_young = json(&api(
+        "type=admin.mail&older_than_seconds=3600&reason=old+ones",
+    ));
+    assert_eq!(
+        (
+            too_young["cancelled"].as_u64(),
+            too_young["in_flight"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    let answered = api("type=admin.mail&reason=mail+provider+replaced");
+    assert_eq!(answered.status, 200);
+    let answered = json(&answered);
+    assert_eq!(answered["cancelled"], 1, "{answered}");
+    assert_eq!(answered["in_flight"], 1, "{answered}");
+    let left: Vec<_> = pending(&pool).into_iter().map(|m| m.message_id).collect();
+    assert_eq!(
+        left,
+        [held[0].message_id],
+        "only the message being delivered is left"
+    );
+
+    // A subscription's row: its waiting deliveries (none here), with the page's own answer.
+    let admin = Admin::builder(pool.clone(), TOKEN)
+        .base_path("/ops/outbox")
+        .subscriptions(outbox_testkit::outbox::subscriptions())
+        .build()
+        .unwrap();
+    let cookie = sign_in(&admin);
+    let created = outbox_testkit::outbox::subscriptions()
+        .create(
+            &mut conn,
+            &outbox_diesel::subscription::NewSubscription::new("https://127.0.0.1/hooks", ["*"]),
+        )
+        .unwrap();
+    let id = created.subscription.id;
+    let listed = get(&admin, &cookie, "/subscriptions").text();
+    assert!(
+        listed.contains(&format!("/subscriptions/{}/cancel", id.replace('-', "%2D"))),
+        "{listed}"
+    );
+    let none = post(
+        &admin,
+        &cookie,
+        &format!("/subscriptions/{id}/cancel"),
+        "reason=quiet",
+    );
+    assert_eq!(none.header("location"), Some("/ops/outbox/subscriptions"));
+    assert!(flash_after(&admin, &cookie, &none).contains("Nothing was cancelled"));
+
+    let mut reasons = cancel_reasons(db);
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            "mail provider replaced",
+            "retired event",
+            "retired event",
+            "sent by mistake"
+        ]
+    );
+    assert!(dead(&pool).is_empty(), "a cancel never dead-letters");
+}
+
 backend_tests!(
+    operators_cancel_waiting_messages_from_the_pages_and_the_api,
     operators_manage_subscriptions_from_the_pages,
     operators_pause_and_resume_types_and_destinations_from_the_pages,
     signing_out_ends_the_session_on_every_replica,
