@@ -8,7 +8,6 @@
 //! one-at-a-time loop: select one, POST, delete.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,34 +15,21 @@ use diesel::pg::PgConnection;
 use diesel::sql_types::BigInt;
 use diesel::{QueryableByName, RunQueryDsl};
 use outbox_diesel::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
-use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
+use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{Batch, DieselStore, MessageId, Worker, WorkerHandle};
 use outbox_testkit::http::Receiver;
 use serde_json::{json, Map, Value};
 
 use crate::db::{on_fresh_database, BenchConnection, BenchDb};
-use crate::handlers::{envelope, envelope_raw, Hook, Noop, Relayed};
+use crate::handlers::{endpoint, envelope, envelope_raw, Hook, Noop, Relayed};
 use crate::raw_client::raw_capacity;
 use crate::report::Report;
 use crate::traced_store::{TraceHandle, TracedStore};
 use crate::worker_process::{self, ChildWorker};
 use crate::{cpu, failed, stats, Backend, Opts, Res, WithContext};
 
-/// The secret deliveries are signed with.
-pub const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
-
 /// Messages per prefill transaction.
 const PREFILL_CHUNK: usize = 5_000;
-
-/// An endpoint to the receiver at `url`, allowed to dial 127.0.0.1.
-pub fn endpoint(url: &str) -> Res<WebhookEndpoint> {
-    WebhookEndpoint::builder(url)
-        .secret(WebhookSecret::parse(SECRET).ctx("parsing the webhook secret")?)
-        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
-        .timeout(Duration::from_secs(10))
-        .build()
-        .ctx("building the webhook endpoint")
-}
 
 /// Which message the backlog holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -488,20 +474,15 @@ pub(crate) fn backlog(opts: &Opts) -> usize {
         .max(1)
 }
 
-/// Runs `drain`; returns whether it completed.
+/// Runs `drain` (its `--keys` form included; `--metrics` and `--destination` are
+/// `metrics_cost`'s and `relay`'s); returns whether it completed.
 pub fn run(opts: &Opts) -> Res<bool> {
     on_fresh_database!(opts, drain_on)
 }
 
 fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
-    if opts.metrics {
-        return crate::metrics_cost::metrics_drain_on::<C>(opts, db);
-    }
     if !opts.keys.is_empty() {
         return keyed_drain_on::<C>(opts, db);
-    }
-    if let Some(destination) = opts.destination {
-        return crate::relay::relay_drain_on::<C>(opts, db, destination);
     }
     let count = backlog(opts);
     // Rates of the baselines need seconds, not the whole backlog.

@@ -16,7 +16,8 @@ use outbox_diesel::{Batch, EnqueueOptions};
 use serde_json::{json, Map};
 
 use crate::db::{on_fresh_database, BenchConnection, BenchDb};
-use crate::drain::{endpoint, prefill, spawn_worker, Kind};
+use crate::drain::{prefill, spawn_worker, Kind};
+use crate::handlers::endpoint;
 use crate::handlers::{subscription_settings, Event, Hook};
 use crate::report::Report;
 use crate::stats::round;

@@ -1,7 +1,27 @@
-//! The benchmark's messages: one delivered to the receiver, one whose handler does nothing.
+//! The benchmark's messages (one delivered to the receiver, one whose handler does nothing)
+//! and the webhook endpoint they are delivered to.
 
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
 use outbox_diesel::{outbox_handler, Context, Handler, ProcessError};
 use serde::{Deserialize, Serialize};
+
+use crate::{Res, WithContext};
+
+/// The secret deliveries are signed with.
+pub const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+/// An endpoint to the receiver at `url`, allowed to dial 127.0.0.1.
+pub fn endpoint(url: &str) -> Res<WebhookEndpoint> {
+    WebhookEndpoint::builder(url)
+        .secret(WebhookSecret::parse(SECRET).ctx("parsing the webhook secret")?)
+        .allow_address(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .ctx("building the webhook endpoint")
+}
 
 /// The name of the webhook destination [`Hook`] goes to.
 pub const HOOK: &str = "hook";

@@ -12,7 +12,8 @@ use outbox_diesel::{DieselStore, Worker};
 use serde_json::{json, Map, Value};
 
 use crate::db::{on_fresh_database, BenchConnection, BenchDb};
-use crate::drain::{endpoint, wait_for};
+use crate::drain::wait_for;
+use crate::handlers::endpoint;
 use crate::handlers::{envelope, Hook};
 use crate::report::Report;
 use crate::stats::{percentile, round};

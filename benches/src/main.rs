@@ -335,6 +335,10 @@ fn main() {
     };
     let result = match cli.command {
         Command::Enqueue(opts) => enqueue::run(&opts),
+        Command::Drain(opts) if opts.metrics => metrics_cost::run(&opts),
+        Command::Drain(opts) if opts.keys.is_empty() && opts.destination.is_some() => {
+            relay::run(&opts)
+        }
         Command::Drain(opts) => drain::run(&opts),
         Command::Latency(opts) => latency::run(&opts),
         Command::Memory(opts) => memory::run(&opts),

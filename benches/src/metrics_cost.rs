@@ -68,7 +68,12 @@ fn install() -> Res<PrometheusHandle> {
     Ok(handle)
 }
 
-pub fn metrics_drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
+/// Runs `drain --metrics` on a fresh database.
+pub fn run(opts: &Opts) -> Res<bool> {
+    crate::db::on_fresh_database!(opts, metrics_drain_on)
+}
+
+fn metrics_drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     let count = backlog(opts);
     let handle = install()?;
     let mut report = Report::new(

@@ -23,7 +23,8 @@ use outbox_diesel::{DieselStore, Worker};
 use serde_json::{json, Map};
 
 use crate::db::{on_fresh_database, BenchConnection, BenchDb};
-use crate::drain::{endpoint, prefill, Kind};
+use crate::drain::{prefill, Kind};
+use crate::handlers::endpoint;
 use crate::handlers::HOOK;
 use crate::report::Report;
 use crate::stats::round;

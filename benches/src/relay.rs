@@ -415,8 +415,20 @@ async fn amqp_channel() -> Res<lapin::Channel> {
     connection.create_channel().await.ctx("opening a channel")
 }
 
-/// Runs `drain --destination`: per run, the bare client's rate, then the worker's.
-pub fn relay_drain_on<C: BenchConnection>(
+/// Runs `drain --destination` on a fresh database.
+pub fn run(opts: &Opts) -> Res<bool> {
+    crate::db::on_fresh_database!(opts, drain_on)
+}
+
+fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
+    match opts.destination {
+        Some(destination) => relay_drain_on::<C>(opts, db, destination),
+        None => Err(failed("drain --destination needs a destination")),
+    }
+}
+
+/// `drain --destination`: per run, the bare client's rate, then the worker's.
+fn relay_drain_on<C: BenchConnection>(
     opts: &Opts,
     db: &BenchDb,
     destination: Destination,

@@ -12,7 +12,7 @@ use outbox_diesel::{DieselStore, Worker};
 use serde_json::{json, Value};
 
 use crate::db::{with_connection, BenchConnection, BenchDb};
-use crate::drain::endpoint;
+use crate::handlers::endpoint;
 use crate::traced_store::{TraceHandle, TracedStore};
 use crate::{failed, Backend, ClaimSizes, Res, WithContext};
 

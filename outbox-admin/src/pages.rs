@@ -12,7 +12,14 @@ use outbox_diesel::Headers;
 
 use crate::chart::{sparkline, Sample};
 use crate::http::Params;
-use crate::routes::Page;
+
+/// What every page shows around its content: the mount point its links start from, and the
+/// outcome of the action that led to it, shown once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Page<'a> {
+    pub base: &'a str,
+    pub flash: Option<&'a str>,
+}
 
 /// Text made safe for HTML content and attribute values; control characters (but newlines
 /// and tabs) and bidirectional overrides, which could disguise an error text, are shown as

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::chart::Sample;
 use crate::http::{Params, Request, Response};
-use crate::pages::{self, Bulk, DeadPage, Overview, PendingPage};
+use crate::pages::{self, Bulk, DeadPage, Overview, Page, PendingPage};
 use crate::Admin;
 
 /// Messages per page.
@@ -134,13 +134,6 @@ where
     } else {
         response
     }
-}
-
-/// What every page shows around its content.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Page<'a> {
-    pub base: &'a str,
-    pub flash: Option<&'a str>,
 }
 
 fn read_flash(request: &Request) -> Option<String> {

@@ -7,11 +7,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::destination::{DestinationRef, Destinations, Envelope};
+use crate::destination::{Delivery, DestinationRef, Destinations, Envelope};
 use crate::error::ProcessError;
 use crate::headers::Headers;
-use crate::message::MessageId;
-use crate::priority::Priority;
+use crate::message_id::MessageId;
 
 /// Shared resources handlers need, such as a pool, a client or configuration, built once by
 /// the application when it starts the worker and keyed by type: one of each type.
@@ -64,36 +63,6 @@ impl fmt::Debug for Resources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Resources may hold secrets (endpoint keys), so only their types are shown.
         f.debug_set().entries(&self.names).finish()
-    }
-}
-
-/// Facts about the message being processed.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    /// The message's stable id: send it along so receivers can drop duplicates.
-    pub message_id: MessageId,
-    /// The message's type string.
-    pub message_type: String,
-    /// Which attempt this is, starting at 1.
-    pub attempt: u32,
-    /// The headers set when the message was enqueued (trace context among them).
-    pub headers: Headers,
-    /// The ordering key it was enqueued with: messages of one key are processed one at a
-    /// time, in enqueue order. Relays to brokers carry it as the record key.
-    pub ordering_key: Option<String>,
-    /// Its priority (see [`Envelope::priority`]).
-    pub priority: Priority,
-}
-
-impl Delivery {
-    /// An envelope for this message carrying `body` as JSON.
-    pub fn envelope(&self, body: Vec<u8>) -> Envelope {
-        let mut envelope = Envelope::new(self.message_id, self.message_type.clone(), body);
-        envelope.ordering_key = self.ordering_key.clone();
-        envelope.attempt = self.attempt;
-        envelope.headers = self.headers.clone();
-        envelope.priority = self.priority;
-        envelope
     }
 }
 
@@ -255,6 +224,7 @@ impl fmt::Debug for Context<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::priority::Priority;
 
     struct ApiKey(&'static str);
 

@@ -53,6 +53,7 @@ pub mod destination;
 mod error;
 mod headers;
 mod message;
+mod message_id;
 pub mod metrics;
 mod priority;
 mod registry;
@@ -63,13 +64,15 @@ pub mod subscription;
 pub mod testing;
 mod worker;
 
-pub use context::{Context, Delivery, Resources};
+pub use context::{Context, Resources};
+pub use destination::Delivery;
 pub use error::{FailureKind, ProcessError};
 pub use headers::{
     is_reserved_header, HeaderError, Headers, MAX_HEADERS, MAX_HEADER_BYTES, TRACEPARENT,
     TRACESTATE,
 };
-pub use message::{Handler, Message, MessageId, ParseMessageIdError};
+pub use message::{Handler, Message};
+pub use message_id::{MessageId, ParseMessageIdError};
 pub use priority::Priority;
 pub use registry::{DispatchError, HandlerRegistration, Registry, RegistryError};
 pub use retry::RetryPolicy;

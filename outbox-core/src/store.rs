@@ -9,12 +9,41 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-pub use crate::destination::pace::Turns;
 use crate::error::ProcessError;
 use crate::headers::Headers;
-use crate::message::MessageId;
+use crate::message_id::MessageId;
 use crate::priority::Priority;
 use crate::subscription::Subscription;
+
+/// A paced destination's turns: a bucket of them, and the line of messages deferred to one.
+/// Times are microseconds on one clock: the process's own for a limit of one process, the
+/// store's for a limit
+/// [`across_processes`](crate::destination::RateLimit::across_processes), which the store
+/// keeps as these four numbers ([`Store::take_turn`]). This is the state a store keeps; the
+/// pacing that takes and books turns lives with the destinations (`destination::pace`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Turns {
+    /// Turns in the bucket; below zero, turns handed out ahead.
+    pub tokens: f64,
+    /// When the bucket was last filled up.
+    pub refilled: i64,
+    /// The last turn handed to a deferred message: the next deferral gets the turn after it.
+    pub booked_until: Option<i64>,
+    /// When a delivery last took a turn.
+    pub last_turn: i64,
+}
+
+impl Turns {
+    /// A full bucket of `burst` turns at `now`, and nobody in line.
+    pub fn full(burst: f64, now: i64) -> Self {
+        Turns {
+            tokens: burst,
+            refilled: now,
+            booked_until: None,
+            last_turn: now,
+        }
+    }
+}
 
 /// Identifies one claim: the worker that made it writes it into the rows it leases, and every
 /// later change to those rows is conditioned on it (fencing). A worker whose lease expired and

@@ -35,7 +35,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::message::{Message, MessageId};
+use crate::message::Message;
+use crate::message_id::MessageId;
 use crate::priority::Priority;
 use crate::store::{
     ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Outcome, Paused, Settlement, Store,

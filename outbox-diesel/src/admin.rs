@@ -9,14 +9,14 @@ use outbox_core::store::Backlog;
 use outbox_core::{Headers, MessageId};
 
 use crate::connection::{with_backend, OutboxConnection};
-use crate::enqueue::priority_from_level;
 use crate::error::{Error, Result};
+pub use crate::sql::codec::PauseKind;
+use crate::sql::codec::{backlog_of, parse_message_id, priority_from_level, time_from_micros};
 use outbox_core::Priority;
 mod serialized;
 
 use crate::sql::{
-    retry_deadlocks, BacklogRow, BlockedKeyRow, DeadLetterRow, Filter, HorizonRow, PendingRow,
-    Selection, Statements,
+    retry_deadlocks, BlockedKeyRow, DeadLetterRow, Filter, PendingRow, Selection, Statements,
 };
 
 /// The characters of each payload the admin pages and the CLI list in their JSON (the
@@ -196,18 +196,6 @@ pub struct PendingMessage {
     pub headers: Headers,
 }
 
-pub(crate) fn time_from_micros(micros: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(micros.max(0).unsigned_abs())
-}
-
-pub(crate) fn parse_message_id(table: &'static str, id: i64, text: &str) -> Result<MessageId> {
-    text.parse().map_err(|_| Error::InvalidRow {
-        table,
-        id,
-        reason: format!("message_id `{text}` is not a UUID"),
-    })
-}
-
 /// A row's headers for a listing. Unreadable ones (a row edited by hand; the claim
 /// dead-letters such a message with the reason) are listed as none, so that the row can still
 /// be seen, re-queued and purged.
@@ -239,20 +227,6 @@ pub fn backlog<C: OutboxConnection>(conn: &mut C) -> Result<Backlog> {
     // sessions still gets the backlog.
     let horizon = with_backend!(conn.backend_connection(), c => c.horizon()).unwrap_or_default();
     Ok(backlog_of(&row, &horizon))
-}
-
-pub(crate) fn backlog_of(row: &BacklogRow, horizon: &HorizonRow) -> Backlog {
-    let waited = row.oldest_due_micros.unwrap_or(0).max(0).unsigned_abs();
-    Backlog::new(
-        row.pending.max(0).unsigned_abs(),
-        Duration::from_micros(waited),
-    )
-    .with_horizon(
-        horizon
-            .oldest_transaction_micros
-            .map(|micros| Duration::from_micros(micros.max(0).unsigned_abs())),
-        horizon.dead_rows.map(|rows| rows.max(0).unsigned_abs()),
-    )
 }
 
 /// Messages in the outbox, by position (enqueue order), as `options` filter and page them.
@@ -737,34 +711,6 @@ pub fn disable_destination<C: OutboxConnection>(
     Ok(changed > 0)
 }
 
-/// What an operator pauses: a message type or a destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum PauseKind {
-    /// A message type: no worker processes its messages (whatever their destination).
-    MessageType,
-    /// A destination: no worker delivers to it (whatever the message type).
-    Destination,
-}
-
-impl PauseKind {
-    /// How the kind is stored and printed: `type` or `destination`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PauseKind::MessageType => "type",
-            PauseKind::Destination => "destination",
-        }
-    }
-
-    fn from_stored(kind: &str) -> Option<Self> {
-        match kind {
-            "type" => Some(PauseKind::MessageType),
-            "destination" => Some(PauseKind::Destination),
-            _ => None,
-        }
-    }
-}
-
 /// A message type or destination an operator paused: [`pauses`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -863,19 +809,6 @@ pub fn pauses<C: OutboxConnection>(conn: &mut C) -> Result<Vec<Pause>> {
             })
         })
         .collect())
-}
-
-/// The pauses as the worker follows them.
-pub(crate) fn paused_from_rows(rows: Vec<crate::sql::PauseRow>) -> outbox_core::store::Paused {
-    let mut paused = outbox_core::store::Paused::new();
-    for row in rows {
-        match PauseKind::from_stored(&row.kind) {
-            Some(PauseKind::MessageType) => paused = paused.message_type(row.name, row.reason),
-            Some(PauseKind::Destination) => paused = paused.destination(row.name, row.reason),
-            None => {}
-        }
-    }
-    paused
 }
 
 fn check_pause_name(name: &str) -> Result<()> {

@@ -1,5 +1,5 @@
-//! Which backend a connection talks to: the sealed [`OutboxConnection`] trait and the concrete
-//! connection behind it.
+//! Which backend a connection talks to: the [`Backend`]s, the sealed [`OutboxConnection`]
+//! trait and the concrete connection behind it.
 
 #[cfg(feature = "mysql")]
 use diesel::mysql::MysqlConnection;
@@ -10,7 +10,44 @@ use diesel::r2d2::{ManageConnection, PooledConnection};
 use diesel::sqlite::SqliteConnection;
 use diesel::QueryResult;
 
-pub use crate::database::Backend;
+/// The database products the outbox supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL 8 or MariaDB 10.6+.
+    Mysql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Backend {
+    /// Every backend, whether compiled in or not.
+    pub const ALL: [Backend; 3] = [Backend::Postgres, Backend::Mysql, Backend::Sqlite];
+
+    /// The backend's short name: `postgres`, `mysql` or `sqlite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+
+    /// The cargo feature of `outbox-diesel` that supports this backend.
+    pub fn feature(self) -> &'static str {
+        self.name()
+    }
+
+    /// Whether this build of `outbox-diesel` has the backend's feature.
+    pub fn is_compiled_in(self) -> bool {
+        match self {
+            Backend::Postgres => cfg!(feature = "postgres"),
+            Backend::Mysql => cfg!(feature = "mysql"),
+            Backend::Sqlite => cfg!(feature = "sqlite"),
+        }
+    }
+}
 
 pub(crate) mod sealed {
     /// Implemented only by this crate and [`impl_outbox_connection!`](crate::impl_outbox_connection).

@@ -8,50 +8,13 @@ use diesel::r2d2::{ManageConnection, R2D2Connection};
 use diesel::{ConnectionError, ConnectionResult};
 use percent_encoding::percent_decode_str;
 
-use crate::connection::{execute_batch, OutboxConnection};
+use crate::connection::{execute_batch, Backend, OutboxConnection};
 use crate::error::{Error, Result};
 
-/// The database products the outbox supports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// PostgreSQL.
-    Postgres,
-    /// MySQL 8 or MariaDB 10.6+.
-    Mysql,
-    /// SQLite.
-    Sqlite,
-}
-
 impl Backend {
-    /// Every backend, whether compiled in or not.
-    pub const ALL: [Backend; 3] = [Backend::Postgres, Backend::Mysql, Backend::Sqlite];
-
     /// The backend a database URL names; see [`DatabaseUrl::parse`].
     pub fn from_url(url: &str) -> Result<Backend> {
         DatabaseUrl::parse(url).map(|url| url.backend())
-    }
-
-    /// The backend's short name: `postgres`, `mysql` or `sqlite`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        }
-    }
-
-    /// The cargo feature of `outbox-diesel` that supports this backend.
-    pub fn feature(self) -> &'static str {
-        self.name()
-    }
-
-    /// Whether this build of `outbox-diesel` has the backend's feature.
-    pub fn is_compiled_in(self) -> bool {
-        match self {
-            Backend::Postgres => cfg!(feature = "postgres"),
-            Backend::Mysql => cfg!(feature = "mysql"),
-            Backend::Sqlite => cfg!(feature = "sqlite"),
-        }
     }
 }
 

@@ -15,17 +15,18 @@ use outbox_core::store::{
 use outbox_core::subscription::Subscription;
 use outbox_core::{Headers, MessageId, ProcessError};
 
-use crate::admin::{parse_message_id, time_from_micros};
 use crate::claim_cursor::{ClaimCursor, Listening};
 #[cfg(feature = "postgres")]
 use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
-use crate::enqueue::priority_from_level;
 use crate::error::Error;
 use crate::fan_outs::{self, FanOut, FanOuts, RunFanOuts};
 use crate::held::{HeldConnections, ListenerConnection, Role};
 use crate::idempotency::{self, SweepCursor, DEFAULT_IDEMPOTENCY_WINDOW};
 use crate::retention::Retention;
+use crate::sql::codec::{
+    backlog_of, parse_message_id, paused_from_rows, priority_from_level, time_from_micros,
+};
 use crate::sql::subscription::{SubscriptionRow, SubscriptionStatements as _};
 use crate::sql::{self, micros, Claim, ClaimRow, Statements};
 
@@ -191,32 +192,6 @@ fn makes_due(outcomes: &[Outcome]) -> bool {
         Settlement::Pause { .. } => false,
         Settlement::Retry { .. } | Settlement::Defer { .. } | Settlement::Release => true,
     })
-}
-
-/// Whether the database answered "not now": a lock held elsewhere outlasted the wait for it, a
-/// deadlock, a statement or lock timeout (by each backend's message: Diesel keeps no error
-/// codes but PostgreSQL's few kinds).
-pub(crate) fn is_busy(error: &diesel::result::Error) -> bool {
-    use diesel::result::{DatabaseErrorKind, Error};
-
-    const BUSY: &[&str] = &[
-        "lock wait timeout exceeded",                   // MySQL 1205
-        "deadlock found when trying to get lock",       // MySQL 1213
-        "database is locked",                           // SQLite BUSY
-        "database table is locked",                     // SQLite LOCKED
-        "deadlock detected",                            // PostgreSQL 40P01
-        "canceling statement due to lock timeout",      // PostgreSQL 55P03
-        "canceling statement due to statement timeout", // PostgreSQL 57014
-        "could not obtain lock",                        // PostgreSQL 55P03
-    ];
-    match error {
-        Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
-        Error::DatabaseError(_, info) => {
-            let message = info.message().to_ascii_lowercase();
-            BUSY.iter().any(|busy| message.contains(busy))
-        }
-        _ => false,
-    }
 }
 
 impl<M> Store for DieselStore<M>
@@ -399,7 +374,7 @@ where
             "reading pauses",
             |conn| with_backend!(conn.backend_connection(), c => c.pauses()),
         )?;
-        Ok(crate::admin::paused_from_rows(rows))
+        Ok(paused_from_rows(rows))
     }
 
     fn release_paused(&self) -> Result<usize, StoreError> {
@@ -438,7 +413,7 @@ where
                     let row = c.backlog()?;
                     // A role that may not see other sessions still samples the backlog.
                     let horizon = c.horizon().unwrap_or_default();
-                    Ok((row.oldest_due_at, crate::admin::backlog_of(&row, &horizon)))
+                    Ok((row.oldest_due_at, backlog_of(&row, &horizon)))
                 })
             })
             .map(|(oldest_due_at, backlog)| {

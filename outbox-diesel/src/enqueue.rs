@@ -7,7 +7,7 @@ use outbox_core::{Headers, Message, MessageId, Priority};
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
-use crate::sql::bind::Bind;
+use crate::sql::new_message::NewMessage;
 use crate::sql::Statements;
 
 /// The longest message type and ordering key the tables store, in bytes.
@@ -17,10 +17,6 @@ pub(crate) const MAX_KEY_LEN: usize = 255;
 /// 4 MiB, well within MySQL's default `max_allowed_packet` (16 MiB) and large for a message,
 /// which should carry references rather than documents.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 4 << 20;
-
-/// Bytes of payload one batched `INSERT` carries at most, well under MySQL's default
-/// `max_allowed_packet` (16 MiB) and cheap for any backend to parse.
-const MAX_BATCH_PAYLOAD_BYTES: usize = 8 << 20;
 
 /// The latest `not_before` every backend stores and orders correctly: the end of year 9999
 /// (MySQL's `DATETIME` ends there; SQLite's text times stop sorting after it).
@@ -33,25 +29,6 @@ enum NotBefore {
     At(SystemTime),
     /// This long after the enqueue, on the database's clock.
     After(Duration),
-}
-
-/// The level stored in the outbox's `priority` column: 0, 1 or 2.
-pub(crate) fn priority_level(priority: Priority) -> i16 {
-    match priority {
-        Priority::Normal => 0,
-        Priority::High => 1,
-        Priority::Urgent => 2,
-    }
-}
-
-/// The priority of a stored level (a level above the highest, written by hand, is `Urgent`;
-/// one below 1, `Normal`).
-pub(crate) fn priority_from_level(level: i64) -> Priority {
-    match level {
-        i64::MIN..=0 => Priority::Normal,
-        1 => Priority::High,
-        _ => Priority::Urgent,
-    }
 }
 
 /// How a message is enqueued: when it may be processed, and which messages it is ordered with.
@@ -184,28 +161,6 @@ impl EnqueueOptions {
     }
 }
 
-/// One row about to be inserted.
-#[derive(Debug)]
-pub(crate) struct NewMessage {
-    id: MessageId,
-    message_id: String,
-    message_type: &'static str,
-    payload: String,
-    ordering_key: Option<String>,
-    priority: Priority,
-    group: Option<String>,
-    owner: Option<String>,
-    idempotency_key: Option<String>,
-    not_before_micros: Option<i64>,
-    /// How long after the enqueue, on the database's clock, when `not_before_micros` is `None`.
-    delay_micros: Option<i64>,
-    /// The headers as a JSON object, `None` without any.
-    headers: Option<String>,
-    /// An earlier message of this insert has the same ordering key: this one is parked behind
-    /// it from the start (see the `sql` module's documentation).
-    behind_in_batch: bool,
-}
-
 impl NewMessage {
     fn new<M: Message>(message: &M, options: &EnqueueOptions) -> Result<(MessageId, Self)> {
         if M::MESSAGE_TYPE.len() > MAX_KEY_LEN {
@@ -288,22 +243,6 @@ impl NewMessage {
             behind_in_batch: false,
         };
         Ok((id, row))
-    }
-
-    pub(crate) fn id(&self) -> MessageId {
-        self.id
-    }
-
-    pub(crate) fn message_id(&self) -> &str {
-        &self.message_id
-    }
-
-    pub(crate) fn idempotency_key(&self) -> Option<&str> {
-        self.idempotency_key.as_deref()
-    }
-
-    pub(crate) fn group(&self) -> Option<&str> {
-        self.group.as_deref()
     }
 }
 
@@ -476,76 +415,6 @@ where
         batch.push(message)?;
     }
     batch.enqueue(conn)
-}
-
-impl NewMessage {
-    /// How many binds one row of an insert takes.
-    pub(crate) const BINDS: usize = 12;
-
-    /// The binds of an insert: message id, type, payload, its size in bytes, ordering key,
-    /// not-before in µs since the epoch (NULL: now plus the delay), delay in µs (NULL: none),
-    /// headers as JSON, priority level, group, owner, whether an earlier row of the insert has
-    /// its ordering key.
-    pub(crate) fn binds(&self) -> [Bind<'_>; Self::BINDS] {
-        [
-            Bind::Text(self.message_id.as_str()),
-            Bind::Text(self.message_type),
-            Bind::Text(self.payload.as_str()),
-            Bind::BigInt(i64::try_from(self.payload.len()).unwrap_or(i64::MAX)),
-            Bind::NullableText(self.ordering_key.as_deref()),
-            Bind::NullableBigInt(self.not_before_micros),
-            Bind::NullableBigInt(self.delay_micros),
-            Bind::NullableText(self.headers.as_deref()),
-            Bind::BigInt(i64::from(priority_level(self.priority))),
-            Bind::NullableText(self.group.as_deref()),
-            Bind::NullableText(self.owner.as_deref()),
-            Bind::Bool(self.behind_in_batch),
-        ]
-    }
-
-    /// [`binds`](Self::binds) and the ordering key again: for the inserts that look up whether
-    /// the key has a pending message already.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
-    pub(crate) fn binds_with_key(&self) -> [Bind<'_>; Self::BINDS + 1] {
-        let [a, b, c, d, e, f, g, h, i, j, k, l] = self.binds();
-        [
-            a,
-            b,
-            c,
-            d,
-            e,
-            f,
-            g,
-            h,
-            i,
-            j,
-            k,
-            l,
-            Bind::NullableText(self.ordering_key.as_deref()),
-        ]
-    }
-
-    /// `rows` in chunks of at most `max_rows` rows and about 8 MiB of payload: one `INSERT`
-    /// each.
-    pub(crate) fn chunks(rows: &[NewMessage], max_rows: usize) -> Vec<&[NewMessage]> {
-        let mut chunks = Vec::new();
-        let mut rest = rows;
-        while !rest.is_empty() {
-            let mut take = 0;
-            let mut bytes = 0;
-            while take < rest.len() && take < max_rows.max(1) {
-                bytes += rest[take].payload.len();
-                if take > 0 && bytes > MAX_BATCH_PAYLOAD_BYTES {
-                    break;
-                }
-                take += 1;
-            }
-            let (chunk, tail) = rest.split_at(take);
-            chunks.push(chunk);
-            rest = tail;
-        }
-        chunks
-    }
 }
 
 /// Inserts `rows`; returns their ids, or for rows whose idempotency key was recorded, the

@@ -358,7 +358,7 @@ where
             work(&mut held.conn)
         };
         result.map_err(|error| {
-            let busy = crate::diesel_store::is_busy(&error);
+            let busy = crate::sql::is_busy(&error);
             **slot = None;
             let error = StoreError::new(what, error);
             if busy {

@@ -57,8 +57,8 @@ use diesel::QueryResult;
 use outbox_core::MessageId;
 
 use crate::connection::{with_backend, OutboxConnection};
-use crate::enqueue::NewMessage;
 use crate::error::{Error, Result};
+use crate::sql::new_message::NewMessage;
 use crate::sql::{age_micros, delete_in_batches, Statements, ID_CHUNK, PRUNE_ROUNDS};
 
 /// How long a key is remembered after its message settled, unless configured otherwise: a day,

@@ -116,9 +116,9 @@ mod sql;
 pub mod subscription;
 mod transaction;
 
-pub use connection::OutboxConnection;
+pub use connection::{Backend, OutboxConnection};
 pub use database::{
-    configure_connection, establish, Backend, DatabaseUrl, Establish, OutboxManager, PoolCustomizer,
+    configure_connection, establish, DatabaseUrl, Establish, OutboxManager, PoolCustomizer,
 };
 pub use diesel_store::DieselStore;
 pub use enqueue::{enqueue_all, Batch, Enqueue, EnqueueOptions, DEFAULT_MAX_PAYLOAD_BYTES};

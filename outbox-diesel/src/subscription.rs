@@ -88,9 +88,9 @@ pub use outbox_core::subscription::{
 };
 pub use outbox_core::SubscriptionDelivery;
 
-use crate::admin::time_from_micros;
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
+use crate::sql::codec::time_from_micros;
 use crate::sql::subscription::{NewSubscriptionRow, SubscriptionRow, SubscriptionStatements};
 
 /// How long a rotated secret keeps signing beside the new one, unless said otherwise.

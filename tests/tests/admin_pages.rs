@@ -62,6 +62,17 @@ fn pages<C: TestConnection>(pool: &TestPool<C>) -> Admin<outbox_diesel::OutboxMa
         .unwrap()
 }
 
+/// The pages, given the application's subscription settings (they can make secrets).
+fn pages_with_subscriptions<C: TestConnection>(
+    pool: &TestPool<C>,
+) -> Admin<outbox_diesel::OutboxManager<C>> {
+    Admin::builder(pool.clone(), TOKEN)
+        .base_path("/ops/outbox")
+        .subscriptions(outbox_testkit::outbox::subscriptions())
+        .build()
+        .unwrap()
+}
+
 /// The `Cookie` header value a response's `Set-Cookie` asks for.
 fn cookie_of(response: &Response) -> String {
     response
@@ -890,11 +901,7 @@ fn operators_pause_and_resume_types_and_destinations_from_the_pages<C: TestConne
 /// settings; a cross-site request changes nothing.
 fn operators_manage_subscriptions_from_the_pages<C: TestConnection>(db: &TestDb) {
     let pool = db.pool::<C>(3);
-    let admin = Admin::builder(pool.clone(), TOKEN)
-        .base_path("/ops/outbox")
-        .subscriptions(outbox_testkit::outbox::subscriptions())
-        .build()
-        .unwrap();
+    let admin = pages_with_subscriptions(&pool);
     let cookie = sign_in(&admin);
     let added = post(
         &admin,
@@ -1147,11 +1154,7 @@ fn operators_cancel_waiting_messages_from_the_pages_and_the_api<C: TestConnectio
     );
 
     // A subscription's row: its waiting deliveries (none here), with the page's own answer.
-    let admin = Admin::builder(pool.clone(), TOKEN)
-        .base_path("/ops/outbox")
-        .subscriptions(outbox_testkit::outbox::subscriptions())
-        .build()
-        .unwrap();
+    let admin = pages_with_subscriptions(&pool);
     let cookie = sign_in(&admin);
     let created = outbox_testkit::outbox::subscriptions()
         .create(

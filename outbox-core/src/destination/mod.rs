@@ -60,7 +60,7 @@ use std::time::Duration;
 
 use crate::error::{FailureKind, ProcessError};
 use crate::headers::Headers;
-use crate::message::MessageId;
+use crate::message_id::MessageId;
 use crate::priority::Priority;
 
 pub use health::{DestinationState, HealthPolicy};
@@ -114,6 +114,37 @@ impl<D: Destination + ?Sized> Destination for Box<D> {
 
     fn timeout(&self) -> Duration {
         (**self).timeout()
+    }
+}
+
+/// Facts about the message being processed: what a handler reads in its [`Context`](crate::Context),
+/// and what a destination's [`Envelope`] is made from.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message's stable id: send it along so receivers can drop duplicates.
+    pub message_id: MessageId,
+    /// The message's type string.
+    pub message_type: String,
+    /// Which attempt this is, starting at 1.
+    pub attempt: u32,
+    /// The headers set when the message was enqueued (trace context among them).
+    pub headers: Headers,
+    /// The ordering key it was enqueued with: messages of one key are processed one at a
+    /// time, in enqueue order. Relays to brokers carry it as the record key.
+    pub ordering_key: Option<String>,
+    /// Its priority (see [`Envelope::priority`]).
+    pub priority: Priority,
+}
+
+impl Delivery {
+    /// An envelope for this message carrying `body` as JSON.
+    pub fn envelope(&self, body: Vec<u8>) -> Envelope {
+        let mut envelope = Envelope::new(self.message_id, self.message_type.clone(), body);
+        envelope.ordering_key = self.ordering_key.clone();
+        envelope.attempt = self.attempt;
+        envelope.headers = self.headers.clone();
+        envelope.priority = self.priority;
+        envelope
     }
 }
 

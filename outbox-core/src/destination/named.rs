@@ -9,8 +9,9 @@ use serde::Serialize;
 
 use super::health::{adopt, Adopt, Gate, Health, Observed, Transition};
 use super::pace::{Pace, Pacer, RateLimit, SharedTurns};
-use super::{DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope};
-use crate::context::Delivery;
+use super::{
+    Delivery, DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope,
+};
 use crate::error::{FailureKind, ProcessError};
 use crate::metrics;
 use crate::priority::Priority;

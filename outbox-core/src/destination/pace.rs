@@ -34,7 +34,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::priority::Priority;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, Turns};
 
 /// The longest a handler thread waits for a paced delivery's turn; a later turn defers the
 /// message instead, so that one slow destination does not hold the threads other messages need.
@@ -164,33 +164,7 @@ pub(crate) enum Pace {
     Defer(Duration),
 }
 
-/// A paced destination's turns: a bucket of them, and the line of messages deferred to one.
-/// Times are microseconds on one clock: the process's own for a limit of one process, the
-/// store's for a limit [`across_processes`](RateLimit::across_processes), which the store keeps
-/// as these four numbers ([`Store::take_turn`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Turns {
-    /// Turns in the bucket; below zero, turns handed out ahead.
-    pub tokens: f64,
-    /// When the bucket was last filled up.
-    pub refilled: i64,
-    /// The last turn handed to a deferred message: the next deferral gets the turn after it.
-    pub booked_until: Option<i64>,
-    /// When a delivery last took a turn.
-    pub last_turn: i64,
-}
-
 impl Turns {
-    /// A full bucket of `burst` turns at `now`, and nobody in line.
-    pub fn full(burst: f64, now: i64) -> Self {
-        Turns {
-            tokens: burst,
-            refilled: now,
-            booked_until: None,
-            last_turn: now,
-        }
-    }
-
     /// Takes a turn for one delivery of a message of `priority`, at `rate` deliveries a second
     /// in bursts of `bucket`.
     ///

@@ -19,7 +19,6 @@ use crate::store::{ClaimToken, ClaimedMessage, Outcome, Settlement, SuccessorLea
 
 use super::backoff::{Backoff, Failures};
 use super::claimer::dispatch;
-use super::handle::Counters;
 use super::jobs::JobSender;
 use super::shared::Shared;
 use super::text::reduced;
@@ -27,6 +26,7 @@ use super::timing::{
     ACKER_TICK, REFUSALS_BEFORE_GIVING_UP, REFUSALS_BEFORE_REDUCING, REFUSED_RETRY, SETTLE_LINGER,
     SETTLE_LINGER_STEP, SETTLE_RETRY,
 };
+use super::vitals::Counters;
 
 /// What to do with an outcome after the store refused it `refusals` times in a row while
 /// answering otherwise.
@@ -88,7 +88,7 @@ impl Acker {
     /// The thread: settles until the worker has stopped and nothing is held.
     pub fn run(mut self) {
         let shared = Arc::clone(&self.shared);
-        let _alive = super::handle::AliveGuard::new(&shared.vitals.acker_alive);
+        let _alive = super::vitals::AliveGuard::new(&shared.vitals.acker_alive);
         loop {
             shared.survive("acker", ACKER_TICK, || self.step());
             if self.finished() {

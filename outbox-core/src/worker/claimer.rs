@@ -13,12 +13,13 @@ use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome};
 
 use super::backoff::{Backoff, Failures};
 use super::config::Config;
-use super::handle::{AliveGuard, Counters};
-use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, Job};
+use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt};
 use super::held::Admission;
+use super::jobs::Job;
 use super::jobs::JobSender;
 use super::shared::Shared;
 use super::timing::{CLAIM_RETRY, FOLLOW_UPS_MS, SMALL_CLAIMS_AFTER_RAISED};
+use super::vitals::{AliveGuard, Counters};
 
 /// How many messages the next claim asks for: `batch_size` to start with, doubled up to
 /// `max_batch_size` while the handler threads have run out of messages by the time a full claim

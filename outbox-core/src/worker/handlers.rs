@@ -1,16 +1,16 @@
 //! The handler pool: threads that take claimed messages, run their handlers, and pass the
 //! outcomes to the acker; and the decision of what a finished attempt means for its message.
 
-use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::Sender;
 
-use crate::context::{Context, Delivery, SettleWithin};
+use crate::context::{Context, SettleWithin};
 use crate::destination::pace::LONGEST_PACING_WAIT;
+use crate::destination::Delivery;
 use crate::error::{FailureKind, ProcessError};
 use crate::registry::DispatchError;
 use crate::retry::RetryPolicy;
@@ -18,17 +18,10 @@ use crate::store::{ClaimedMessage, Outcome, SettleTarget, Settlement};
 use crate::subscription::SUBSCRIBERS;
 
 use super::held::JobId;
-use super::jobs::JobReceiver;
+use super::jobs::{Job, JobReceiver};
 use super::shared::{panic_text, Shared};
 use super::text::storable;
 use super::timing::{MAX_DURATION, MIN_DEFAULT_DEFERRAL, PANIC_RETRY_DELAY, START_MARGIN};
-
-/// A claimed message on its way to a handler thread.
-#[derive(Debug)]
-pub(crate) struct Job {
-    pub job: JobId,
-    pub message: ClaimedMessage,
-}
 
 /// How one attempt at a message went.
 #[derive(Debug)]
@@ -529,59 +522,21 @@ pub(crate) fn log_settlement(
     }
 }
 
-/// The handler threads: how many there are, which are retired, and how to start one more.
-pub(crate) struct HandlerPool {
-    jobs: JobReceiver,
-    outcomes: Sender<Outcome>,
-    next_thread: AtomicUsize,
-    /// Threads the watchdog gave up on: each ends once its stuck handler returns.
-    retired: Mutex<HashSet<usize>>,
-}
-
-impl HandlerPool {
-    pub fn new(jobs: JobReceiver, outcomes: Sender<Outcome>) -> Self {
-        HandlerPool {
-            jobs,
-            outcomes,
-            next_thread: AtomicUsize::new(0),
-            retired: Mutex::new(HashSet::new()),
-        }
+/// Starts one handler thread. It counts as serving from here, before it first runs.
+pub(crate) fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let (thread, jobs, outcomes) = shared.pool.next();
+    let owned = Arc::clone(shared);
+    shared.vitals.handler_threads.fetch_add(1, Ordering::SeqCst);
+    let spawned = shared
+        .threads
+        .spawn(format!("outbox-handler-{thread}"), move || {
+            let _serving = Serving(&owned.vitals.handler_threads);
+            run(&owned, &jobs, &outcomes, thread)
+        });
+    if spawned.is_err() {
+        shared.vitals.handler_threads.fetch_sub(1, Ordering::SeqCst);
     }
-
-    /// Starts one handler thread. It counts as serving from here, before it first runs.
-    pub fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
-        let pool = &shared.pool;
-        let thread = pool.next_thread.fetch_add(1, Ordering::Relaxed);
-        let jobs = pool.jobs.clone();
-        let outcomes = pool.outcomes.clone();
-        let owned = Arc::clone(shared);
-        shared.vitals.handler_threads.fetch_add(1, Ordering::SeqCst);
-        let spawned = shared
-            .threads
-            .spawn(format!("outbox-handler-{thread}"), move || {
-                let _serving = Serving(&owned.vitals.handler_threads);
-                run(&owned, &jobs, &outcomes, thread)
-            });
-        if spawned.is_err() {
-            shared.vitals.handler_threads.fetch_sub(1, Ordering::SeqCst);
-        }
-        spawned
-    }
-
-    /// The watchdog gave up on `thread`: it ends after its stuck handler returns.
-    pub fn retire(&self, thread: usize) {
-        self.retired
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(thread);
-    }
-
-    fn is_retired(&self, thread: usize) -> bool {
-        self.retired
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&thread)
-    }
+    spawned
 }
 
 /// Counts a handler thread out of the worker's health when it ends, however it ends.
@@ -657,7 +612,7 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::MessageId;
+    use crate::message_id::MessageId;
 
     fn message(attempt: u32, age: Duration) -> ClaimedMessage {
         ClaimedMessage {

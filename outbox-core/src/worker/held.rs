@@ -5,7 +5,7 @@ use std::collections::{hash_map, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::message::MessageId;
+use crate::message_id::MessageId;
 use crate::store::{ClaimToken, ClaimedMessage};
 
 /// One dispatch of a message to a handler thread; a re-claim of the same message is another.

@@ -11,9 +11,9 @@ use crossbeam_channel::Receiver;
 use crate::metrics;
 use crate::store::Paused;
 
-use super::handle::AliveGuard;
 use super::shared::Shared;
 use super::timing::HOUSEKEEPING_EVERY;
+use super::vitals::AliveGuard;
 
 /// The housekeeper's thread, and when each chore is due next.
 pub(crate) struct Housekeeper {

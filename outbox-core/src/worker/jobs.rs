@@ -9,8 +9,16 @@
 use crossbeam_channel::{Receiver, SendError, Sender, TryRecvError, TrySendError};
 
 use crate::priority::Priority;
+use crate::store::ClaimedMessage;
 
-use super::handlers::Job;
+use super::held::JobId;
+
+/// A claimed message on its way to a handler thread.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub job: JobId,
+    pub message: ClaimedMessage,
+}
 
 /// A jobs channel of two lanes, each holding up to `capacity` jobs.
 pub(crate) fn channel(capacity: usize) -> (JobSender, JobReceiver) {
@@ -123,7 +131,7 @@ mod tests {
 
     use super::*;
     use crate::headers::Headers;
-    use crate::message::MessageId;
+    use crate::message_id::MessageId;
     use crate::store::ClaimedMessage;
 
     fn job(position: i64, priority: Priority) -> Job {

@@ -9,9 +9,9 @@ use crossbeam_channel::Sender;
 use crate::store::Listener;
 
 use super::backoff::{Backoff, Failures};
-use super::handle::AliveGuard;
 use super::shared::Shared;
 use super::timing::{LISTEN_RETRY, LISTEN_WAIT};
+use super::vitals::AliveGuard;
 
 pub(crate) fn run(shared: Arc<Shared>, listener: Box<dyn Listener>, wake: Sender<()>) {
     let _alive = AliveGuard::new(&shared.vitals.listener_alive);

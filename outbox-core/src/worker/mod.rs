@@ -41,6 +41,7 @@ mod held;
 mod housekeeper;
 mod jobs;
 mod listener;
+mod pool;
 mod shared;
 #[cfg(test)]
 mod simulation;
@@ -49,6 +50,7 @@ mod subscribers;
 mod tests;
 mod text;
 mod timing;
+mod vitals;
 mod wake;
 mod warden;
 
@@ -61,14 +63,15 @@ use crate::registry::Registry;
 use crate::store::Store;
 
 pub use config::{WorkerBuilder, WorkerError};
-pub use handle::{Health, Stopper, WorkerHandle, WorkerStats};
+pub use handle::{Stopper, WorkerHandle};
 pub use subscribers::SubscriptionDelivery;
+pub use vitals::{Health, WorkerStats};
 pub use wake::notify_enqueued;
 
 use acker::Acker;
 use claimer::Claimer;
-use handlers::HandlerPool;
 use housekeeper::Housekeeper;
+use pool::HandlerPool;
 use shared::{Parts, Shared};
 use warden::Warden;
 
@@ -223,7 +226,7 @@ impl<S: Store> WorkerBuilder<S> {
             .threads
             .spawn("outbox-claimer".into(), move || claimer.run())?;
         for _ in 0..handler_threads {
-            HandlerPool::spawn(&shared)?;
+            handlers::spawn(&shared)?;
         }
         let acker = Acker::new(Arc::clone(&shared), outcomes_rx, acker_jobs);
         shared

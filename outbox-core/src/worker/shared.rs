@@ -15,10 +15,10 @@ use crate::registry::Registry;
 use crate::store::Store;
 
 use super::config::Config;
-use super::handle::{Counters, Vitals};
-use super::handlers::HandlerPool;
 use super::held::Held;
+use super::pool::HandlerPool;
 use super::subscribers::Subscribers;
+use super::vitals::{Counters, Vitals};
 
 /// The state every role of one worker reads.
 pub(crate) struct Shared {

@@ -12,10 +12,10 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::metrics;
 use crate::store::Outcome;
 
-use super::handle::{AliveGuard, Counters};
-use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt, HandlerPool};
+use super::handlers::{self, log_settlement, policy_for, settle_attempt, Attempt};
 use super::shared::Shared;
 use super::timing::{ACKER_TICK, WATCHDOG_GRACE};
+use super::vitals::{AliveGuard, Counters};
 
 /// The warden's thread.
 pub(crate) struct Warden {
@@ -83,7 +83,7 @@ impl Warden {
             if shared.held.stuck() > shared.config.handler_threads || shared.stopping() {
                 continue;
             }
-            match HandlerPool::spawn(&shared) {
+            match handlers::spawn(&shared) {
                 Ok(()) => shared.pool.retire(thread),
                 Err(error) => {
                     log::error!("outbox: could not start a replacement handler thread: {error}")

@@ -234,8 +234,10 @@ macro_rules! fixed_statement_methods {
 
 pub(crate) mod bind;
 pub(crate) mod cancel;
+pub(crate) mod codec;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+pub(crate) mod new_message;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
@@ -251,8 +253,8 @@ use outbox_core::store::{
     ClaimLimit, DestinationReport, Outcome, Settlement, StoredDestination, SyncedDestination, Turns,
 };
 
-use crate::enqueue::NewMessage;
 use bind::Bind;
+use new_message::NewMessage;
 
 /// The columns every reading of a message row selects: claims, listings, dead letters.
 #[derive(QueryableByName, Debug)]
@@ -1045,6 +1047,32 @@ pub(crate) const PRUNE_ROUNDS: usize = 10;
 /// How many times a statement chosen as a deadlock's victim is run again before its error is
 /// returned.
 pub(crate) const DEADLOCK_RETRIES: usize = 5;
+
+/// Whether the database answered "not now": a lock held elsewhere outlasted the wait for it, a
+/// deadlock, a statement or lock timeout (by each backend's message: Diesel keeps no error
+/// codes but PostgreSQL's few kinds).
+pub(crate) fn is_busy(error: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+
+    const BUSY: &[&str] = &[
+        "lock wait timeout exceeded",                   // MySQL 1205
+        "deadlock found when trying to get lock",       // MySQL 1213
+        "database is locked",                           // SQLite BUSY
+        "database table is locked",                     // SQLite LOCKED
+        "deadlock detected",                            // PostgreSQL 40P01
+        "canceling statement due to lock timeout",      // PostgreSQL 55P03
+        "canceling statement due to statement timeout", // PostgreSQL 57014
+        "could not obtain lock",                        // PostgreSQL 55P03
+    ];
+    match error {
+        Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
+        Error::DatabaseError(_, info) => {
+            let message = info.message().to_ascii_lowercase();
+            BUSY.iter().any(|busy| message.contains(busy))
+        }
+        _ => false,
+    }
+}
 
 /// Runs `statement` again, up to [`DEADLOCK_RETRIES`] times, while the database picks it as a
 /// deadlock's victim (MySQL, where two workers' batched deletes over one index range, or an

@@ -20,7 +20,7 @@ use super::{
     MessageRow, PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, Turns,
     TurnsRow,
 };
-use crate::enqueue::NewMessage;
+use crate::sql::new_message::NewMessage;
 
 const STYLE: Placeholders = Placeholders::Numbered;
 

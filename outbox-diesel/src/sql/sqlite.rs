@@ -20,7 +20,7 @@ use super::{
     PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, Turns, TurnsRow,
     ID_CHUNK,
 };
-use crate::enqueue::NewMessage;
+use crate::sql::new_message::NewMessage;
 
 const STYLE: Placeholders = Placeholders::Question;
 
