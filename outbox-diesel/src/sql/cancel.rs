@@ -33,6 +33,13 @@ impl<'a> CancelRows<'a> {
             Bind::NullableBigInt(self.older_than_micros),
         ]
     }
+
+    /// The binds of the statement that finds the rows a cancel takes: the filters, then the
+    /// limit.
+    pub(crate) fn cancellable_binds(&self) -> [Bind<'a>; 5] {
+        let [id, kind, subscription, age] = self.filter_binds();
+        [id, kind, subscription, age, Bind::BigInt(self.limit)]
+    }
 }
 
 /// A pending row a cancel takes: its position and ordering key.

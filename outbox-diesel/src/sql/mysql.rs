@@ -937,13 +937,7 @@ fn copy_to_cancelled(n: usize) -> String {
 
 impl CancelStatements for MysqlConnection {
     fn cancellable(&mut self, rows: &CancelRows<'_>) -> QueryResult<Vec<KeyedRow>> {
-        let [id, kind, subscription, age] = rows.filter_binds();
-        Prepared::new(
-            CANCELLABLE,
-            STYLE,
-            &[id, kind, subscription, age, Bind::BigInt(rows.limit)],
-        )
-        .load(self)
+        Prepared::new(CANCELLABLE, STYLE, &rows.cancellable_binds()).load(self)
     }
 
     fn cancel_in_flight(&mut self, rows: &CancelRows<'_>) -> QueryResult<i64> {
