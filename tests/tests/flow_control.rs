@@ -230,10 +230,13 @@ fn a_limit_across_processes_holds_for_two_workers_together<C: TestConnection>(db
     }
     assert!(dead(&pool).is_empty(), "{:?}", dead(&pool));
     assert_eq!(receiver.unique(), u64::from(MESSAGES));
-    // 20 a second and a burst of 2 for both together; each at 20 would send 40.
+    // 20 a second and a burst of 2 for both together; each at 20 would send 40. The count is
+    // of arrivals at the receiver: on a loaded machine a request sent at its turn can arrive
+    // 100 ms late, beside the next second's, so two more are allowed for that (still far
+    // from the 40 of a limit per process).
     let busiest = busiest_second(&receiver.requests());
     assert!(
-        busiest <= 20 + 2 + 1,
+        busiest <= 20 + 2 + 1 + 2,
         "{busiest} requests in one second (delivered by each worker: {delivered:?})"
     );
 }
