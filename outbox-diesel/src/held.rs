@@ -407,7 +407,11 @@ where
         }
     }
 
-    /// What keeps the worker short of connections, if anything has for a while.
+    /// What keeps the worker short of connections, if anything has for a while and still does.
+    ///
+    /// A role marked short takes its own connection at its next call, which may be long in
+    /// coming (the acker of an idle worker): once the pool has a connection to lend, the
+    /// shortage is over whether or not the role has asked yet.
     pub(crate) fn shortage_report(&self) -> Option<String> {
         let now = Instant::now();
         let lasting = self
@@ -415,7 +419,7 @@ where
             .since
             .values()
             .any(|since| now.saturating_duration_since(*since) >= SHORTAGE_GRACE);
-        lasting.then(|| self.report(None))
+        (lasting && self.exhausted()).then(|| self.report(None))
     }
 
     /// The shortage in words: the pool, what the worker and the application hold, and the fix.
