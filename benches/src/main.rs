@@ -296,10 +296,11 @@ impl Opts {
     }
 }
 
-/// Holds an exclusive lock for the life of a scenario: every scenario drops and recreates the
-/// `outbox_bench` databases, which would cut a second invocation's connections mid-run.
-fn one_benchmark_at_a_time() -> Res<std::fs::File> {
-    let path = std::env::temp_dir().join("outbox-bench.lock");
+/// Holds an exclusive lock on a backend for the life of a scenario: every scenario drops and
+/// recreates that backend's `outbox_bench` database, which would cut a second invocation's
+/// connections mid-run. Scenarios on different backends run side by side.
+fn one_benchmark_at_a_time(backend: Backend) -> Res<std::fs::File> {
+    let path = std::env::temp_dir().join(format!("outbox-bench-{backend}.lock"));
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -309,8 +310,8 @@ fn one_benchmark_at_a_time() -> Res<std::fs::File> {
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(failed(format!(
-            "another outbox-bench is running (it holds {}): run one at a time, as each \
-             recreates the outbox_bench databases",
+            "another outbox-bench is running on {backend} (it holds {}): run one at a time \
+             per backend, as each recreates that backend's outbox_bench database",
             path.display()
         ))),
         Err(std::fs::TryLockError::Error(error)) => {
@@ -319,13 +320,33 @@ fn one_benchmark_at_a_time() -> Res<std::fs::File> {
     }
 }
 
+impl Command {
+    /// The options of a scenario; `None` for the commands that touch no database of their own.
+    fn scenario(&self) -> Option<&Opts> {
+        match self {
+            Command::Enqueue(opts)
+            | Command::Drain(opts)
+            | Command::Latency(opts)
+            | Command::Memory(opts)
+            | Command::Scale(opts)
+            | Command::Explain(opts)
+            | Command::Ratelimit(opts)
+            | Command::Priority(opts)
+            | Command::Fairness(opts)
+            | Command::Fanout(opts)
+            | Command::Peers(opts) => Some(opts),
+            Command::Chart(_) | Command::Worker(_) => None,
+        }
+    }
+}
+
 fn main() {
     outbox_testkit::log_to_stderr_from_env("OUTBOX_BENCH_LOG");
     let cli = Cli::parse();
     // Worker processes are the scenario's own children: only the scenario takes the lock.
-    let _lock = match &cli.command {
-        Command::Worker(_) | Command::Chart(_) => None,
-        _ => match one_benchmark_at_a_time() {
+    let _lock = match cli.command.scenario() {
+        None => None,
+        Some(opts) => match one_benchmark_at_a_time(opts.backend) {
             Ok(lock) => Some(lock),
             Err(error) => {
                 eprintln!("outbox-bench: {error}");
