@@ -87,6 +87,9 @@ impl Role {
         }
     }
 
+    /// Every role, in the order of their slots.
+    const ALL: [Role; 4] = [Role::Claims, Role::Settlements, Role::Chores, Role::Turns];
+
     /// Whose connections a role without one borrows, least busy first.
     const LENDERS: [Role; 4] = [Role::Chores, Role::Turns, Role::Settlements, Role::Claims];
 }
@@ -412,14 +415,29 @@ where
     /// A role marked short takes its own connection at its next call, which may be long in
     /// coming (the acker of an idle worker): once the pool has a connection to lend, the
     /// shortage is over whether or not the role has asked yet.
+    /// A role that is taking its own connection back counts as supplied already: its slot is
+    /// locked until it has been told so.
     pub(crate) fn shortage_report(&self) -> Option<String> {
         let now = Instant::now();
-        let lasting = self
+        let lasting: Vec<Role> = self
             .shortage()
             .since
-            .values()
-            .any(|since| now.saturating_duration_since(*since) >= SHORTAGE_GRACE);
-        (lasting && self.exhausted()).then(|| self.report(None))
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= SHORTAGE_GRACE)
+            .map(|(role, _)| *role)
+            .collect();
+        let short = lasting.into_iter().any(|role| !self.holds(role));
+        (short && self.exhausted()).then(|| self.report(None))
+    }
+
+    /// Whether `role` holds a connection, or is in a call on its own slot (taking one, or using
+    /// the one it has). Never waits on the role's call: health reports come through here.
+    fn holds(&self, role: Role) -> bool {
+        match self.slots[role as usize].try_lock() {
+            Ok(slot) => slot.is_some(),
+            Err(std::sync::TryLockError::WouldBlock) => true,
+            Err(std::sync::TryLockError::Poisoned(slot)) => slot.into_inner().is_some(),
+        }
     }
 
     /// The shortage in words: the pool, what the worker and the application hold, and the fix.
@@ -429,18 +447,7 @@ where
         let in_use = usize::try_from(state.connections.saturating_sub(state.idle_connections))
             .unwrap_or(usize::MAX);
         let listening = self.listening.load(Ordering::SeqCst);
-        // Not waiting on a role's call (health reports come through here): a slot in use holds
-        // a connection.
-        let held = self
-            .slots
-            .iter()
-            .filter(|slot| match slot.try_lock() {
-                Ok(slot) => slot.is_some(),
-                Err(std::sync::TryLockError::WouldBlock) => true,
-                Err(std::sync::TryLockError::Poisoned(slot)) => slot.into_inner().is_some(),
-            })
-            .count()
-            + listening;
+        let held = Role::ALL.iter().filter(|role| self.holds(**role)).count() + listening;
         let mut short: Vec<&str> = self
             .shortage()
             .since
