@@ -504,7 +504,7 @@ impl Settler {
     /// Books settled outcomes: stats, metrics, held messages, health. Returns how many it booked
     /// (an outcome of a message this worker claimed again goes back to be settled under the new
     /// claim).
-    fn settled(
+    pub(super) fn settled(
         &mut self,
         shared: &Shared,
         outcomes: &[Outcome],
@@ -547,6 +547,26 @@ impl Settler {
         } else {
             outcomes
         };
+        // The other way round: the outcome was saved under its own claim and made the message
+        // due (a retry without delay), and this worker claimed it again before the entry was let
+        // go here. The claimer left that claim to the entry, so no one runs it: it is given back
+        // at once, without counting an attempt, rather than waiting out its lease.
+        for outcome in outcomes {
+            if fenced.contains(&outcome.position) {
+                continue;
+            }
+            if let Some(token) = shared.held.moved_to(outcome.position, outcome.token) {
+                log::debug!(
+                    "outbox: message {} was claimed again by this worker just after its outcome                      was saved; giving the new claim back to run it again",
+                    outcome.message_id
+                );
+                self.fresh.push(Outcome {
+                    token,
+                    settlement: Settlement::Release,
+                    ..outcome.clone()
+                });
+            }
+        }
         let released = shared.held.release(
             outcomes
                 .iter()

@@ -585,6 +585,69 @@ fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
     assert_eq!((stats.succeeded, stats.fenced), (1, 0), "{stats:?}");
 }
 
+/// A message whose outcome reached the store and made it due at once (a retry without delay),
+/// claimed again by this worker before the acker let the outcome's entry go: the new claim is
+/// no one's to run (the claimer left it to the entry), so it is given back at once, without
+/// counting an attempt, rather than waiting out its lease.
+#[test]
+fn a_message_claimed_again_before_its_settled_entry_is_let_go_runs_again_at_once() {
+    let config = Config {
+        batch_size: 4,
+        max_batch_size: 4,
+        handler_threads: 1,
+        max_in_flight: 9,
+        max_in_flight_bytes: 4_096,
+        ..seeded_config()
+    };
+    let (store, mut worker, now) = one_message_worker(&config);
+    worker.claim(now(&store));
+    worker.start(Plan::Fail, now(&store));
+    let job = worker.running.remove(0).job;
+    let token = worker
+        .shared
+        .held
+        .finish(job.message.position, job.job)
+        .expect("held");
+    let outcome = Outcome {
+        token,
+        position: job.message.position,
+        message_id: job.message.message_id,
+        ordering_key: None,
+        settlement: Settlement::Retry {
+            delay: Duration::ZERO,
+            error: "503".into(),
+        },
+    };
+    // The acker's settlement commits; before it lets the entry go, the claimer runs.
+    let fenced = worker
+        .shared
+        .store
+        .settle(std::slice::from_ref(&outcome))
+        .unwrap();
+    assert!(fenced.is_empty());
+    worker.claim(now(&store));
+    assert!(worker.queued.is_empty(), "held already: not dispatched");
+    assert_eq!(store.rows()[0].attempts, 2);
+
+    worker
+        .settler
+        .settled(&worker.shared, &[outcome], &fenced, now(&store));
+    worker.settler.settle(&worker.shared, now(&store));
+    let row = &store.rows()[0];
+    assert_eq!(
+        (row.locked_by, row.attempts),
+        (None, 1),
+        "the claim no one runs is given back, its attempt not counted: {row:?}"
+    );
+    assert_eq!(worker.shared.held.count(), 0);
+    worker.claim(now(&store));
+    assert_eq!(
+        worker.queued.len(),
+        1,
+        "claimed and dispatched again at once"
+    );
+}
+
 /// A handler thread stuck in a message that is claimed again: the claimer settles that claim's
 /// attempt as timed out too. If that outcome reaches the store only after its claim ran out and
 /// the message was claimed a third time and given to a handler, it is fenced: it must not
