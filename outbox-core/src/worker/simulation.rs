@@ -270,6 +270,18 @@ fn seeded_config() -> Config {
 
 /// A store on a manual clock holding one message of a known type, a worker for it, and the
 /// time as the worker sees it.
+/// A worker of one handler thread, for the tests that step one message through it by hand.
+fn one_handler_config() -> Config {
+    Config {
+        batch_size: 4,
+        max_batch_size: 4,
+        handler_threads: 1,
+        max_in_flight: 9,
+        max_in_flight_bytes: 4_096,
+        ..seeded_config()
+    }
+}
+
 fn one_message_worker(
     config: &Config,
 ) -> (MemoryStore, SimWorker, impl Fn(&MemoryStore) -> Instant) {
@@ -552,14 +564,7 @@ fn randomized_schedules_lose_nothing_and_never_wedge() {
 /// and the message is settled once, not left leased to run again when the new lease ends.
 #[test]
 fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
-    let config = Config {
-        batch_size: 4,
-        max_batch_size: 4,
-        handler_threads: 1,
-        max_in_flight: 9,
-        max_in_flight_bytes: 4_096,
-        ..seeded_config()
-    };
+    let config = one_handler_config();
     let (store, mut worker, now) = one_message_worker(&config);
     worker.claim(now(&store));
     worker.start(Plan::Succeed, now(&store));
@@ -591,14 +596,7 @@ fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
 /// counting an attempt, rather than waiting out its lease.
 #[test]
 fn a_message_claimed_again_before_its_settled_entry_is_let_go_runs_again_at_once() {
-    let config = Config {
-        batch_size: 4,
-        max_batch_size: 4,
-        handler_threads: 1,
-        max_in_flight: 9,
-        max_in_flight_bytes: 4_096,
-        ..seeded_config()
-    };
+    let config = one_handler_config();
     let (store, mut worker, now) = one_message_worker(&config);
     worker.claim(now(&store));
     worker.start(Plan::Fail, now(&store));
@@ -657,11 +655,6 @@ fn a_message_claimed_again_before_its_settled_entry_is_let_go_runs_again_at_once
 fn a_late_outcome_of_a_stuck_attempt_leaves_a_newer_attempt_alone() {
     let lease = Duration::from_secs(6);
     let config = Config {
-        batch_size: 4,
-        max_batch_size: 4,
-        handler_threads: 1,
-        max_in_flight: 9,
-        max_in_flight_bytes: 4_096,
         lease,
         heartbeat: lease / HEARTBEATS_PER_LEASE,
         handler_timeout: Duration::from_secs(1),
@@ -669,7 +662,7 @@ fn a_late_outcome_of_a_stuck_attempt_leaves_a_newer_attempt_alone() {
             .max_attempts(10)
             .initial_backoff(Duration::from_millis(1))
             .max_backoff(Duration::from_millis(1)),
-        ..seeded_config()
+        ..one_handler_config()
     };
     let (store, mut worker, now) = one_message_worker(&config);
 
