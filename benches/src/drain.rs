@@ -342,6 +342,7 @@ fn sql_drain<C: BenchConnection>(db: &BenchDb, opts: &Opts, count: usize) -> Res
                 position: message.position,
                 message_id: message.message_id,
                 ordering_key: message.ordering_key.clone(),
+                log: None,
                 settlement: Settlement::Done,
             })
             .collect();

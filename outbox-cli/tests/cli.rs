@@ -144,6 +144,7 @@ fn dead_letter_everything_due<C: TestConnection>(pool: &TestPool<C>) -> usize {
                 message_id: m.message_id,
                 ordering_key: m.ordering_key.clone(),
                 settlement: Settlement::DeadLetter { error },
+                log: None,
             }
         })
         .collect();

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::destination::{Delivery, DestinationRef, Destinations, Envelope};
+use crate::destination::{Delivery, DestinationRef, Destinations, Envelope, Exchanges};
 use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message_id::MessageId;
@@ -81,6 +81,7 @@ pub struct Context<'a> {
     delivery: &'a Delivery,
     resources: &'a Resources,
     destinations: Option<&'a Destinations>,
+    exchanges: Option<&'a Exchanges>,
     settle: Option<&'a dyn SettleWithin>,
     settled_within: bool,
 }
@@ -93,21 +94,24 @@ impl<'a> Context<'a> {
             delivery,
             resources,
             destinations: None,
+            exchanges: None,
             settle: None,
             settled_within: false,
         }
     }
 
     /// A context with the worker's destinations, whose message the worker can settle inside a
-    /// transaction.
+    /// transaction; the exchanges with destinations go to `exchanges`, for the delivery log.
     pub(crate) fn in_worker(
         delivery: &'a Delivery,
         resources: &'a Resources,
         destinations: &'a Destinations,
+        exchanges: &'a Exchanges,
         settle: &'a dyn SettleWithin,
     ) -> Self {
         Context {
             destinations: Some(destinations),
+            exchanges: Some(exchanges),
             settle: Some(settle),
             ..Context::new(delivery, resources)
         }
@@ -190,6 +194,7 @@ impl<'a> Context<'a> {
         Ok(DestinationRef {
             registered,
             delivery: self.delivery,
+            exchanges: self.exchanges,
         })
     }
 

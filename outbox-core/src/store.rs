@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use crate::destination::Answer;
 use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message_id::MessageId;
@@ -219,6 +220,39 @@ impl Settlement {
     }
 }
 
+/// One exchange with a destination during an attempt at a message: a row of the delivery log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exchange {
+    /// The destination's name (`subscription:<id>` for a subscription's).
+    pub destination: String,
+    /// How it went: `delivered`, `failed` (retryable), `rejected` (for good) or
+    /// `pushed_back` (the destination asked to wait; no attempt counted).
+    pub outcome: &'static str,
+    /// What the other side answered, where the destination says.
+    pub answer: Option<Answer>,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+    /// When the exchange started.
+    pub started_at: SystemTime,
+    /// How long it took.
+    pub latency: Duration,
+}
+
+/// What the delivery log keeps of one attempt: the exchanges with destinations it made, with
+/// the message's type and attempt number. A store writes it in the transaction of the
+/// attempt's outcome, so the log is never out of step with the message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptLog {
+    /// The message's type.
+    pub message_type: String,
+    /// Which attempt this was, from 1.
+    pub attempt: u32,
+    /// The subscription the message is a delivery for, if it is one.
+    pub subscription_id: Option<String>,
+    /// The exchanges, in the order they were made.
+    pub exchanges: Vec<Exchange>,
+}
+
 /// A settlement for one message of one claim.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -233,6 +267,9 @@ pub struct Outcome {
     pub ordering_key: Option<String>,
     /// What to do with it.
     pub settlement: Settlement,
+    /// What the attempt exchanged with destinations, for the delivery log (`None`: nothing,
+    /// or the attempt did not run).
+    pub log: Option<Box<AttemptLog>>,
 }
 
 impl Outcome {
@@ -244,7 +281,21 @@ impl Outcome {
             message_id: message.message_id,
             ordering_key: message.ordering_key.clone(),
             settlement,
+            log: None,
         }
+    }
+
+    /// The same outcome keeping `exchanges` in the delivery log (none: nothing to keep).
+    pub fn logging(mut self, message: &ClaimedMessage, exchanges: Vec<Exchange>) -> Outcome {
+        if !exchanges.is_empty() {
+            self.log = Some(Box::new(AttemptLog {
+                message_type: message.message_type.clone(),
+                attempt: message.attempt,
+                subscription_id: message.subscription_id.clone(),
+                exchanges,
+            }));
+        }
+        self
     }
 }
 
@@ -508,6 +559,8 @@ pub struct Pruned {
     pub dead_letters: usize,
     /// Received webhook ids older than their retention.
     pub inbox_ids: usize,
+    /// Attempts of the delivery log past its retention.
+    pub logged_attempts: usize,
     /// Groups (`EnqueueOptions::group` in `outbox-diesel`) left without a pending message,
     /// which claims no longer visit.
     pub empty_groups: usize,
@@ -516,7 +569,11 @@ pub struct Pruned {
 impl Pruned {
     /// Rows deleted in all.
     pub fn total(&self) -> usize {
-        self.idempotency_keys + self.dead_letters + self.inbox_ids + self.empty_groups
+        self.idempotency_keys
+            + self.dead_letters
+            + self.inbox_ids
+            + self.logged_attempts
+            + self.empty_groups
     }
 }
 

@@ -646,6 +646,7 @@ mod tests {
             position: a1,
             message_id: claimed[0].message_id,
             ordering_key: Some("a".into()),
+            log: None,
             settlement: Settlement::Done,
         };
         assert_eq!(store.settle(&[stale]).unwrap(), vec![a1]);
@@ -676,6 +677,7 @@ mod tests {
             position,
             message_id: claimed[0].message_id,
             ordering_key: None,
+            log: None,
             settlement: Settlement::Retry {
                 delay: Duration::ZERO,
                 error: error.into(),

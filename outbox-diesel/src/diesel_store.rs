@@ -19,6 +19,7 @@ use crate::claim_cursor::{ClaimCursor, Listening};
 #[cfg(feature = "postgres")]
 use crate::connection::BackendConnection;
 use crate::connection::{execute_batch, with_backend, Backend, OutboxConnection};
+use crate::delivery_log::{DeliveryLog, DeliveryLogRetention};
 use crate::error::Error;
 use crate::fan_outs::{self, FanOut, FanOuts, RunFanOuts};
 use crate::held::{HeldConnections, ListenerConnection, Role};
@@ -83,6 +84,7 @@ pub struct DieselStore<M: ManageConnection> {
     idempotency_window: Duration,
     idempotency_sweep: Mutex<SweepCursor>,
     retention: Retention,
+    delivery_log: DeliveryLog,
     /// Fan-outs waiting for the settlement connection, committed together.
     fan_outs: FanOuts,
 }
@@ -109,6 +111,7 @@ where
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_sweep: Mutex::new(SweepCursor::default()),
             retention: Retention::default(),
+            delivery_log: DeliveryLog::default(),
             fan_outs: FanOuts::default(),
         }
     }
@@ -118,6 +121,21 @@ where
     /// past it; see [`idempotency`](crate::idempotency).
     pub fn idempotency_window(mut self, window: Duration) -> Self {
         self.idempotency_window = window;
+        self
+    }
+
+    /// What the [delivery log](crate::delivery_log) keeps of each exchange with a destination
+    /// (default [`DeliveryLog::All`]).
+    pub fn delivery_log(mut self, log: DeliveryLog) -> Self {
+        self.delivery_log = log;
+        self
+    }
+
+    /// How long, and how many, attempts the [delivery log](crate::delivery_log) keeps (default
+    /// 7 days and 1,000,000 attempts); the worker prunes the rest a bounded number every few
+    /// seconds.
+    pub fn delivery_log_retention(mut self, retention: DeliveryLogRetention) -> Self {
+        self.retention.delivery_log = retention;
         self
     }
 
@@ -164,7 +182,11 @@ where
             .with(
                 role,
                 "dead-lettering unreadable rows",
-                |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, unreadable)),
+                |conn| {
+                    with_backend!(conn.backend_connection(), c => {
+                        sql::settle(c, unreadable, DeliveryLog::Off)
+                    })
+                },
             )
             .map(drop)
     }
@@ -235,7 +257,11 @@ where
             self.connections.with(
                 Role::Settlements,
                 "settling processed messages",
-                |conn| with_backend!(conn.backend_connection(), c => sql::settle(c, outcomes)),
+                |conn| {
+                    with_backend!(conn.backend_connection(), c => {
+                        sql::settle(c, outcomes, self.delivery_log)
+                    })
+                },
             )
         })
     }
@@ -260,7 +286,7 @@ where
             self.connections
                 .with(Role::Settlements, "settling processed messages", |conn| {
                     with_backend!(conn.backend_connection(), c => {
-                        sql::settle_leasing(c, outcomes, Some(&claim))
+                        sql::settle_leasing(c, outcomes, Some(&claim), self.delivery_log)
                     })
                 })
         })?;
@@ -752,6 +778,7 @@ fn read_claimed(token: ClaimToken, rows: Vec<ClaimRow>) -> (Vec<ClaimedMessage>,
                 position: m.id,
                 message_id: MessageId::from(uuid::Uuid::nil()),
                 ordering_key: m.ordering_key,
+                log: None,
                 settlement: Settlement::DeadLetter {
                     error: format!("the row cannot be delivered: {error}"),
                 },

@@ -104,6 +104,7 @@ mod database;
 mod diesel_store;
 mod enqueue;
 mod error;
+pub mod delivery_log;
 pub mod exactly_once;
 mod fan_outs;
 mod held;

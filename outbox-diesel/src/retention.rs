@@ -42,6 +42,8 @@ use outbox_core::store::Pruned;
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::Result;
+use crate::delivery_log::{self, DeliveryLogRetention};
+use crate::sql::delivery_log::DeliveryLogStatements;
 use crate::sql::{age_micros, delete_in_batches, Statements, PRUNE_ROUNDS};
 
 /// What a store keeps for a limited time, as the application configured it.
@@ -49,12 +51,13 @@ use crate::sql::{age_micros, delete_in_batches, Statements, PRUNE_ROUNDS};
 pub(crate) struct Retention {
     pub dead_letters: Option<Duration>,
     pub inbox_ids: Option<Duration>,
+    pub delivery_log: DeliveryLogRetention,
 }
 
 impl Retention {
-    /// One bounded pass of the worker over the dead letters and the inbox (the idempotency
+    /// One bounded pass of the worker over the dead letters, the inbox and the delivery log (the idempotency
     /// keys are counted by their own sweep).
-    pub fn prune<C: Statements>(&self, c: &mut C) -> QueryResult<Pruned> {
+    pub fn prune<C: DeliveryLogStatements>(&self, c: &mut C) -> QueryResult<Pruned> {
         let mut pruned = Pruned::default();
         if let Some(age) = self.dead_letters {
             let age = age_micros(age);
@@ -66,6 +69,8 @@ impl Retention {
             pruned.inbox_ids =
                 delete_in_batches(c, PRUNE_ROUNDS, |c, limit| c.inbox_sweep(age, limit))?;
         }
+        pruned.logged_attempts =
+            delivery_log::prune_rounds(c, self.delivery_log, delivery_log::WORKER_ROUNDS)?;
         Ok(pruned)
     }
 }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use outbox_core::destination::{DeliveryError, Destination, Envelope};
+use outbox_core::destination::{Answer, DeliveryError, Destination, Envelope};
 use outbox_core::{is_reserved_header, Headers};
 use reqwest::blocking::Client;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
@@ -265,16 +265,26 @@ impl Destination for WebhookEndpoint {
     /// are retryable failures of the destination; `410 Gone` says it is gone; other statuses
     /// and redirects are permanent failures of the message.
     fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
+        self.deliver_answered(envelope).map(drop)
+    }
+
+    /// Delivers as [`deliver`](Destination::deliver) does; the answer is the status and the
+    /// start of the response body, for the delivery log.
+    fn deliver_answered(&self, envelope: &Envelope) -> Result<Answer, DeliveryError> {
         let id = envelope.message_id.to_string();
         let body = if envelope.is_json() {
             wrapped(&id, &envelope.message_type, &envelope.body)
         } else {
             envelope.body.clone()
         };
-        self.post_owned(&id, &envelope.headers, &envelope.content_type, body)
-            .and_then(WebhookResponse::error_for_status)
-            .map(drop)
-            .map_err(WebhookError::into_delivery_error)
+        let response = self
+            .post_owned(&id, &envelope.headers, &envelope.content_type, body)
+            .map_err(WebhookError::into_delivery_error)?;
+        let answer = Answer::http(response.status, &response.body);
+        match response.error_for_status() {
+            Ok(_) => Ok(answer),
+            Err(error) => Err(error.into_delivery_error().with_answer(answer)),
+        }
     }
 
     fn timeout(&self) -> Duration {

@@ -489,6 +489,7 @@ fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb
         position,
         message_id: id,
         ordering_key: None,
+        log: None,
         settlement,
     };
     for settlement in [
@@ -522,6 +523,7 @@ fn a_late_outcome_from_an_expired_lease_is_fenced<C: TestConnection>(db: &TestDb
             position,
             message_id: id,
             ordering_key: None,
+            log: None,
             settlement: Settlement::Done,
         }])
         .unwrap();
@@ -564,6 +566,7 @@ fn done_outcomes_of_several_claims_settle_together_and_are_fenced_apart<C: TestC
         position: message.position,
         message_id: message.message_id,
         ordering_key: message.ordering_key.clone(),
+        log: None,
         settlement: Settlement::Done,
     };
     let mut outcomes = vec![done(expired, &lost[0])];
@@ -875,6 +878,7 @@ fn stats_count_pending_in_flight_and_dead_by_type<C: TestConnection>(db: &TestDb
         position: claimed[0].position,
         message_id: claimed[0].message_id,
         ordering_key: None,
+        log: None,
         settlement: Settlement::DeadLetter {
             error: "gone".into(),
         },
@@ -932,6 +936,7 @@ fn a_position_is_never_reused_and_dead_letters_do_not_collide<C: TestConnection>
             position: claimed[0].position,
             message_id: id,
             ordering_key: None,
+            log: None,
             settlement: Settlement::DeadLetter {
                 error: "gone".into(),
             },

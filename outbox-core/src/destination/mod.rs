@@ -64,7 +64,7 @@ use crate::message_id::MessageId;
 use crate::priority::Priority;
 
 pub use health::{DestinationState, HealthPolicy};
-pub(crate) use named::{sync_health, Destinations, Registered};
+pub(crate) use named::{sync_health, Destinations, Exchanges, Registered};
 pub use named::{DestinationOptions, DestinationRef, NameError, MAX_DESTINATION_NAME};
 pub use pace::RateLimit;
 
@@ -93,6 +93,15 @@ pub trait Destination: Send + Sync + 'static {
     /// Delivers `envelope`. Return `Ok(())` only once the other side has it.
     fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError>;
 
+    /// Delivers `envelope` as [`deliver`](Destination::deliver) does, and says what the other
+    /// side answered (a status code, the start of its answer): the worker keeps it in the
+    /// delivery log. Failures carry theirs with [`DeliveryError::with_answer`]. The default
+    /// calls `deliver` and answers nothing; a destination whose other side answers something
+    /// worth showing an operator implements this one and has `deliver` call it.
+    fn deliver_answered(&self, envelope: &Envelope) -> Result<Answer, DeliveryError> {
+        self.deliver(envelope).map(|()| Answer::default())
+    }
+
     /// The longest one [`deliver`](Destination::deliver) takes before it gives up by itself.
     /// The worker's handler timeout is raised to cover it (plus a margin), so that the
     /// worker's watchdog never abandons a delivery the destination would still finish.
@@ -112,8 +121,57 @@ impl<D: Destination + ?Sized> Destination for Box<D> {
         (**self).deliver(envelope)
     }
 
+    fn deliver_answered(&self, envelope: &Envelope) -> Result<Answer, DeliveryError> {
+        (**self).deliver_answered(envelope)
+    }
+
     fn timeout(&self) -> Duration {
         (**self).timeout()
+    }
+}
+
+/// The most of an answer the delivery log keeps, in bytes: enough for an error's message, not
+/// a page of HTML.
+pub const MAX_ANSWER_BYTES: usize = 512;
+
+/// What the other side of a delivery answered: an HTTP status and the start of the response
+/// body, a broker's acknowledgement. Kept in the delivery log beside the attempt, so it must
+/// not contain secrets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answer {
+    status: Option<u16>,
+    text: String,
+}
+
+impl Answer {
+    /// An answer with a status code (HTTP's) and text, cut to [`MAX_ANSWER_BYTES`] at a
+    /// character boundary.
+    pub fn new(status: Option<u16>, text: impl Into<String>) -> Self {
+        let mut text = text.into();
+        if text.len() > MAX_ANSWER_BYTES {
+            let mut end = MAX_ANSWER_BYTES;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        Answer { status, text }
+    }
+
+    /// An HTTP answer: its status, and its body decoded lossily.
+    pub fn http(status: u16, body: &[u8]) -> Self {
+        let body = &body[..body.len().min(MAX_ANSWER_BYTES)];
+        Answer::new(Some(status), String::from_utf8_lossy(body))
+    }
+
+    /// The status code, where the transport has one.
+    pub fn status(&self) -> Option<u16> {
+        self.status
+    }
+
+    /// The start of what the other side answered.
+    pub fn text(&self) -> &str {
+        &self.text
     }
 }
 
@@ -277,6 +335,7 @@ pub struct DeliveryError {
     scope: Scope,
     reason: String,
     not_before: Option<Duration>,
+    answer: Option<Answer>,
 }
 
 impl DeliveryError {
@@ -318,6 +377,7 @@ impl DeliveryError {
             scope,
             reason: reason.to_string(),
             not_before: None,
+            answer: None,
         }
     }
 
@@ -333,6 +393,18 @@ impl DeliveryError {
     pub fn not_before(mut self, delay: Duration) -> Self {
         self.not_before = Some(delay);
         self
+    }
+
+    /// The same failure with what the other side answered (an HTTP status and body), for
+    /// the delivery log.
+    pub fn with_answer(mut self, answer: Answer) -> Self {
+        self.answer = Some(answer);
+        self
+    }
+
+    /// What the other side answered, if it answered and the destination said.
+    pub fn answer(&self) -> Option<&Answer> {
+        self.answer.as_ref()
     }
 
     /// What becomes of the message.
@@ -379,6 +451,7 @@ impl fmt::Debug for DeliveryError {
             .field("scope", &self.scope)
             .field("reason", &self.reason)
             .field("not_before", &self.not_before)
+            .field("answer", &self.answer)
             .finish()
     }
 }
@@ -414,6 +487,19 @@ mod tests {
         assert_eq!(later.retry_after(), Some(Duration::from_secs(9)));
         let unsent = DeliveryError::permanent("bad header").unsent();
         assert_eq!(unsent.scope(), Scope::Unsent);
+    }
+
+    #[test]
+    fn an_answer_is_cut_to_its_bound_at_a_character_boundary() {
+        let long = "é".repeat(MAX_ANSWER_BYTES);
+        let answer = Answer::new(Some(500), long);
+        assert!(answer.text().len() <= MAX_ANSWER_BYTES);
+        assert!(answer.text().len() > MAX_ANSWER_BYTES - 2);
+        assert!(answer.text().chars().all(|c| c == 'é'));
+        let http = Answer::http(404, &[b'x'; 4 * MAX_ANSWER_BYTES]);
+        assert_eq!((http.status(), http.text().len()), (Some(404), MAX_ANSWER_BYTES));
+        let failed = DeliveryError::unavailable("503").with_answer(Answer::http(503, b"busy"));
+        assert_eq!(failed.answer().map(Answer::text), Some("busy"));
     }
 
     #[test]

@@ -3,19 +3,19 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
 use super::health::{adopt, Adopt, Gate, Health, Observed, Transition};
 use super::pace::{Pace, Pacer, RateLimit, SharedTurns};
 use super::{
-    Delivery, DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope,
+    Answer, Delivery, DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope,
 };
 use crate::error::{FailureKind, ProcessError};
 use crate::metrics;
 use crate::priority::Priority;
-use crate::store::{DestinationReport, Store, StoredDestination, SyncedDestination};
+use crate::store::{DestinationReport, Exchange, Store, StoredDestination, SyncedDestination};
 
 /// How long a message waits when its turn under a rate limit across processes could not be
 /// taken from the store.
@@ -150,7 +150,7 @@ impl Registered {
     /// Delivers `envelope` through the gate: a destination an operator paused, or one that is
     /// paused, held or disabled is not called; what the destination answers is counted, timed,
     /// and told to its health.
-    pub fn send(&self, envelope: &Envelope) -> Result<(), ProcessError> {
+    pub fn send(&self, envelope: &Envelope, log: Option<&Exchanges>) -> Result<(), ProcessError> {
         let name = &self.name;
         if let Some(reason) = self.operator_pause() {
             metrics::destination_attempt(name, "paused");
@@ -186,10 +186,29 @@ impl Registered {
                 )));
             }
         };
+        let started_at = SystemTime::now();
         let started = Instant::now();
-        let result = self.destination.deliver(envelope);
-        metrics::destination_duration(name, started.elapsed());
+        let answered = self.destination.deliver_answered(envelope);
+        let latency = started.elapsed();
+        let (result, answer) = match answered {
+            Ok(answer) => (Ok(()), answer),
+            Err(error) => {
+                let answer = error.answer().cloned().unwrap_or_default();
+                (Err(error), answer)
+            }
+        };
+        metrics::destination_duration(name, latency);
         metrics::destination_attempt(name, outcome_label(&result));
+        if let Some(log) = log {
+            log.push(Exchange {
+                destination: name.clone(),
+                outcome: outcome_label(&result),
+                answer: (answer != Answer::default()).then_some(answer),
+                error: result.as_ref().err().map(|error| error.reason().to_owned()),
+                started_at,
+                latency,
+            });
+        }
         let observed = match &result {
             Ok(()) => Observed::Answered,
             Err(error) => observed(error),
@@ -543,12 +562,32 @@ fn check_name(name: &str) -> Result<(), NameError> {
     })
 }
 
+/// The exchanges with destinations of one attempt, in order: what the delivery log keeps of
+/// it. An attempt runs on one handler thread; the lock is never contended.
+#[derive(Debug, Default)]
+pub(crate) struct Exchanges(Mutex<Vec<Exchange>>);
+
+impl Exchanges {
+    fn push(&self, exchange: Exchange) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(exchange);
+    }
+
+    /// The exchanges made, leaving none.
+    pub fn take(&self) -> Vec<Exchange> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
 /// One of the worker's destinations, reached by name from a handler:
 /// [`Context::destination`](crate::Context::destination). Deliveries through it pass the
 /// destination's health gate and are counted in its metrics, as routed messages are.
 pub struct DestinationRef<'a> {
     pub(crate) registered: &'a Registered,
     pub(crate) delivery: &'a Delivery,
+    pub(crate) exchanges: Option<&'a Exchanges>,
 }
 
 impl fmt::Debug for DestinationRef<'_> {
@@ -587,7 +626,7 @@ impl DestinationRef<'_> {
     /// paused, held or disabled destination is not called: the message is deferred without
     /// spending an attempt, or dead-lettered while the destination is disabled.
     pub fn send(&self, envelope: Envelope) -> Result<(), ProcessError> {
-        self.registered.send(&envelope)
+        self.registered.send(&envelope, self.exchanges)
     }
 
     fn json<T: Serialize + ?Sized>(&self, data: &T) -> Result<Envelope, ProcessError> {
@@ -657,11 +696,11 @@ mod tests {
             2,
         );
         for _ in 0..2 {
-            let error = mail.send(&envelope()).unwrap_err();
+            let error = mail.send(&envelope(), None).unwrap_err();
             assert_eq!(error.kind(), FailureKind::Retryable);
         }
         assert_eq!(mail.state().name(), "paused");
-        let waited = mail.send(&envelope()).unwrap_err();
+        let waited = mail.send(&envelope(), None).unwrap_err();
         assert_eq!(waited.kind(), FailureKind::Deferred);
         assert!(
             waited.reason().contains("destination mail is paused"),
@@ -685,14 +724,14 @@ mod tests {
             1,
         );
         for _ in 0..2 {
-            let error = mail.send(&envelope()).unwrap_err();
+            let error = mail.send(&envelope(), None).unwrap_err();
             assert_eq!(error.kind(), FailureKind::Permanent);
         }
         assert_eq!(mail.state().name(), "healthy");
-        let pushed = mail.send(&envelope()).unwrap_err();
+        let pushed = mail.send(&envelope(), None).unwrap_err();
         assert_eq!(pushed.kind(), FailureKind::Deferred);
         assert_eq!(mail.state().name(), "held");
-        let waited = mail.send(&envelope()).unwrap_err();
+        let waited = mail.send(&envelope(), None).unwrap_err();
         assert_eq!(waited.kind(), FailureKind::Deferred);
         assert!(waited.retry_after().unwrap() > Duration::from_secs(25));
         assert_eq!(*scripted.calls.lock().unwrap(), 3);
@@ -702,16 +741,16 @@ mod tests {
     fn a_destination_that_is_gone_refuses_until_enabled() {
         let (mail, _) = registered(vec![Err(DeliveryError::gone("410 Gone"))], 5);
         assert_eq!(
-            mail.send(&envelope()).unwrap_err().kind(),
+            mail.send(&envelope(), None).unwrap_err().kind(),
             FailureKind::Permanent
         );
-        let refused = mail.send(&envelope()).unwrap_err();
+        let refused = mail.send(&envelope(), None).unwrap_err();
         assert!(
             refused.reason().contains("is disabled (410 Gone)"),
             "{refused:?}"
         );
         mail.health.enable();
-        assert!(mail.send(&envelope()).is_ok());
+        assert!(mail.send(&envelope(), None).is_ok());
     }
 
     /// A limit across processes whose turns the store cannot give (down, or a store that keeps
@@ -732,14 +771,14 @@ mod tests {
         .keeping_turns_in(&store);
         assert!(destinations.any_across_processes());
         assert!(
-            destinations.get("mail").unwrap().send(&envelope()).is_ok(),
+            destinations.get("mail").unwrap().send(&envelope(), None).is_ok(),
             "the store gives turns"
         );
         memory.set_down(true);
         let waited = destinations
             .get("mail")
             .unwrap()
-            .send(&envelope())
+            .send(&envelope(), None)
             .unwrap_err();
         assert_eq!(waited.kind(), FailureKind::Deferred);
         assert_eq!(waited.retry_after(), Some(UNSHARED_TURN_WAIT));
@@ -755,7 +794,7 @@ mod tests {
             "not called without a turn"
         );
         memory.set_down(false);
-        assert!(destinations.get("mail").unwrap().send(&envelope()).is_ok());
+        assert!(destinations.get("mail").unwrap().send(&envelope(), None).is_ok());
     }
 
     #[test]

@@ -562,6 +562,7 @@ impl Settler {
                 );
                 self.fresh.push(Outcome {
                     token,
+                    log: None,
                     settlement: Settlement::Release,
                     ..outcome.clone()
                 });

@@ -10,7 +10,7 @@ use crossbeam_channel::Sender;
 
 use crate::context::{Context, SettleWithin};
 use crate::destination::pace::LONGEST_PACING_WAIT;
-use crate::destination::Delivery;
+use crate::destination::{Delivery, Exchanges};
 use crate::error::{FailureKind, ProcessError};
 use crate::registry::DispatchError;
 use crate::retry::RetryPolicy;
@@ -235,7 +235,13 @@ impl SettleWithin for JobSettle<'_> {
 
 /// Runs one message's handler and decides its settlement. The payload is taken out of the
 /// message: the handler's struct replaces it while the handler runs.
-pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId) -> Settlement {
+/// The exchanges with destinations it makes go to `exchanges`, for the delivery log.
+pub(crate) fn process(
+    shared: &Shared,
+    message: &mut ClaimedMessage,
+    job: JobId,
+    exchanges: &Exchanges,
+) -> Settlement {
     // Before anything else: an operator's pause keeps a message of any type, known or not,
     // from being handled or dead-lettered.
     if let Some(reason) = shared.type_pause(&message.message_type) {
@@ -254,7 +260,7 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         if let Some(lost) = lost_each_time(message, &policy) {
             return lost;
         }
-        let attempt = deliver_to_subscription(shared, message, &subscription);
+        let attempt = deliver_to_subscription(shared, message, &subscription, exchanges);
         return judge(shared, message, attempt, &policy);
     }
     let Some(registration) = shared.registry.get(&message.message_type) else {
@@ -290,7 +296,13 @@ pub(crate) fn process(shared: &Shared, message: &mut ClaimedMessage, job: JobId)
         job,
         ordering_key: message.ordering_key.as_deref(),
     };
-    let mut ctx = Context::in_worker(&delivery, &shared.resources, &shared.destinations, &settle);
+    let mut ctx = Context::in_worker(
+        &delivery,
+        &shared.resources,
+        &shared.destinations,
+        exchanges,
+        &settle,
+    );
     // Spans the handler starts are children of the one that enqueued the message.
     #[cfg(feature = "opentelemetry")]
     let _trace = message
@@ -411,7 +423,12 @@ const UNKNOWN_SUBSCRIPTION_WAIT: Duration = Duration::from_secs(5);
 
 /// Delivers `message`, a delivery for subscription `id`, through the subscription's
 /// destination: its health gate, pace and metrics.
-fn deliver_to_subscription(shared: &Shared, message: &mut ClaimedMessage, id: &str) -> Attempt {
+fn deliver_to_subscription(
+    shared: &Shared,
+    message: &mut ClaimedMessage,
+    id: &str,
+    exchanges: &Exchanges,
+) -> Attempt {
     let Some(subscribers) = &shared.subscribers else {
         return Attempt::Failed(ProcessError::defer(
             format!(
@@ -464,7 +481,7 @@ fn deliver_to_subscription(shared: &Shared, message: &mut ClaimedMessage, id: &s
     };
     let body = std::mem::take(&mut message.payload).into_bytes();
     let started = Instant::now();
-    let sent = destination.send(&delivery.envelope(body));
+    let sent = destination.send(&delivery.envelope(body), Some(exchanges));
     crate::metrics::attempt_duration(&message.message_type, started.elapsed());
     match sent {
         Ok(()) => Attempt::Succeeded,
@@ -549,6 +566,7 @@ impl Drop for Serving<'_> {
 }
 
 fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: usize) {
+    let exchanges = Exchanges::default();
     while let Some(Job { job, mut message }) = jobs.recv() {
         let now = Instant::now();
         let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
@@ -567,7 +585,10 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
             );
             Settlement::Release
         } else {
-            catch_unwind(AssertUnwindSafe(|| process(shared, &mut message, job))).unwrap_or_else(
+            catch_unwind(AssertUnwindSafe(|| {
+                process(shared, &mut message, job, &exchanges)
+            }))
+            .unwrap_or_else(
                 |panic| {
                     shared.vitals.panicked();
                     let text = panic_text(panic.as_ref());
@@ -580,12 +601,17 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
                 },
             )
         };
+        // Taken whatever becomes of the outcome: they are this attempt's alone.
+        let exchanged = exchanges.take();
         // The outcome is on its way before anything is logged: the application's logger may
         // panic, and a thread that ends here leaves its message held.
         let sent = shared
             .held
             .finish(message.position, job)
-            .map(|token| outcomes.send(Outcome::of(token, &message, settlement.clone())));
+            .map(|token| {
+                let outcome = Outcome::of(token, &message, settlement.clone());
+                outcomes.send(outcome.logging(&message, exchanged))
+            });
         log_settlement(
             &message.message_id,
             &message.message_type,

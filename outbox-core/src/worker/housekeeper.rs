@@ -227,11 +227,13 @@ impl Housekeeper {
         {
             Ok(pruned) if pruned.total() == 0 => {}
             Ok(pruned) => log::debug!(
-                "outbox: pruned {} expired idempotency keys, {} dead letters and {} received \
-                 webhook ids past their retention, and {} groups left empty",
+                "outbox: pruned {} expired idempotency keys, {} dead letters, {} received \
+                 webhook ids and {} logged attempts past their retention, and {} groups left \
+                 empty",
                 pruned.idempotency_keys,
                 pruned.dead_letters,
                 pruned.inbox_ids,
+                pruned.logged_attempts,
                 pruned.empty_groups
             ),
             Err(error) => {

@@ -208,6 +208,7 @@ impl SimWorker {
                 position: job.message.position,
                 message_id: job.message.message_id,
                 ordering_key: job.message.ordering_key.clone(),
+                log: None,
                 settlement,
             });
         }
@@ -410,6 +411,7 @@ fn run(seed: u64, totals: &mut Totals) {
                             position: entry.1,
                             message_id: running.job.message.message_id,
                             ordering_key: running.job.message.ordering_key.clone(),
+                            log: None,
                             settlement: Settlement::Done,
                         });
                     }
@@ -611,6 +613,7 @@ fn a_message_claimed_again_before_its_settled_entry_is_let_go_runs_again_at_once
         position: job.message.position,
         message_id: job.message.message_id,
         ordering_key: None,
+        log: None,
         settlement: Settlement::Retry {
             delay: Duration::ZERO,
             error: "503".into(),
@@ -1011,7 +1014,8 @@ fn a_panicking_metrics_recorder_fails_no_succeeded_attempt() {
     let recorder = PanickingRecorder::default();
     let settlement = metrics::with_local_recorder(&recorder, || {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            super::handlers::process(&worker.shared, &mut job.message, job.job)
+            let exchanges = crate::destination::Exchanges::default();
+            super::handlers::process(&worker.shared, &mut job.message, job.job, &exchanges)
         }))
     });
     assert!(recorder.panics() > 0, "the recorder was used");

@@ -128,6 +128,7 @@ impl Rounds {
                 position,
                 message_id: entry.message_id,
                 ordering_key: entry.ordering_key.clone(),
+                log: None,
                 settlement: settlement.clone(),
             });
             stuck.push(thread);

@@ -13,6 +13,7 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
 use super::{BlockedKey, DeadLetter, DestinationStatus, Pause, PendingMessage, TypeStats};
+use crate::delivery_log::LoggedAttempt;
 
 /// `time` as RFC 3339 in UTC, to the microsecond.
 fn timestamp(time: SystemTime) -> String {
@@ -182,6 +183,25 @@ impl Serialize for crate::subscription::SubscriptionInfo {
             &self.previous_secret_until.map(timestamp),
         )?;
         map.serialize_entry("destination", &self.destination)?;
+        map.end()
+    }
+}
+
+impl Serialize for LoggedAttempt {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(12))?;
+        map.serialize_entry("id", &self.id)?;
+        map.serialize_entry("message_id", &self.message_id.to_string())?;
+        map.serialize_entry("message_type", &self.message_type)?;
+        map.serialize_entry("destination", &self.destination)?;
+        map.serialize_entry("subscription_id", &self.subscription_id)?;
+        map.serialize_entry("attempt", &self.attempt)?;
+        map.serialize_entry("outcome", &self.outcome)?;
+        map.serialize_entry("status", &self.status)?;
+        map.serialize_entry("answer", &self.answer)?;
+        map.serialize_entry("error", &self.error)?;
+        map.serialize_entry("latency_ms", &self.latency_ms)?;
+        map.serialize_entry("started_at", &timestamp(self.started_at))?;
         map.end()
     }
 }

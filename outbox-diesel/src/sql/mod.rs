@@ -235,6 +235,7 @@ macro_rules! fixed_statement_methods {
 pub(crate) mod bind;
 pub(crate) mod cancel;
 pub(crate) mod codec;
+pub(crate) mod delivery_log;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 pub(crate) mod new_message;
@@ -254,7 +255,10 @@ use outbox_core::store::{
 };
 
 use bind::Bind;
+use delivery_log::DeliveryLogStatements;
 use new_message::NewMessage;
+
+use crate::delivery_log::DeliveryLog;
 
 /// The columns every reading of a message row selects: claims, listings, dead letters.
 #[derive(QueryableByName, Debug)]
@@ -1149,22 +1153,43 @@ pub(crate) enum Selection<'a> {
 /// Applies every outcome and returns the positions whose lease had passed to another claim
 /// (fenced), which are left untouched: done ones in one statement, the rest in one
 /// transaction, promoting the next message of every key whose head left.
-pub(crate) fn settle<C: Statements>(c: &mut C, outcomes: &[Outcome]) -> QueryResult<Vec<i64>> {
-    settle_leasing(c, outcomes, None).map(|(fenced, _)| fenced)
+pub(crate) fn settle<C: DeliveryLogStatements>(
+    c: &mut C,
+    outcomes: &[Outcome],
+    log: DeliveryLog,
+) -> QueryResult<Vec<i64>> {
+    settle_leasing(c, outcomes, None, log).map(|(fenced, _)| fenced)
 }
 
 /// [`settle`], and where every outcome is done, the next message of each key leased under
 /// `successors` in the same statement ([`Statements::delete_done_leasing`]); returns the fenced
-/// positions and the leased rows.
-pub(crate) fn settle_leasing<C: Statements>(
+/// positions and the leased rows. The exchanges `log` keeps are written to the delivery log in
+/// the same transaction.
+pub(crate) fn settle_leasing<C: DeliveryLogStatements>(
     c: &mut C,
     outcomes: &[Outcome],
     successors: Option<&Claim<'_>>,
+    log: DeliveryLog,
 ) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
     if outcomes.is_empty() {
         // Nothing to write: MySQL and SQLite would refuse an empty `IN ()`.
         return Ok((Vec::new(), Vec::new()));
     }
+    if delivery_log::has_exchanges(outcomes, log) {
+        return c.settle_transaction(|c| {
+            delivery_log::log_exchanges(c, outcomes, log)?;
+            apply(c, outcomes, successors)
+        });
+    }
+    apply(c, outcomes, successors)
+}
+
+/// [`settle_leasing`] without the delivery log.
+fn apply<C: Statements>(
+    c: &mut C,
+    outcomes: &[Outcome],
+    successors: Option<&Claim<'_>>,
+) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
     let keys = leaving_keys(outcomes);
     if outcomes
         .iter()
@@ -1359,6 +1384,7 @@ mod tests {
             position,
             message_id: MessageId::new(),
             ordering_key: key.map(str::to_owned),
+            log: None,
             settlement,
         }
     }

@@ -10,6 +10,7 @@ use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::delivery_log::{AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
@@ -1375,6 +1376,36 @@ impl Statements for MysqlConnection {
     }
 
     fixed_statement_methods!();
+}
+
+impl DeliveryLogStatements for MysqlConnection {
+    const PLACEHOLDERS: Placeholders = STYLE;
+
+    const SELECT: &'static str = "SELECT id, message_id, message_type, destination, \
+         subscription_id, attempt, outcome, status, answer, error, latency_micros, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', started_at) AS started_at FROM outbox_attempt";
+
+    fn message_id_param(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn time_param(_: usize) -> String {
+        "TIMESTAMPADD(MICROSECOND, ?, '1970-01-01')".to_owned()
+    }
+
+    fn execute_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+        dynamic::<Mysql>(sql, binds).execute(self)
+    }
+
+    fn load_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<AttemptRow>> {
+        dynamic::<Mysql>(sql, binds).load(self)
+    }
+
+    fn last_attempt_id(&mut self) -> QueryResult<Option<i64>> {
+        Prepared::new(LAST_ATTEMPT_ID, STYLE, &[])
+            .get_result::<LastIdRow>(self)
+            .map(|row| row.id)
+    }
 }
 
 #[cfg(test)]

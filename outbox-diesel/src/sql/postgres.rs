@@ -10,6 +10,7 @@ use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
+use super::delivery_log::{AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
@@ -1308,6 +1309,36 @@ impl Statements for PgConnection {
     }
 
     fixed_statement_methods!();
+}
+
+impl DeliveryLogStatements for PgConnection {
+    const PLACEHOLDERS: Placeholders = STYLE;
+
+    const SELECT: &'static str = "SELECT id, message_id::text AS message_id, message_type, \
+         destination, subscription_id, attempt, outcome, status, answer, error, latency_micros, \
+         (EXTRACT(EPOCH FROM started_at) * 1000000)::BIGINT AS started_at FROM outbox_attempt";
+
+    fn message_id_param(n: usize) -> String {
+        format!("${n}::uuid")
+    }
+
+    fn time_param(n: usize) -> String {
+        format!("(TIMESTAMPTZ 'epoch' + ${n} * INTERVAL '1 microsecond')")
+    }
+
+    fn execute_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+        dynamic::<Pg>(sql, binds).execute(self)
+    }
+
+    fn load_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<AttemptRow>> {
+        dynamic::<Pg>(sql, binds).load(self)
+    }
+
+    fn last_attempt_id(&mut self) -> QueryResult<Option<i64>> {
+        Prepared::new(LAST_ATTEMPT_ID, STYLE, &[])
+            .get_result::<LastIdRow>(self)
+            .map(|row| row.id)
+    }
 }
 
 #[cfg(test)]

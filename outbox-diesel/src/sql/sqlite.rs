@@ -10,6 +10,7 @@ use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
+use super::delivery_log::{AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
@@ -1206,6 +1207,39 @@ impl Statements for SqliteConnection {
     }
 
     fixed_statement_methods!();
+}
+
+impl DeliveryLogStatements for SqliteConnection {
+    const PLACEHOLDERS: Placeholders = STYLE;
+
+    const SELECT: &'static str = concat!(
+        "SELECT id, message_id, message_type, destination, subscription_id, attempt, outcome, \
+         status, answer, error, latency_micros, ",
+        micros_of!("started_at"),
+        " AS started_at FROM outbox_attempt"
+    );
+
+    fn message_id_param(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn time_param(_: usize) -> String {
+        "strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch')".to_owned()
+    }
+
+    fn execute_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+        dynamic::<Sqlite>(sql, binds).execute(self)
+    }
+
+    fn load_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<AttemptRow>> {
+        dynamic::<Sqlite>(sql, binds).load(self)
+    }
+
+    fn last_attempt_id(&mut self) -> QueryResult<Option<i64>> {
+        Prepared::new(LAST_ATTEMPT_ID, STYLE, &[])
+            .get_result::<LastIdRow>(self)
+            .map(|row| row.id)
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,258 @@
+//! The delivery log: every exchange with a destination, kept to answer "where is my webhook?".
+//!
+//! Each time the worker hands a message to a destination (a webhook endpoint, a broker, a
+//! subscription's endpoint), the delivery log keeps a row: when, which destination, which
+//! attempt, how it went (`delivered`, `failed`, `rejected`, `pushed_back`), the status code and
+//! the first bytes of the answer ([`MAX_ANSWER_BYTES`](outbox_core::destination::MAX_ANSWER_BYTES)),
+//! the error, and how long it took. The row is written in the transaction that saves the
+//! attempt's outcome, so the log never shows an attempt the outbox does not, nor misses one
+//! that it does.
+//!
+//! What it keeps is the store's choice ([`DieselStore::delivery_log`](crate::DieselStore::delivery_log)):
+//! every exchange ([`DeliveryLog::All`], the default), failures only, or nothing. The worker
+//! prunes it by age and by count ([`DieselStore::delivery_log_retention`](crate::DieselStore::delivery_log_retention),
+//! by default 7 days and 1,000,000 rows), a batch at a time like the rest of its chores.
+//!
+//! Handlers that call no destination (a handler that writes to the database, say) leave no
+//! row: their outcome is the message's own (`outbox show`, the dead letters).
+//!
+//! ```
+//! # use diesel::prelude::*;
+//! # use diesel::r2d2::{ConnectionManager, Pool};
+//! use outbox_diesel::delivery_log::{self, AttemptFilter};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let mut conn = SqliteConnection::establish(":memory:")?;
+//! # outbox_diesel::run_migrations(&mut conn)?;
+//! // The failed deliveries to the `crm` webhook, newest first.
+//! let failed = delivery_log::attempts(
+//!     &mut conn,
+//!     &AttemptFilter::default().destination("crm").failures_only(),
+//! )?;
+//! for attempt in failed {
+//!     println!("{} {} {:?} {}", attempt.message_id, attempt.attempt, attempt.status, attempt.outcome);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use std::time::{Duration, SystemTime};
+
+use outbox_core::MessageId;
+
+use crate::connection::{with_backend, OutboxConnection};
+use crate::error::Result;
+use crate::sql::codec::{parse_message_id, time_from_micros};
+use crate::sql::delivery_log::{self as statements, AttemptRow};
+use crate::sql::{delete_in_batches, PRUNE_ROUNDS};
+
+/// How long the delivery log keeps an attempt by default.
+pub const DEFAULT_DELIVERY_LOG_AGE: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// How many attempts the delivery log keeps at most by default.
+pub const DEFAULT_DELIVERY_LOG_ROWS: usize = 1_000_000;
+
+/// What the delivery log keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliveryLog {
+    /// Every exchange with a destination.
+    #[default]
+    All,
+    /// Only the exchanges that did not deliver (failed, rejected, pushed back): the evidence of
+    /// trouble, at a fraction of the writes.
+    Failures,
+    /// Nothing.
+    Off,
+}
+
+impl DeliveryLog {
+    /// Whether an exchange that went `outcome` is kept.
+    pub(crate) fn keeps(self, outcome: &str) -> bool {
+        match self {
+            DeliveryLog::All => true,
+            DeliveryLog::Failures => outcome != "delivered",
+            DeliveryLog::Off => false,
+        }
+    }
+}
+
+/// How long, and how much, the delivery log keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryLogRetention {
+    /// Attempts older than this are pruned (`None`: kept however old).
+    pub max_age: Option<Duration>,
+    /// At most this many attempts are kept, the newest (`None`: however many).
+    pub max_rows: Option<usize>,
+}
+
+impl Default for DeliveryLogRetention {
+    fn default() -> Self {
+        DeliveryLogRetention {
+            max_age: Some(DEFAULT_DELIVERY_LOG_AGE),
+            max_rows: Some(DEFAULT_DELIVERY_LOG_ROWS),
+        }
+    }
+}
+
+/// Which logged attempts to read. Every field narrows; the default reads the newest 100.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptFilter {
+    /// Only this message's attempts.
+    pub message_id: Option<MessageId>,
+    /// Only those to this destination (`subscription:<id>` for a subscription's).
+    pub destination: Option<String>,
+    /// Only those of deliveries for this subscription.
+    pub subscription_id: Option<String>,
+    /// Only those of messages of this type.
+    pub message_type: Option<String>,
+    /// Only those that did not deliver.
+    pub failures_only: bool,
+    /// Only those that started at or after this time.
+    pub since: Option<SystemTime>,
+    /// Only those that started before this time.
+    pub until: Option<SystemTime>,
+    /// Only those logged before the attempt with this id: the next page after it.
+    pub before: Option<i64>,
+    /// At most this many, newest first.
+    pub limit: u32,
+}
+
+impl Default for AttemptFilter {
+    fn default() -> Self {
+        AttemptFilter {
+            message_id: None,
+            destination: None,
+            subscription_id: None,
+            message_type: None,
+            failures_only: false,
+            since: None,
+            until: None,
+            before: None,
+            limit: 100,
+        }
+    }
+}
+
+impl AttemptFilter {
+    /// Only message `id`'s attempts.
+    pub fn message(mut self, id: MessageId) -> Self {
+        self.message_id = Some(id);
+        self
+    }
+
+    /// Only those to destination `name`.
+    pub fn destination(mut self, name: impl Into<String>) -> Self {
+        self.destination = Some(name.into());
+        self
+    }
+
+    /// Only those of deliveries for subscription `id`.
+    pub fn subscription(mut self, id: impl Into<String>) -> Self {
+        self.subscription_id = Some(id.into());
+        self
+    }
+
+    /// Only those that did not deliver.
+    pub fn failures_only(mut self) -> Self {
+        self.failures_only = true;
+        self
+    }
+}
+
+/// One exchange with a destination, as the delivery log keeps it.
+/// Serializes (serde) to the JSON form of the admin pages' API and the CLI's `--json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedAttempt {
+    /// Its place in the log: later attempts have higher ids.
+    pub id: i64,
+    /// The message's id.
+    pub message_id: MessageId,
+    /// The message's type.
+    pub message_type: String,
+    /// The destination's name (`subscription:<id>` for a subscription's).
+    pub destination: String,
+    /// The subscription the message is a delivery for, if it is one.
+    pub subscription_id: Option<String>,
+    /// Which attempt of the message, from 1.
+    pub attempt: u32,
+    /// How it went: `delivered`, `failed`, `rejected` or `pushed_back`.
+    pub outcome: String,
+    /// The status code the other side answered, where it has one (HTTP).
+    pub status: Option<u16>,
+    /// The first bytes of its answer.
+    pub answer: Option<String>,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+    /// How long the exchange took, in milliseconds.
+    pub latency_ms: f64,
+    /// When it started.
+    pub started_at: SystemTime,
+}
+
+impl LoggedAttempt {
+    fn from_row(row: AttemptRow) -> Option<LoggedAttempt> {
+        Some(LoggedAttempt {
+            id: row.id,
+            message_id: parse_message_id("outbox_attempt", row.id, &row.message_id).ok()?,
+            message_type: row.message_type,
+            destination: row.destination,
+            subscription_id: row.subscription_id,
+            attempt: u32::try_from(row.attempt).unwrap_or(0),
+            outcome: row.outcome,
+            status: row.status.and_then(|status| u16::try_from(status).ok()),
+            answer: row.answer,
+            error: row.error,
+            latency_ms: row.latency_micros as f64 / 1000.0,
+            started_at: time_from_micros(row.started_at),
+        })
+    }
+}
+
+/// The logged attempts `filter` selects, newest first.
+pub fn attempts<C: OutboxConnection>(
+    conn: &mut C,
+    filter: &AttemptFilter,
+) -> Result<Vec<LoggedAttempt>> {
+    let rows = with_backend!(conn.backend_connection(), c => statements::attempts(c, filter))?;
+    Ok(rows.into_iter().filter_map(LoggedAttempt::from_row).collect())
+}
+
+/// Deletes the logged attempts past `retention`, in batches; how many. The worker does this by
+/// itself; call it where no worker runs on the database.
+pub fn prune<C: OutboxConnection>(conn: &mut C, retention: DeliveryLogRetention) -> Result<usize> {
+    Ok(with_backend!(conn.backend_connection(), c => {
+        prune_rounds(c, retention, usize::MAX)
+    })?)
+}
+
+/// Up to `rounds` batches of each of `retention`'s prunings.
+pub(crate) fn prune_rounds<C: statements::DeliveryLogStatements>(
+    c: &mut C,
+    retention: DeliveryLogRetention,
+    rounds: usize,
+) -> diesel::QueryResult<usize> {
+    let mut pruned = 0;
+    if let Some(age) = retention.max_age {
+        let cutoff = SystemTime::now()
+            .checked_sub(age)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let cutoff = crate::sql::micros(
+            cutoff
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default(),
+        );
+        pruned += delete_in_batches(c, rounds, |c, limit| {
+            statements::prune_older(c, cutoff, limit)
+        })?;
+    }
+    if let Some(rows) = retention.max_rows {
+        pruned += delete_in_batches(c, rounds, |c, limit| {
+            statements::prune_beyond(c, rows, limit)
+        })?;
+    }
+    Ok(pruned)
+}
+
+/// The rounds of the worker's pass.
+pub(crate) const WORKER_ROUNDS: usize = PRUNE_ROUNDS;
