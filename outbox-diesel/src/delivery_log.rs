@@ -215,7 +215,10 @@ pub fn attempts<C: OutboxConnection>(
     filter: &AttemptFilter,
 ) -> Result<Vec<LoggedAttempt>> {
     let rows = with_backend!(conn.backend_connection(), c => statements::attempts(c, filter))?;
-    Ok(rows.into_iter().filter_map(LoggedAttempt::from_row).collect())
+    Ok(rows
+        .into_iter()
+        .filter_map(LoggedAttempt::from_row)
+        .collect())
 }
 
 /// Deletes the logged attempts past `retention`, in batches; how many. The worker does this by

@@ -179,15 +179,11 @@ where
             unreadable.iter().map(|o| o.position).collect::<Vec<_>>()
         );
         self.connections
-            .with(
-                role,
-                "dead-lettering unreadable rows",
-                |conn| {
-                    with_backend!(conn.backend_connection(), c => {
-                        sql::settle(c, unreadable, DeliveryLog::Off)
-                    })
-                },
-            )
+            .with(role, "dead-lettering unreadable rows", |conn| {
+                with_backend!(conn.backend_connection(), c => {
+                    sql::settle(c, unreadable, DeliveryLog::Off)
+                })
+            })
             .map(drop)
     }
 
@@ -254,15 +250,12 @@ where
 
     fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
         self.keeping_cursor(makes_due(outcomes), || {
-            self.connections.with(
-                Role::Settlements,
-                "settling processed messages",
-                |conn| {
+            self.connections
+                .with(Role::Settlements, "settling processed messages", |conn| {
                     with_backend!(conn.backend_connection(), c => {
                         sql::settle(c, outcomes, self.delivery_log)
                     })
-                },
-            )
+                })
         })
     }
 

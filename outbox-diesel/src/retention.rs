@@ -41,8 +41,8 @@ use diesel::QueryResult;
 use outbox_core::store::Pruned;
 
 use crate::connection::{with_backend, OutboxConnection};
-use crate::error::Result;
 use crate::delivery_log::{self, DeliveryLogRetention};
+use crate::error::Result;
 use crate::sql::delivery_log::DeliveryLogStatements;
 use crate::sql::{age_micros, delete_in_batches, Statements, PRUNE_ROUNDS};
 

@@ -497,7 +497,10 @@ mod tests {
         assert!(answer.text().len() > MAX_ANSWER_BYTES - 2);
         assert!(answer.text().chars().all(|c| c == 'é'));
         let http = Answer::http(404, &[b'x'; 4 * MAX_ANSWER_BYTES]);
-        assert_eq!((http.status(), http.text().len()), (Some(404), MAX_ANSWER_BYTES));
+        assert_eq!(
+            (http.status(), http.text().len()),
+            (Some(404), MAX_ANSWER_BYTES)
+        );
         let failed = DeliveryError::unavailable("503").with_answer(Answer::http(503, b"busy"));
         assert_eq!(failed.answer().map(Answer::text), Some("busy"));
     }

@@ -771,7 +771,11 @@ mod tests {
         .keeping_turns_in(&store);
         assert!(destinations.any_across_processes());
         assert!(
-            destinations.get("mail").unwrap().send(&envelope(), None).is_ok(),
+            destinations
+                .get("mail")
+                .unwrap()
+                .send(&envelope(), None)
+                .is_ok(),
             "the store gives turns"
         );
         memory.set_down(true);
@@ -794,7 +798,11 @@ mod tests {
             "not called without a turn"
         );
         memory.set_down(false);
-        assert!(destinations.get("mail").unwrap().send(&envelope(), None).is_ok());
+        assert!(destinations
+            .get("mail")
+            .unwrap()
+            .send(&envelope(), None)
+            .is_ok());
     }
 
     #[test]

@@ -588,30 +588,25 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
             catch_unwind(AssertUnwindSafe(|| {
                 process(shared, &mut message, job, &exchanges)
             }))
-            .unwrap_or_else(
-                |panic| {
-                    shared.vitals.panicked();
-                    let text = panic_text(panic.as_ref());
-                    log::error!(
-                        "outbox: processing message {} ({}) panicked outside its handler: {text}",
-                        message.message_id,
-                        message.message_type
-                    );
-                    panicked_outside(shared, &message, &text)
-                },
-            )
+            .unwrap_or_else(|panic| {
+                shared.vitals.panicked();
+                let text = panic_text(panic.as_ref());
+                log::error!(
+                    "outbox: processing message {} ({}) panicked outside its handler: {text}",
+                    message.message_id,
+                    message.message_type
+                );
+                panicked_outside(shared, &message, &text)
+            })
         };
         // Taken whatever becomes of the outcome: they are this attempt's alone.
         let exchanged = exchanges.take();
         // The outcome is on its way before anything is logged: the application's logger may
         // panic, and a thread that ends here leaves its message held.
-        let sent = shared
-            .held
-            .finish(message.position, job)
-            .map(|token| {
-                let outcome = Outcome::of(token, &message, settlement.clone());
-                outcomes.send(outcome.logging(&message, exchanged))
-            });
+        let sent = shared.held.finish(message.position, job).map(|token| {
+            let outcome = Outcome::of(token, &message, settlement.clone());
+            outcomes.send(outcome.logging(&message, exchanged))
+        });
         log_settlement(
             &message.message_id,
             &message.message_type,

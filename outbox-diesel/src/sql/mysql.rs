@@ -10,8 +10,8 @@ use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
-use super::delivery_log::{AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
+use super::delivery_log::{AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
