@@ -110,11 +110,60 @@ pub enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// The delivery log: each exchange with a destination (webhook endpoints, brokers,
+    /// subscriptions), newest first, with its outcome, status code, the start of the answer,
+    /// the error and how long it took. `outbox attempts MESSAGE_ID` shows one message's.
+    Attempts(AttemptsArgs),
     /// Subscriptions: endpoints the application's customers add, each taking the event types
     /// it asks for (secrets are read and written with the keys in `OUTBOX_SECRET_KEYS`:
     /// `ID:BASE64` pairs, comma-separated, the first one encrypting).
     #[command(subcommand)]
     Subscription(SubscriptionCommand),
+}
+
+/// `outbox attempts`: which logged attempts (every filter given must hold).
+#[derive(Debug, Args)]
+pub struct AttemptsArgs {
+    /// Only this message's attempts (a UUID, a receiver's `webhook-id`).
+    pub message_id: Option<outbox_diesel::MessageId>,
+    /// Only those to this destination (`subscription:ID` for a subscription's).
+    #[arg(long, value_name = "NAME")]
+    pub destination: Option<String>,
+    /// Only those of deliveries for this subscription.
+    #[arg(long, value_name = "ID")]
+    pub subscription: Option<String>,
+    /// Only those of messages of this type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub message_type: Option<String>,
+    /// Only those that did not deliver (failed, rejected, pushed back).
+    #[arg(long)]
+    pub failures: bool,
+    /// Only those started since this time: RFC 3339 (`2025-01-31T14:00:00Z`) or an age
+    /// (`1h`: the last hour).
+    #[arg(long, value_parser = time_or_age, value_name = "TIME")]
+    pub since: Option<std::time::SystemTime>,
+    /// Only those started before this time: RFC 3339 or an age.
+    #[arg(long, value_parser = time_or_age, value_name = "TIME")]
+    pub until: Option<std::time::SystemTime>,
+    /// Only those logged before the attempt with this id: the next page.
+    #[arg(long, value_name = "ID")]
+    pub before: Option<i64>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub limit: u32,
+}
+
+/// A time written as RFC 3339, or as an age before now (`90m`).
+fn time_or_age(text: &str) -> Result<std::time::SystemTime, String> {
+    if let Ok(time) = humantime::parse_rfc3339_weak(text) {
+        return Ok(time);
+    }
+    let age = humantime::parse_duration(text).map_err(|_| {
+        format!("`{text}` is neither an RFC 3339 time (2025-01-31T14:00:00Z) nor an age (1h)")
+    })?;
+    std::time::SystemTime::now()
+        .checked_sub(age)
+        .ok_or_else(|| format!("`{text}` reaches before the epoch"))
 }
 
 /// `outbox subscription ...`

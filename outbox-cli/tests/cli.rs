@@ -3,12 +3,14 @@
 
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use outbox_diesel::admin::{self, dead_letters, pending_messages, DeadLetter, ListOptions};
+use outbox_diesel::destination::Answer;
 use outbox_diesel::prelude::*;
 use outbox_diesel::store::{
-    ClaimLimit, ClaimToken, Outcome, Settlement, Store, StoredDestination, SyncedDestination,
+    ClaimLimit, ClaimToken, Exchange, Outcome, Settlement, Store, StoredDestination,
+    SyncedDestination,
 };
 use outbox_diesel::{DieselStore, EnqueueOptions, Message};
 use outbox_testkit::outbox::outcome;
@@ -1262,7 +1264,87 @@ fn cancel<C: TestConnection>(db: &TestDb) {
     assert_eq!(pending_count(&pool), 1);
 }
 
+/// `outbox attempts`: a message's exchanges from the delivery log, newest first, as a table and
+/// as JSON; filters by destination and failures; an unknown message has none.
+fn attempts<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(2);
+    let id = Alpha { n: 7 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    let store = DieselStore::new(pool.clone());
+    let exchange =
+        |outcome: &'static str, status: u16, answer: &str, error: Option<&str>| Exchange {
+            destination: "crm".to_owned(),
+            outcome,
+            answer: Some(Answer::new(Some(status), answer)),
+            error: error.map(str::to_owned),
+            started_at: SystemTime::now(),
+            latency: Duration::from_millis(12),
+        };
+    for (attempt, settlement, exchanged) in [
+        (
+            1,
+            Settlement::Retry {
+                delay: Duration::ZERO,
+                error: "503".into(),
+            },
+            exchange("failed", 503, "busy", Some("webhook answered 503")),
+        ),
+        (2, Settlement::Done, exchange("delivered", 200, "ok", None)),
+    ] {
+        let token = ClaimToken::new();
+        let claimed = store
+            .claim(token, ClaimLimit::messages(1), Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(claimed.len(), 1, "attempt {attempt}");
+        assert_eq!(claimed[0].attempt, attempt);
+        let done = outcome(token, &claimed[0], settlement).logging(&claimed[0], vec![exchanged]);
+        assert_eq!(store.settle(&[done]).unwrap(), Vec::<i64>::new());
+    }
+
+    let json = outbox(db.url(), &["--json", "attempts", &id.to_string()]).json();
+    let attempts = json["attempts"].as_array().expect("a list");
+    let seen: Vec<(u64, &str, u64, &str)> = attempts
+        .iter()
+        .map(|a| {
+            (
+                a["attempt"].as_u64().unwrap(),
+                a["outcome"].as_str().unwrap(),
+                a["status"].as_u64().unwrap(),
+                a["answer"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [(2, "delivered", 200, "ok"), (1, "failed", 503, "busy")]
+    );
+    assert_eq!(attempts[1]["error"], "webhook answered 503");
+    assert_eq!(attempts[0]["message_id"], id.to_string());
+    assert_eq!(attempts[0]["destination"], "crm");
+    assert_eq!(attempts[0]["latency_ms"], 12.0);
+    assert!(attempts[0]["started_at"].as_str().unwrap().ends_with('Z'));
+
+    let text = outbox(
+        db.url(),
+        &["attempts", "--destination", "crm", "--failures"],
+    )
+    .ok();
+    let rows = table_rows(&text);
+    assert_eq!(rows.len(), 1, "{text}");
+    assert!(text.contains("webhook answered 503"), "{text}");
+    let none = outbox(db.url(), &["attempts", "--destination", "billing"]).ok();
+    assert!(none.starts_with("no attempts logged"), "{none}");
+    let since = outbox(db.url(), &["--json", "attempts", "--since", "1h"]).json();
+    assert_eq!(since["attempts"].as_array().unwrap().len(), 2);
+    let later = outbox(db.url(), &["--json", "attempts", "--until", "1h"]).json();
+    assert_eq!(later["attempts"], json!([]));
+    assert_eq!(
+        outbox(db.url(), &["attempts", "--since", "yesterday-ish"]).code,
+        2
+    );
+}
+
 backend_tests!(
+    attempts,
     cancel,
     subscriptions,
     pauses,

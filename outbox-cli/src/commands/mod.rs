@@ -1,5 +1,6 @@
 //! The commands, written once for every backend: `run` dispatches to the module of each.
 
+mod attempts;
 mod changes;
 mod destinations;
 mod listing;
@@ -68,6 +69,7 @@ where
             older_than,
             reason,
         } => changes::cancel(conn, target, *older_than, reason, json),
+        Command::Attempts(args) => attempts::list(conn, args, json),
         Command::Subscription(command) => match command {
             SubscriptionCommand::Add(args) => subscriptions::add(conn, args, json),
             SubscriptionCommand::List { owner } => {
