@@ -7,6 +7,7 @@ use outbox_diesel::admin::{
     BlockedKey, Cancelled, DeadLetter, DestinationStatus, FoundMessage, Pause, PauseKind,
     PendingMessage, TypeStats,
 };
+use outbox_diesel::delivery_log::LoggedAttempt;
 use outbox_diesel::subscription::SubscriptionInfo;
 use outbox_diesel::Headers;
 
@@ -107,7 +108,7 @@ fn layout(page: Page<'_>, title: &str, body: &str, refresh: Option<Duration>) ->
          <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">{refresh}\
          <title>{title} · outbox</title><style>{STYLE}</style></head><body>\
          <nav><a href=\"{base}/\">Overview</a><a href=\"{base}/messages\">Pending</a>\
-         <a href=\"{base}/dead\">Dead letters</a>\
+         <a href=\"{base}/dead\">Dead letters</a><a href=\"{base}/deliveries\">Deliveries</a>\
          <a href=\"{base}/subscriptions\">Subscriptions</a>\
          <form method=\"get\" action=\"{base}/find\"><input name=\"id\" placeholder=\"message id\" \
          aria-label=\"message id\" size=\"38\"> <button class=\"quiet\">Find</button></form>\
@@ -422,9 +423,10 @@ fn destinations(base: &str, destinations: &[DestinationStatus], pauses: &[Pause]
         let enable = enable + &pause_button(base, "destinations", &e.name, paused);
         let _ = write!(
             table,
-            "<tr class=\"destination\"><td>{}</td><td>{}</td>\
-             <td><span class=\"state {class}\">{}</span></td>\
+            "<tr class=\"destination\"><td><a href=\"{base}/deliveries?destination={}\">{}</a>\
+             </td><td>{}</td><td><span class=\"state {class}\">{}</span></td>\
              <td>{}</td><td>{details}</td><td>{}</td><td>{enable}</td></tr>",
+            encode(&e.name),
             escape(&e.name),
             escape(&e.kind),
             escape(&e.state),
@@ -527,10 +529,21 @@ fn field(query: &Params, name: &str, label: &str, size: u32) -> String {
 
 /// The link to the next page: the same filters, after the last position shown.
 fn next_link(base: &str, path: &str, query: &Params, names: &[&str], after: Option<i64>) -> String {
-    let Some(after) = after else {
+    paged_link(base, path, query, names, ("after", after))
+}
+
+/// The link to the next page: the same filters, and `cursor` (a parameter and its value).
+fn paged_link(
+    base: &str,
+    path: &str,
+    query: &Params,
+    names: &[&str],
+    cursor: (&str, Option<i64>),
+) -> String {
+    let (cursor, Some(at)) = cursor else {
         return "<p class=\"meta\">End of the list.</p>".to_owned();
     };
-    let mut href = format!("{base}{path}?after={after}");
+    let mut href = format!("{base}{path}?{cursor}={at}");
     for name in names {
         if let Some(value) = query.get(name) {
             let _ = write!(href, "&{name}={}", encode(value));
@@ -718,7 +731,93 @@ fn dead_actions(base: &str, position: i64) -> String {
     )
 }
 
-pub(crate) fn message(page: Page<'_>, found: &FoundMessage) -> String {
+/// Exchanges from the delivery log, newest first; with a link to each one's message when
+/// `with_message`.
+fn attempts_table(base: &str, attempts: &[LoggedAttempt], with_message: bool) -> String {
+    if attempts.is_empty() {
+        return "<p class=\"meta\" id=\"no-attempts\">No exchange with a destination is \
+                logged for this.</p>"
+            .to_owned();
+    }
+    let message_header = if with_message {
+        "<th>message</th><th>type</th>"
+    } else {
+        ""
+    };
+    let mut table = format!(
+        "<table id=\"attempts\"><tr><th>started</th>{message_header}<th>destination</th>\
+         <th>attempt</th><th>outcome</th><th>status</th><th>ms</th><th>answer</th><th>error</th></tr>"
+    );
+    for a in attempts {
+        let message = if with_message {
+            format!(
+                "<td><a href=\"{base}/messages/{id}\"><code>{id}</code></a></td><td>{}</td>",
+                escape(&a.message_type),
+                id = a.message_id,
+            )
+        } else {
+            String::new()
+        };
+        let _ = write!(
+            table,
+            "<tr class=\"attempt\" data-id=\"{}\"><td>{}</td>{message}\
+             <td><a href=\"{base}/deliveries?destination={}\">{}</a></td><td>{}</td>\
+             <td><span class=\"state {class}\">{}</span></td><td class=\"status\">{}</td>\
+             <td>{:.0}</td><td class=\"answer\">{}</td><td>{}</td></tr>",
+            a.id,
+            when(a.started_at),
+            encode(&a.destination),
+            escape(&a.destination),
+            a.attempt,
+            escape(&a.outcome),
+            a.status
+                .map_or_else(|| "-".to_owned(), |status| status.to_string()),
+            a.latency_ms,
+            escape(&short(a.answer.as_deref().unwrap_or(""), 200)),
+            escape(&short(a.error.as_deref().unwrap_or(""), 200)),
+            class = if a.outcome == "delivered" { "" } else { "dead" },
+        );
+    }
+    table.push_str("</table>");
+    table
+}
+
+/// The delivery log: every exchange with a destination, newest first, filtered.
+pub(crate) fn deliveries(
+    page: Page<'_>,
+    query: &Params,
+    attempts: &[LoggedAttempt],
+    next_before: Option<i64>,
+) -> String {
+    let base = escape(page.base);
+    let failures = if query.get("failures").is_some_and(|on| on != "0") {
+        " checked"
+    } else {
+        ""
+    };
+    let body = format!(
+        "<h1>Deliveries</h1><p class=\"meta\">Each exchange with a destination, newest first: \
+         what it answered, or why it failed. Kept for the store's delivery log retention \
+         (7 days and 1,000,000 attempts unless the application chose otherwise).</p>\
+         <form method=\"get\" action=\"{base}/deliveries\" class=\"filters\">{}{}{}\
+         <label><input type=\"checkbox\" name=\"failures\" value=\"1\" id=\"filter-failures\"{failures}> \
+         failures only</label> <button>Filter</button></form>{}{}",
+        field(query, "destination", "destination ", 24),
+        field(query, "subscription", "subscription ", 24),
+        field(query, "type", "type ", 24),
+        attempts_table(&base, attempts, true),
+        paged_link(
+            &base,
+            "/deliveries",
+            query,
+            &["destination", "subscription", "type", "failures"],
+            ("before", next_before),
+        ),
+    );
+    layout(page, "Deliveries", &body, None)
+}
+
+pub(crate) fn message(page: Page<'_>, found: &FoundMessage, attempts: &[LoggedAttempt]) -> String {
     let base = escape(page.base);
     let (fields, payload, headers, actions) = match found {
         FoundMessage::Pending(m) => (
@@ -774,19 +873,32 @@ pub(crate) fn message(page: Page<'_>, found: &FoundMessage) -> String {
     let body = format!(
         "<h1>Message <code id=\"message-id\">{id}</code></h1>{actions}\
          <dl class=\"fields\" id=\"message-fields\">{fields}</dl><h2>Headers</h2>{headers}\
-         <h2>Payload</h2><pre class=\"block\" id=\"message-payload\">{payload}</pre>",
+         <h2>Payload</h2><pre class=\"block\" id=\"message-payload\">{payload}</pre>\
+         <h2>Delivery log</h2>{attempts}",
         headers = headers_table(headers),
         payload = escape(&pretty(payload)),
+        attempts = attempts_table(&base, attempts, false),
     );
     layout(page, "Message", &body, None)
 }
 
-pub(crate) fn not_found_message(page: Page<'_>, id: &str) -> String {
-    let body = format!(
-        "<h1>Message <code>{}</code></h1><p class=\"error\" id=\"problem\">Neither pending nor \
-         dead: delivered, cancelled, purged, or never enqueued.</p>",
-        escape(id)
-    );
+pub(crate) fn not_found_message(page: Page<'_>, id: &str, attempts: &[LoggedAttempt]) -> String {
+    let body = if attempts.is_empty() {
+        format!(
+            "<h1>Message <code>{}</code></h1><p class=\"error\" id=\"problem\">Neither pending \
+             nor dead, and nothing in the delivery log: cancelled, purged, delivered before the \
+             log's retention, or never enqueued.</p>",
+            escape(id)
+        )
+    } else {
+        format!(
+            "<h1>Message <code id=\"message-id\">{}</code></h1><p id=\"absent\">No longer in \
+             the outbox (delivered, or cancelled). Its exchanges with destinations:</p>\
+             <h2>Delivery log</h2>{}",
+            escape(id),
+            attempts_table(&escape(page.base), attempts, false)
+        )
+    };
     layout(page, "Message", &body, None)
 }
 

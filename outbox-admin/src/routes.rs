@@ -6,6 +6,7 @@ use diesel::r2d2::ManageConnection;
 use outbox_diesel::admin::{
     self, CancelSelection, DeadLetterSelection, FoundMessage, ListOptions, PauseKind,
 };
+use outbox_diesel::delivery_log::{self, AttemptFilter, LoggedAttempt};
 use outbox_diesel::subscription::{self, NewSubscription};
 use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::{json, Value};
@@ -105,6 +106,8 @@ where
         ("GET", ["api", "messages"]) => pending_json(admin, &query),
         ("GET", ["api", "messages", id]) => message_json(admin, id),
         ("GET", ["api", "dead"]) => dead_json(admin, &query),
+        ("GET", ["deliveries"]) => deliveries(admin, page, &query),
+        ("GET", ["api", "attempts"]) => attempts_json(admin, &query),
         ("GET", ["api", "blocked"]) => blocked_json(admin),
         ("GET", ["api", "destinations"]) => destinations_json(admin),
         ("POST", ["destinations", name, "enable"]) => enable_destination(admin, request, name),
@@ -743,6 +746,26 @@ where
     ))
 }
 
+/// Message `id`'s exchanges in the delivery log, newest first (none for an id that is not one).
+fn message_attempts<M>(admin: &Admin<M>, id: &str) -> Result<Vec<LoggedAttempt>, String>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let Ok(message_id) = id.parse::<MessageId>() else {
+        return Ok(Vec::new());
+    };
+    let mut conn = connection(admin)?;
+    let filter = AttemptFilter {
+        limit: MESSAGE_ATTEMPTS,
+        ..AttemptFilter::default().message(message_id)
+    };
+    delivery_log::attempts(&mut *conn, &filter).map_err(text)
+}
+
+/// The most attempts a message's page lists.
+const MESSAGE_ATTEMPTS: u32 = 200;
+
 fn message<M>(admin: &Admin<M>, page: Page<'_>, id: &str) -> Outcome
 where
     M: ManageConnection,
@@ -750,8 +773,88 @@ where
 {
     Ok(match found(admin, id)? {
         Err(error) => bad_request(page.base, false, &error),
-        Ok(None) => Response::html(404, pages::not_found_message(page, id)),
-        Ok(Some(message)) => Response::html(200, pages::message(page, &message)),
+        Ok(None) => {
+            let attempts = message_attempts(admin, id)?;
+            let status = if attempts.is_empty() { 404 } else { 200 };
+            Response::html(status, pages::not_found_message(page, id, &attempts))
+        }
+        Ok(Some(message)) => {
+            let attempts = message_attempts(admin, id)?;
+            Response::html(200, pages::message(page, &message, &attempts))
+        }
+    })
+}
+
+/// The delivery log's filters, from a query: `destination`, `subscription`, `type`,
+/// `failures=1`, `before` (an attempt's id: the page after it).
+fn attempt_filter(query: &Params) -> Result<AttemptFilter, String> {
+    let before = match query.get("before") {
+        Some(before) => Some(
+            before
+                .parse::<i64>()
+                .map_err(|_| format!("`before` must be an attempt's id, not `{before}`"))?,
+        ),
+        None => None,
+    };
+    Ok(AttemptFilter {
+        destination: query.get("destination").map(str::to_owned),
+        subscription_id: query.get("subscription").map(str::to_owned),
+        message_type: query.get("type").map(str::to_owned),
+        failures_only: query.get("failures").is_some_and(|on| on != "0"),
+        before,
+        limit: DELIVERIES_PAGE,
+        ..AttemptFilter::default()
+    })
+}
+
+/// Attempts a page of the delivery log lists.
+const DELIVERIES_PAGE: u32 = 100;
+
+/// The delivery log, newest first, filtered; and the id to read the next page before.
+fn logged<M>(
+    admin: &Admin<M>,
+    query: &Params,
+) -> Result<Result<(Vec<LoggedAttempt>, Option<i64>), String>, String>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let filter = match attempt_filter(query) {
+        Ok(filter) => filter,
+        Err(problem) => return Ok(Err(problem)),
+    };
+    let mut conn = connection(admin)?;
+    let attempts = delivery_log::attempts(&mut *conn, &filter).map_err(text)?;
+    let next_before = (attempts.len() == filter.limit as usize)
+        .then(|| attempts.last().map(|a| a.id))
+        .flatten();
+    Ok(Ok((attempts, next_before)))
+}
+
+fn deliveries<M>(admin: &Admin<M>, page: Page<'_>, query: &Params) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    Ok(match logged(admin, query)? {
+        Err(problem) => bad_request(page.base, false, &problem),
+        Ok((attempts, next_before)) => {
+            Response::html(200, pages::deliveries(page, query, &attempts, next_before))
+        }
+    })
+}
+
+fn attempts_json<M>(admin: &Admin<M>, query: &Params) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    Ok(match logged(admin, query)? {
+        Err(problem) => bad_request(admin.base_path(), true, &problem),
+        Ok((attempts, next_before)) => Response::json(
+            200,
+            &json!({ "attempts": attempts, "next_before": next_before }),
+        ),
     })
 }
 
@@ -760,18 +863,26 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection,
 {
-    Ok(match found(admin, id)? {
+    let found = found(admin, id)?;
+    let attempts = message_attempts(admin, id)?;
+    Ok(match found {
         Err(error) => bad_request(admin.base_path(), true, &error),
-        Ok(None) => Response::json(
+        Ok(None) if attempts.is_empty() => Response::json(
             404,
-            &json!({"error": "no such message: delivered, purged, or never enqueued"}),
+            &json!({"error": "no such message: delivered and its log pruned, cancelled, purged, or never enqueued"}),
         ),
-        Ok(Some(FoundMessage::Pending(m))) => {
-            Response::json(200, &json!({"state": "pending", "message": m}))
-        }
-        Ok(Some(FoundMessage::Dead(d))) => {
-            Response::json(200, &json!({"state": "dead", "message": d}))
-        }
+        Ok(None) => Response::json(
+            200,
+            &json!({"state": "not_in_outbox", "attempts": attempts}),
+        ),
+        Ok(Some(FoundMessage::Pending(m))) => Response::json(
+            200,
+            &json!({"state": "pending", "message": m, "attempts": attempts}),
+        ),
+        Ok(Some(FoundMessage::Dead(d))) => Response::json(
+            200,
+            &json!({"state": "dead", "message": d, "attempts": attempts}),
+        ),
     })
 }
 

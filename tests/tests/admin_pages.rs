@@ -8,9 +8,12 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use outbox_admin::{Admin, Request, Response};
 use outbox_diesel::admin::{self, ListOptions};
+use outbox_diesel::destination::Answer;
 use outbox_diesel::prelude::*;
-use outbox_diesel::store::{ClaimLimit, ClaimToken, Settlement, Store};
-use outbox_diesel::{outbox_handler, Context, DieselStore, EnqueueOptions, ProcessError};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, Exchange, Settlement, Store};
+use outbox_diesel::{
+    outbox_handler, Context, DieselStore, EnqueueOptions, MessageId, ProcessError,
+};
 use outbox_testkit::outbox::{dead, outcome, pending};
 use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
@@ -1191,7 +1194,112 @@ fn operators_cancel_waiting_messages_from_the_pages_and_the_api<C: TestConnectio
     assert!(dead(&pool).is_empty(), "a cancel never dead-letters");
 }
 
+/// The delivery log on the pages and the API: a message's page lists its exchanges (also once
+/// it has left the outbox), the deliveries page filters by destination and failures and pages
+/// by id, and a receiver's answer, which anyone running an endpoint can write, is escaped.
+fn operators_read_the_delivery_log_from_the_pages_and_the_api<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let admin = pages::<C>(&pool);
+    let cookie = sign_in::<C>(&admin);
+    let ids: Vec<MessageId> = (0..3)
+        .map(|n| Mail { n }.enqueue(&mut pool.get().unwrap()).unwrap())
+        .collect();
+    let exchange = |destination: &str, outcome: &'static str, status: u16, answer: &str| Exchange {
+        destination: destination.to_owned(),
+        outcome,
+        answer: Some(Answer::new(Some(status), answer)),
+        error: (outcome != "delivered").then(|| format!("answered {status}")),
+        started_at: std::time::SystemTime::now(),
+        latency: Duration::from_millis(3),
+    };
+    // Message 0 fails at the CRM with a hostile answer and stays pending; 1 and 2 are
+    // delivered to the mailer and leave the outbox.
+    let store = DieselStore::new(pool.clone());
+    let token = ClaimToken::new();
+    let claimed = store.claim(token, ClaimLimit::messages(10), LEASE).unwrap();
+    assert_eq!(claimed.len(), 3);
+    let outcomes: Vec<_> = claimed
+        .iter()
+        .map(|m| {
+            if m.message_id == ids[0] {
+                let retry = Settlement::Retry {
+                    delay: Duration::from_secs(3600),
+                    error: "answered 500".into(),
+                };
+                let hostile = exchange("crm", "failed", 500, "<script>alert(1)</script>");
+                outcome(token, m, retry).logging(m, vec![hostile])
+            } else {
+                outcome(token, m, Settlement::Done)
+                    .logging(m, vec![exchange("mailer", "delivered", 202, "queued")])
+            }
+        })
+        .collect();
+    assert!(store.settle(&outcomes).unwrap().is_empty());
+
+    let failing = get::<C>(&admin, &cookie, &format!("/messages/{}", ids[0]));
+    let page = failing.text();
+    assert_eq!(failing.status, 200, "{page}");
+    assert!(page.contains("Delivery log"), "{page}");
+    assert!(
+        page.contains("&lt;script&gt;alert(1)&lt;/script&gt;") || page.contains("answered 500")
+    );
+    assert!(
+        !page.contains("<script>alert(1)"),
+        "a receiver's answer is escaped"
+    );
+
+    // A delivered message is no longer in the outbox, and its page still shows its log.
+    let delivered = get::<C>(&admin, &cookie, &format!("/messages/{}", ids[1]));
+    assert_eq!(delivered.status, 200, "{}", delivered.text());
+    assert!(delivered.text().contains("queued"), "{}", delivered.text());
+    let api = json(&get::<C>(
+        &admin,
+        &cookie,
+        &format!("/api/messages/{}", ids[1]),
+    ));
+    assert_eq!(api["state"], "not_in_outbox");
+    assert_eq!(api["attempts"][0]["status"], 202);
+    let unknown = get::<C>(
+        &admin,
+        &cookie,
+        &format!("/messages/{}", MessageId::new()),
+    );
+    assert_eq!(unknown.status, 404);
+
+    let listed = get::<C>(&admin, &cookie, "/deliveries?destination=mailer");
+    assert_eq!(listed.status, 200);
+    assert_eq!(listed.text().matches("class=\"attempt\"").count(), 2);
+    let failures = json(&get::<C>(
+        &admin,
+        &cookie,
+        "/api/attempts?failures=1",
+    ));
+    let failed = failures["attempts"].as_array().unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["message_id"], ids[0].to_string());
+    assert_eq!(
+        failed[0]["answer"], "<script>alert(1)</script>",
+        "JSON keeps it as it was"
+    );
+    let all = json(&get::<C>(&admin, &cookie, "/api/attempts"));
+    let newest = all["attempts"][0]["id"].as_i64().unwrap();
+    let older = json(&get::<C>(
+        &admin,
+        &cookie,
+        &format!("/api/attempts?before={newest}"),
+    ));
+    assert_eq!(older["attempts"].as_array().unwrap().len(), 2);
+    let bad = get::<C>(&admin, &cookie, "/api/attempts?before=soon");
+    assert_eq!(bad.status, 400);
+    // The destinations' names link to their deliveries.
+    let overview = get::<C>(&admin, &cookie, "/deliveries");
+    assert!(overview
+        .text()
+        .contains("/deliveries?destination=crm"));
+}
+
 backend_tests!(
+    operators_read_the_delivery_log_from_the_pages_and_the_api,
     operators_cancel_waiting_messages_from_the_pages_and_the_api,
     operators_manage_subscriptions_from_the_pages,
     operators_pause_and_resume_types_and_destinations_from_the_pages,
