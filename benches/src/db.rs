@@ -126,7 +126,7 @@ const PG_SQL: Sql = Sql {
         "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
                      ordering_key, next_attempt_at) VALUES ($1::uuid, $2, $3::jsonb, $4, $5, \
                      COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', now()))",
-    empty: "TRUNCATE outbox_message, outbox_failure, bench_business",
+    empty: "TRUNCATE outbox_message, outbox_failure, outbox_attempt, bench_business",
     count_outbox: "SELECT COUNT(*) AS n FROM outbox_message",
     select_one:
         "SELECT id, message_id::text AS message_id, message_type, payload::text AS payload \
@@ -147,7 +147,7 @@ const MYSQL_SQL: Sql = Sql {
                      UTC_TIMESTAMP(6), \
                      COALESCE(TIMESTAMPADD(MICROSECOND, ?, '1970-01-01'), UTC_TIMESTAMP(6)))",
     empty: "TRUNCATE TABLE outbox_message; TRUNCATE TABLE outbox_failure; \
-            TRUNCATE TABLE bench_business",
+            TRUNCATE TABLE outbox_attempt; TRUNCATE TABLE bench_business",
     count_outbox: "SELECT COUNT(*) AS n FROM outbox_message",
     select_one: "SELECT id, message_id, message_type, CAST(payload AS CHAR) AS payload \
                  FROM outbox_message WHERE next_attempt_at <= UTC_TIMESTAMP(6) \
@@ -166,7 +166,8 @@ const SQLITE_SQL: Sql = Sql {
                      ordering_key, next_attempt_at) VALUES (?, ?, ?, ?, ?, \
                      COALESCE(strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'), \
                               strftime('%Y-%m-%d %H:%M:%f', 'now')))",
-    empty: "DELETE FROM outbox_message; DELETE FROM outbox_failure; DELETE FROM bench_business",
+    empty: "DELETE FROM outbox_message; DELETE FROM outbox_failure; DELETE FROM outbox_attempt; \
+            DELETE FROM bench_business",
     count_outbox: "SELECT COUNT(*) AS n FROM outbox_message",
     select_one: "SELECT id, message_id, message_type, payload FROM outbox_message \
                  WHERE next_attempt_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') \

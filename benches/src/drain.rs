@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use diesel::pg::PgConnection;
 use diesel::sql_types::BigInt;
 use diesel::{QueryableByName, RunQueryDsl};
+use outbox_diesel::delivery_log::DeliveryLog;
 use outbox_diesel::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
 use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{Batch, DieselStore, MessageId, Worker, WorkerHandle};
@@ -247,7 +248,8 @@ pub fn spawn_worker<C: BenchConnection>(
     trace: &TraceHandle,
 ) -> Res<WorkerHandle> {
     let pool = db.worker_pool::<C>(4)?;
-    let store = TracedStore::new(DieselStore::new(pool), trace.clone());
+    let store = DieselStore::new(pool).delivery_log(opts.log_mode);
+    let store = TracedStore::new(store, trace.clone());
     let mut builder = opts.claims.apply(
         Worker::builder(store)
             .subscriptions(crate::handlers::subscribers())
@@ -589,6 +591,68 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     if db.backend == Backend::Postgres {
         report.target("worker / min(i, ii)", ratio, 0.80, true);
         report.target("worker / iii", vs_naive, 10.0, true);
+    }
+    Ok(report.finish())
+}
+
+/// `drain --delivery-log`: what keeping the delivery log costs the webhook drain. The worker
+/// delivers the same backlog with the log off and on (every exchange kept), alternating which
+/// goes first in each run; the figures are their ratio and the time each kept row adds.
+pub fn run_delivery_log_cost(opts: &Opts) -> Res<bool> {
+    on_fresh_database!(opts, delivery_log_cost_on)
+}
+
+fn delivery_log_cost_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
+    let count = backlog(opts);
+    let receiver = Receiver::counting();
+    let endpoint = endpoint(&receiver.url("/hook"))?;
+    let mut report = Report::new(
+        "drain_delivery_log",
+        opts,
+        json!({
+            "messages": count,
+            "handler_threads": opts.handler_threads,
+            "batch_size": opts.claims.label(),
+            "pool": "r2d2, 4 connections",
+        }),
+    );
+    for run in 0..opts.runs() {
+        let mut order = [DeliveryLog::Off, DeliveryLog::All];
+        if run % 2 == 1 {
+            order.reverse();
+        }
+        let mut figures = Map::new();
+        let (mut off, mut all) = (0.0, 0.0);
+        for mode in order {
+            let opts = Opts {
+                log_mode: mode,
+                ..opts.clone()
+            };
+            let (drained, _) =
+                worker_drain::<C>(db, &opts, &receiver, &endpoint, count, &mut report)?;
+            let logged = db.connect::<C>()?.count("SELECT COUNT(*) AS n FROM outbox_attempt")?;
+            let expected = if mode == DeliveryLog::All { count } else { 0 };
+            if logged != expected as i64 {
+                report.problem(format!(
+                    "delivery log {mode:?}: {logged} attempts logged for {count} deliveries"
+                ));
+            }
+            match mode {
+                DeliveryLog::All => all = drained.per_s,
+                _ => off = drained.per_s,
+            }
+        }
+        figures.insert("log_off_per_s".into(), json!(stats::round(off, 0)));
+        figures.insert("log_all_per_s".into(), json!(stats::round(all, 0)));
+        figures.insert(
+            "ratio_log_all_over_off".into(),
+            json!(stats::round(all / off, 3)),
+        );
+        figures.insert(
+            "log_cost_us_per_message".into(),
+            json!(stats::round((1.0 / all - 1.0 / off) * 1e6, 2)),
+        );
+        report.run(figures);
     }
     Ok(report.finish())
 }

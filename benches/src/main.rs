@@ -190,6 +190,13 @@ pub struct Opts {
     /// recorder) and not, side by side; the figure is their ratio.
     #[arg(long)]
     pub metrics: bool,
+    /// `drain` only: the webhook drain with the delivery log kept and not, side by side; the
+    /// figure is their ratio and the cost per message.
+    #[arg(long)]
+    pub delivery_log: bool,
+    /// What the worker's store keeps in the delivery log (set by `--delivery-log`'s runs).
+    #[arg(skip)]
+    pub log_mode: outbox_diesel::delivery_log::DeliveryLog,
     /// `drain` only: relay the backlog to this broker (jetstream or rabbitmq on 127.0.0.1)
     /// instead of a webhook, against the broker's own client publishing with the same
     /// acknowledgements from as many tasks as the worker has handler threads.
@@ -357,6 +364,7 @@ fn main() {
     let result = match cli.command {
         Command::Enqueue(opts) => enqueue::run(&opts),
         Command::Drain(opts) if opts.metrics => metrics_cost::run(&opts),
+        Command::Drain(opts) if opts.delivery_log => drain::run_delivery_log_cost(&opts),
         Command::Drain(opts) if opts.keys.is_empty() && opts.destination.is_some() => {
             relay::run(&opts)
         }
