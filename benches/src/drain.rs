@@ -630,7 +630,9 @@ fn delivery_log_cost_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bo
             };
             let (drained, _) =
                 worker_drain::<C>(db, &opts, &receiver, &endpoint, count, &mut report)?;
-            let logged = db.connect::<C>()?.count("SELECT COUNT(*) AS n FROM outbox_attempt")?;
+            let logged = db
+                .connect::<C>()?
+                .count("SELECT COUNT(*) AS n FROM outbox_attempt")?;
             let expected = if mode == DeliveryLog::All { count } else { 0 };
             if logged != expected as i64 {
                 report.problem(format!(

@@ -147,7 +147,9 @@ pub struct ClaimedMessage {
     pub resumed_at: Option<SystemTime>,
     /// The headers set at enqueue.
     pub headers: Headers,
-    /// The subscription this message is a delivery for ([`crate::subscription`]), if it is one.
+    /// The subscription this message is a delivery for ([`crate::subscription`]), if it is
+    /// one; or, for a replay or a resend to one of the workers' destinations,
+    /// `destination:<name>` ([`DESTINATION_TARGET_PREFIX`](crate::destination::DESTINATION_TARGET_PREFIX)).
     pub subscription_id: Option<String>,
     /// Its priority: how soon it was claimed against other due messages, and whether a paced
     /// destination lets it ahead of the turns it gave the backlog.
@@ -288,10 +290,13 @@ impl Outcome {
     /// The same outcome keeping `exchanges` in the delivery log (none: nothing to keep).
     pub fn logging(mut self, message: &ClaimedMessage, exchanges: Vec<Exchange>) -> Outcome {
         if !exchanges.is_empty() {
+            let subscription_id = message.subscription_id.clone().filter(|target| {
+                !target.starts_with(crate::destination::DESTINATION_TARGET_PREFIX)
+            });
             self.log = Some(Box::new(AttemptLog {
                 message_type: message.message_type.clone(),
                 attempt: message.attempt,
-                subscription_id: message.subscription_id.clone(),
+                subscription_id,
                 exchanges,
             }));
         }
@@ -561,6 +566,8 @@ pub struct Pruned {
     pub inbox_ids: usize,
     /// Attempts of the delivery log past its retention.
     pub logged_attempts: usize,
+    /// Messages of the archive past its window.
+    pub archived: usize,
     /// Groups (`EnqueueOptions::group` in `outbox-diesel`) left without a pending message,
     /// which claims no longer visit.
     pub empty_groups: usize,
@@ -573,6 +580,7 @@ impl Pruned {
             + self.dead_letters
             + self.inbox_ids
             + self.logged_attempts
+            + self.archived
             + self.empty_groups
     }
 }

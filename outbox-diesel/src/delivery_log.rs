@@ -38,12 +38,15 @@
 
 use std::time::{Duration, SystemTime};
 
+use diesel::Connection;
+use outbox_core::destination::DESTINATION_TARGET_PREFIX;
+use outbox_core::subscription::filter_takes;
 use outbox_core::MessageId;
 
 use crate::connection::{with_backend, OutboxConnection};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sql::codec::{parse_message_id, time_from_micros};
-use crate::sql::delivery_log::{self as statements, AttemptRow};
+use crate::sql::delivery_log::{self as statements, ArchiveQuery, ArchivedRow, AttemptRow};
 use crate::sql::{delete_in_batches, PRUNE_ROUNDS};
 
 /// How long the delivery log keeps an attempt by default.
@@ -237,16 +240,13 @@ pub(crate) fn prune_rounds<C: statements::DeliveryLogStatements>(
 ) -> diesel::QueryResult<usize> {
     let mut pruned = 0;
     if let Some(age) = retention.max_age {
-        let cutoff = SystemTime::now()
-            .checked_sub(age)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        let cutoff = crate::sql::micros(
-            cutoff
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default(),
+        let cutoff = micros_since_epoch(
+            SystemTime::now()
+                .checked_sub(age)
+                .unwrap_or(SystemTime::UNIX_EPOCH),
         );
         pruned += delete_in_batches(c, rounds, |c, limit| {
-            statements::prune_older(c, cutoff, limit)
+            statements::prune_older(c, statements::LOGGED, cutoff, limit)
         })?;
     }
     if let Some(rows) = retention.max_rows {
@@ -259,3 +259,248 @@ pub(crate) fn prune_rounds<C: statements::DeliveryLogStatements>(
 
 /// The rounds of the worker's pass.
 pub(crate) const WORKER_ROUNDS: usize = PRUNE_ROUNDS;
+
+/// Up to `rounds` batches of archived messages enqueued more than `window` ago deleted.
+pub(crate) fn prune_archive_rounds<C: statements::DeliveryLogStatements>(
+    c: &mut C,
+    window: Duration,
+    rounds: usize,
+) -> diesel::QueryResult<usize> {
+    let cutoff = micros_since_epoch(
+        SystemTime::now()
+            .checked_sub(window)
+            .unwrap_or(SystemTime::UNIX_EPOCH),
+    );
+    delete_in_batches(c, rounds, |c, limit| {
+        statements::prune_older(c, statements::ARCHIVED, cutoff, limit)
+    })
+}
+
+/// Deletes the archived messages enqueued more than `window` ago, in batches; how many. The
+/// worker does this by itself for a store with an [archive](crate::DieselStore::archive).
+pub fn prune_archive<C: OutboxConnection>(conn: &mut C, window: Duration) -> Result<usize> {
+    Ok(with_backend!(conn.backend_connection(), c => {
+        prune_archive_rounds(c, window, usize::MAX)
+    })?)
+}
+
+fn micros_since_epoch(time: SystemTime) -> i64 {
+    crate::sql::micros(
+        time.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
+}
+
+/// Where a replay or a resend delivers: one of the workers' destinations, or one subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayTarget {
+    /// The destination of this name (as given to `WorkerBuilder::destination`): the archived
+    /// payload goes to it as it is, without the type's handler.
+    Destination(String),
+    /// The subscription of this id: only messages of its owner that its filters take.
+    Subscription(String),
+}
+
+/// The longest destination name a replay can name: the row keeps `destination:<name>` where a
+/// subscription's delivery keeps the subscription's id.
+pub const MAX_REPLAY_DESTINATION: usize = 64 - DESTINATION_TARGET_PREFIX.len();
+
+/// Which archived messages to send again, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// Where they go.
+    pub target: ReplayTarget,
+    /// Those enqueued at or after this time.
+    pub since: SystemTime,
+    /// Those enqueued before this time (`None`: up to now).
+    pub until: Option<SystemTime>,
+    /// Only messages of this type.
+    pub message_type: Option<String>,
+}
+
+impl Replay {
+    /// The messages enqueued since `since`, to `target`.
+    pub fn new(target: ReplayTarget, since: SystemTime) -> Self {
+        Replay {
+            target,
+            since,
+            until: None,
+            message_type: None,
+        }
+    }
+
+    /// Only those enqueued before `until`.
+    pub fn until(mut self, until: SystemTime) -> Self {
+        self.until = Some(until);
+        self
+    }
+
+    /// Only messages of `message_type`.
+    pub fn message_type(mut self, message_type: impl Into<String>) -> Self {
+        self.message_type = Some(message_type.into());
+        self
+    }
+}
+
+/// What a replay or a resend did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Replayed {
+    /// Messages enqueued again as deliveries to the target.
+    pub enqueued: usize,
+    /// Archived messages in the range the target does not take: another owner's, or of a type
+    /// the subscription's filters do not take.
+    pub skipped: usize,
+}
+
+/// Archived messages read at once.
+const REPLAY_CHUNK: i64 = 1000;
+
+/// Sends the archived messages `replay` selects again, each as a new delivery to its target
+/// with its original id, type, payload, headers and priority, in their original order
+/// (receivers drop what they have by id). Needs a store that keeps an
+/// [archive](crate::DieselStore::archive): only messages delivered within its window are
+/// there. A replay does not keep per-key order against messages still pending.
+///
+/// Refused ([`Error::InvalidReplay`]) for a range that ends before it starts, a destination no
+/// worker has reported (see [`admin::destinations`](crate::admin::destinations)) or a
+/// subscription that does not exist.
+pub fn replay<C: OutboxConnection>(conn: &mut C, replay: &Replay) -> Result<Replayed> {
+    if replay.until.is_some_and(|until| until <= replay.since) {
+        return Err(Error::InvalidReplay {
+            reason: "the range ends before it starts: give --until after --since".to_owned(),
+        });
+    }
+    let query = ArchiveQuery {
+        since_micros: Some(micros_since_epoch(replay.since)),
+        until_micros: replay.until.map(micros_since_epoch),
+        message_type: replay.message_type.as_deref(),
+        ..ArchiveQuery::default()
+    };
+    send_archived(conn, &replay.target, query)
+}
+
+/// Sends archived message `message_id` again to `target`, as [`replay`] does for a range.
+/// Refused if the archive does not have it ([`Error::InvalidReplay`]).
+pub fn resend<C: OutboxConnection>(
+    conn: &mut C,
+    message_id: MessageId,
+    target: &ReplayTarget,
+) -> Result<Replayed> {
+    let id = message_id.to_string();
+    let query = ArchiveQuery {
+        message_id: Some(&id),
+        ..ArchiveQuery::default()
+    };
+    let sent = send_archived(conn, target, query)?;
+    if sent.enqueued + sent.skipped == 0 {
+        return Err(Error::InvalidReplay {
+            reason: format!(
+                "message {message_id} is not in the archive: it is still pending or dead (see \
+                 `outbox show`), was delivered before the archive's window, or the store keeps \
+                 no archive (DieselStore::archive)"
+            ),
+        });
+    }
+    Ok(sent)
+}
+
+/// Who a target takes: a destination every message, a subscription its owner's messages of the
+/// types its filters take.
+enum Taker {
+    Everything,
+    Subscriber {
+        owner: Option<String>,
+        filters: Vec<String>,
+    },
+}
+
+impl Taker {
+    fn takes(&self, row: &ArchivedRow) -> bool {
+        match self {
+            Taker::Everything => true,
+            Taker::Subscriber { owner, filters } => {
+                row.owner == *owner
+                    && filters
+                        .iter()
+                        .any(|filter| filter_takes(filter, &row.message_type))
+            }
+        }
+    }
+}
+
+fn send_archived<C: OutboxConnection>(
+    conn: &mut C,
+    target: &ReplayTarget,
+    mut query: ArchiveQuery<'_>,
+) -> Result<Replayed> {
+    let (row_target, taker) = match target {
+        ReplayTarget::Destination(name) => {
+            check_destination(conn, name)?;
+            (
+                format!("{DESTINATION_TARGET_PREFIX}{name}"),
+                Taker::Everything,
+            )
+        }
+        ReplayTarget::Subscription(id) => {
+            let Some(subscription) = crate::subscription::get(conn, id)? else {
+                return Err(Error::InvalidReplay {
+                    reason: format!("there is no subscription {id}"),
+                });
+            };
+            (
+                id.clone(),
+                Taker::Subscriber {
+                    owner: subscription.owner,
+                    filters: subscription.event_types,
+                },
+            )
+        }
+    };
+    query.limit = REPLAY_CHUNK;
+    let mut replayed = Replayed::default();
+    loop {
+        let (rows, sent) = with_backend!(conn.backend_connection(), c => {
+            c.transaction(|c| {
+                let rows = statements::archived(c, &query)?;
+                let taken: Vec<i64> = rows
+                    .iter()
+                    .filter(|row| taker.takes(row))
+                    .map(|row| row.id)
+                    .collect();
+                let sent = statements::enqueue_archived(c, &taken, &row_target)?;
+                Ok::<_, diesel::result::Error>((rows, sent))
+            })
+        })?;
+        replayed.enqueued += sent;
+        let read = rows.len();
+        replayed.skipped += read - rows.iter().filter(|row| taker.takes(row)).count();
+        match rows.last() {
+            Some(last) if read == REPLAY_CHUNK as usize => query.after = last.id,
+            _ => return Ok(replayed),
+        }
+    }
+}
+
+/// Refuses a destination name no worker has reported, or one too long for a delivery's row.
+fn check_destination<C: OutboxConnection>(conn: &mut C, name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_REPLAY_DESTINATION {
+        return Err(Error::InvalidReplay {
+            reason: format!(
+                "a replay names a destination of 1 to {MAX_REPLAY_DESTINATION} bytes, not `{name}`"
+            ),
+        });
+    }
+    let known: Vec<String> = crate::admin::destinations(conn)?
+        .into_iter()
+        .map(|destination| destination.name)
+        .collect();
+    if !known.iter().any(|known| known == name) {
+        return Err(Error::InvalidReplay {
+            reason: format!(
+                "no worker has reported a destination named `{name}` (known: {known:?}); \
+                 name one a running worker delivers to"
+            ),
+        });
+    }
+    Ok(())
+}

@@ -29,6 +29,7 @@ use crate::sql::codec::{
     backlog_of, parse_message_id, paused_from_rows, priority_from_level, time_from_micros,
 };
 use crate::sql::subscription::{SubscriptionRow, SubscriptionStatements as _};
+use crate::sql::Keeping;
 use crate::sql::{self, micros, Claim, ClaimRow, Statements};
 
 /// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
@@ -84,7 +85,7 @@ pub struct DieselStore<M: ManageConnection> {
     idempotency_window: Duration,
     idempotency_sweep: Mutex<SweepCursor>,
     retention: Retention,
-    delivery_log: DeliveryLog,
+    keeping: Keeping,
     /// Fan-outs waiting for the settlement connection, committed together.
     fan_outs: FanOuts,
 }
@@ -111,7 +112,7 @@ where
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
             idempotency_sweep: Mutex::new(SweepCursor::default()),
             retention: Retention::default(),
-            delivery_log: DeliveryLog::default(),
+            keeping: Keeping::default(),
             fan_outs: FanOuts::default(),
         }
     }
@@ -127,7 +128,18 @@ where
     /// What the [delivery log](crate::delivery_log) keeps of each exchange with a destination
     /// (default [`DeliveryLog::All`]).
     pub fn delivery_log(mut self, log: DeliveryLog) -> Self {
-        self.delivery_log = log;
+        self.keeping.log = log;
+        self
+    }
+
+    /// Keeps each message and event that leaves the outbox delivered in the archive for
+    /// `window` after its enqueue (default: none kept), so that an operator can replay a range
+    /// of them, or resend one, to one destination or subscription
+    /// ([`delivery_log::replay`](crate::delivery_log::replay)). The copy is written in the
+    /// transaction that removes the message; the worker prunes what is older than `window`.
+    pub fn archive(mut self, window: Duration) -> Self {
+        self.keeping.archive = true;
+        self.retention.archive = Some(window);
         self
     }
 
@@ -181,7 +193,7 @@ where
         self.connections
             .with(role, "dead-lettering unreadable rows", |conn| {
                 with_backend!(conn.backend_connection(), c => {
-                    sql::settle(c, unreadable, DeliveryLog::Off)
+                    sql::settle(c, unreadable, Keeping::NOTHING)
                 })
             })
             .map(drop)
@@ -253,7 +265,7 @@ where
             self.connections
                 .with(Role::Settlements, "settling processed messages", |conn| {
                     with_backend!(conn.backend_connection(), c => {
-                        sql::settle(c, outcomes, self.delivery_log)
+                        sql::settle(c, outcomes, self.keeping)
                     })
                 })
         })
@@ -279,7 +291,7 @@ where
             self.connections
                 .with(Role::Settlements, "settling processed messages", |conn| {
                     with_backend!(conn.backend_connection(), c => {
-                        sql::settle_leasing(c, outcomes, Some(&claim), self.delivery_log)
+                        sql::settle_leasing(c, outcomes, Some(&claim), self.keeping)
                     })
                 })
         })?;
@@ -521,6 +533,12 @@ where
             })
             .and_then(|_| {
                 execute_batch(&mut *conn, "SELECT 1 FROM outbox_subscription WHERE 1 = 0")
+            })
+            .and_then(|_| {
+                execute_batch(
+                    &mut *conn,
+                    "SELECT started_at FROM outbox_attempt WHERE 1 = 0",
+                )
             })
             .and_then(|_| {
                 if postgres {
@@ -789,6 +807,7 @@ where
     M::Connection: OutboxConnection + Send,
 {
     fn together(&self, group: &[Arc<FanOut>]) -> Result<Vec<Option<usize>>, StoreError> {
+        let archive = self.keeping.archive;
         self.keeping_cursor(true, || {
             self.connections.with(
                 Role::Settlements,
@@ -796,7 +815,9 @@ where
                 |conn| {
                     with_backend!(conn.backend_connection(), c => {
                         c.settle_transaction(|c| {
-                            fan_outs::each(c, group, sql::subscription::fan_out)
+                            fan_outs::each(c, group, |c, position, token| {
+                                sql::subscription::fan_out(c, position, token, archive)
+                            })
                         })
                     })
                 },
@@ -805,6 +826,7 @@ where
     }
 
     fn alone(&self, fan_out: &FanOut) -> Result<Option<usize>, StoreError> {
+        let archive = self.keeping.archive;
         self.keeping_cursor(true, || {
             self.connections.with(
                 Role::Settlements,
@@ -812,7 +834,12 @@ where
                 |conn| {
                     with_backend!(conn.backend_connection(), c => {
                         c.settle_transaction(|c| {
-                            sql::subscription::fan_out(c, fan_out.position, &fan_out.token)
+                            sql::subscription::fan_out(
+                                c,
+                                fan_out.position,
+                                &fan_out.token,
+                                archive,
+                            )
                         })
                     })
                 },

@@ -144,6 +144,14 @@ pub enum Error {
         reason: String,
     },
 
+    /// A replay or a resend names a range that ends before it starts, a destination no worker
+    /// has, a subscription that does not exist, or a message the archive does not have.
+    #[error("nothing was replayed: {reason}")]
+    InvalidReplay {
+        /// Why.
+        reason: String,
+    },
+
     /// A subscription's stored secret cannot be read with the keys given.
     #[error(
         "a subscription's secret cannot be read: {reason}; give every key its secrets were \

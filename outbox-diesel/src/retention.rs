@@ -52,6 +52,8 @@ pub(crate) struct Retention {
     pub dead_letters: Option<Duration>,
     pub inbox_ids: Option<Duration>,
     pub delivery_log: DeliveryLogRetention,
+    /// How long the archive keeps a message after its enqueue (`None`: no archive).
+    pub archive: Option<Duration>,
 }
 
 impl Retention {
@@ -71,6 +73,9 @@ impl Retention {
         }
         pruned.logged_attempts =
             delivery_log::prune_rounds(c, self.delivery_log, delivery_log::WORKER_ROUNDS)?;
+        if let Some(window) = self.archive {
+            pruned.archived = delivery_log::prune_archive_rounds(c, window, PRUNE_ROUNDS)?;
+        }
         Ok(pruned)
     }
 }

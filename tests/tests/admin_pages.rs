@@ -1259,21 +1259,13 @@ fn operators_read_the_delivery_log_from_the_pages_and_the_api<C: TestConnection>
     ));
     assert_eq!(api["state"], "not_in_outbox");
     assert_eq!(api["attempts"][0]["status"], 202);
-    let unknown = get::<C>(
-        &admin,
-        &cookie,
-        &format!("/messages/{}", MessageId::new()),
-    );
+    let unknown = get::<C>(&admin, &cookie, &format!("/messages/{}", MessageId::new()));
     assert_eq!(unknown.status, 404);
 
     let listed = get::<C>(&admin, &cookie, "/deliveries?destination=mailer");
     assert_eq!(listed.status, 200);
     assert_eq!(listed.text().matches("class=\"attempt\"").count(), 2);
-    let failures = json(&get::<C>(
-        &admin,
-        &cookie,
-        "/api/attempts?failures=1",
-    ));
+    let failures = json(&get::<C>(&admin, &cookie, "/api/attempts?failures=1"));
     let failed = failures["attempts"].as_array().unwrap();
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["message_id"], ids[0].to_string());
@@ -1293,9 +1285,7 @@ fn operators_read_the_delivery_log_from_the_pages_and_the_api<C: TestConnection>
     assert_eq!(bad.status, 400);
     // The destinations' names link to their deliveries.
     let overview = get::<C>(&admin, &cookie, "/deliveries");
-    assert!(overview
-        .text()
-        .contains("/deliveries?destination=crm"));
+    assert!(overview.text().contains("/deliveries?destination=crm"));
 }
 
 backend_tests!(

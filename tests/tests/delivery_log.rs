@@ -2,23 +2,25 @@
 //! message that failed twice and then succeeded is kept with its status, answer and error, in
 //! order; a subscription's deliveries are logged under their subscription; "failures only"
 //! keeps what did not deliver and "off" keeps nothing; retention prunes the log by count and by
-//! age, and the worker prunes it by itself.
+//! age, and the worker prunes it by itself; a settlement that fails writes no attempt.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
+use diesel::connection::SimpleConnection;
 use outbox_diesel::delivery_log::{
     self, AttemptFilter, DeliveryLog, DeliveryLogRetention, LoggedAttempt,
 };
-use outbox_diesel::destination::{DestinationOptions, HealthPolicy};
+use outbox_diesel::destination::{Answer, DestinationOptions, HealthPolicy};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, Exchange, Settlement, Store};
 use outbox_diesel::subscription::NewSubscription;
 use outbox_diesel::{
     outbox_handler, Batch, DieselStore, Enqueue, MessageId, OutboxManager, RetryPolicy, Worker,
     WorkerHandle,
 };
 use outbox_testkit::http::{Receiver, Reply, Request};
-use outbox_testkit::outbox::{dead, endpoint, pending, subscriptions};
-use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
+use outbox_testkit::outbox::{dead, endpoint, outcome, pending, subscriptions};
+use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -347,7 +349,65 @@ fn retention_prunes_the_log<C: TestConnection>(db: &TestDb) {
     stop(worker);
 }
 
+/// A settlement that fails writes no attempt: the log and the outcome commit together. A
+/// trigger refuses the outcome's delete; the attempt it carried is not in the log, and the
+/// message is still pending. Without the trigger, the same settlement writes both.
+fn a_settlement_that_fails_logs_nothing<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let id = Invoice { n: 1 }.enqueue(&mut pool.get().unwrap()).unwrap();
+    let store = DieselStore::new(pool.clone());
+    let token = ClaimToken::new();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(1), Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let exchange = Exchange {
+        destination: "hooks".to_owned(),
+        outcome: "delivered",
+        answer: Some(Answer::new(Some(200), "ok")),
+        error: None,
+        started_at: SystemTime::now(),
+        latency: Duration::from_millis(4),
+    };
+    let done = outcome(token, &claimed[0], Settlement::Done).logging(&claimed[0], vec![exchange]);
+    let (refuse, allow) = match db.backend() {
+        Backend::Postgres => (
+            "CREATE FUNCTION refuse_delete() RETURNS trigger AS $$ BEGIN \
+             RAISE EXCEPTION 'refused by the test'; END $$ LANGUAGE plpgsql; \
+             CREATE TRIGGER refuse BEFORE DELETE ON outbox_message FOR EACH ROW \
+             EXECUTE FUNCTION refuse_delete();",
+            "DROP TRIGGER refuse ON outbox_message;",
+        ),
+        Backend::Mysql => (
+            "CREATE TRIGGER refuse BEFORE DELETE ON outbox_message FOR EACH ROW \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test';",
+            "DROP TRIGGER refuse;",
+        ),
+        Backend::Sqlite => (
+            "CREATE TRIGGER refuse BEFORE DELETE ON outbox_message \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+            "DROP TRIGGER refuse;",
+        ),
+    };
+    pool.get().unwrap().batch_execute(refuse).unwrap();
+    let refused = store.settle(std::slice::from_ref(&done));
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(logged(&pool, &AttemptFilter::default()).is_empty());
+    assert_eq!(pending(&pool).len(), 1);
+
+    pool.get().unwrap().batch_execute(allow).unwrap();
+    assert_eq!(store.settle(&[done]).unwrap(), Vec::<i64>::new());
+    assert!(pending(&pool).is_empty());
+    let attempts = logged(&pool, &AttemptFilter::default());
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        (attempts[0].message_id, attempts[0].status),
+        (id, Some(200))
+    );
+}
+
 backend_tests!(
+    a_settlement_that_fails_logs_nothing,
     every_attempt_of_a_message_that_failed_twice_then_succeeded_is_logged,
     a_subscriptions_deliveries_are_logged_under_it,
     failures_only_keeps_what_did_not_deliver_and_off_keeps_nothing,

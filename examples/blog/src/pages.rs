@@ -159,17 +159,30 @@ pub fn receiver(deliveries: &[Delivery], failing: bool) -> RawHtml<String> {
         let _ = write!(
             body,
             "<tr class=\"delivery\"><td>{}</td><td>{}</td><td class=\"type\">{}</td>\
-             <td class=\"outcome {class}\">{}</td><td><code>{}</code></td><td><pre>{}</pre></td></tr>",
+             <td class=\"outcome {class}\">{}</td><td>{}</td><td><pre>{}</pre></td></tr>",
             delivery.id,
             ago(delivery.received_at),
             escape(&delivery.message_type),
             escape(&delivery.outcome),
-            escape(&delivery.webhook_id),
+            attempts_link(&delivery.webhook_id),
             escape(&delivery.body)
         );
     }
     body.push_str("</table>");
     layout("Mail receiver", &body)
+}
+
+/// A delivery's `webhook-id`, linked to the outbox's page of that message, which lists every
+/// attempt at it from the delivery log; shown as it is when it is not a message id (anyone
+/// can post to the receiver).
+fn attempts_link(webhook_id: &str) -> String {
+    match webhook_id.parse::<outbox_diesel::MessageId>() {
+        Ok(id) => format!(
+            "<a class=\"attempts\" href=\"/outbox/messages/{id}\" title=\"its attempts\">\
+             <code>{id}</code></a>"
+        ),
+        Err(_) => format!("<code>{}</code>", escape(webhook_id)),
+    }
 }
 
 /// A post's webhook subscriptions, the form to add one, and what arrived at their hooks.

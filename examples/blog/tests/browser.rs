@@ -258,7 +258,7 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
     assert!(overview.contains("class=\"spark\""), "the charts");
     assert!(
         overview.contains("class=\"destination\"")
-            && overview.contains("<td>mail</td><td>webhook</td>")
+            && overview.contains("deliveries?destination=mail\">mail</a></td><td>webhook</td>")
     );
     shoot(&browser, "outbox-overview");
 
@@ -276,6 +276,13 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
     });
     assert!(message.contains("dead letter") && message.contains("gave up after 2 attempts"));
     assert!(message.contains("id=\"message-headers\""));
+    // Its delivery log: both attempts, each answered 500 by the receiver.
+    assert!(message.contains("Delivery log"), "{message}");
+    assert_eq!(message.matches("class=\"attempt\"").count(), 2, "{message}");
+    assert!(
+        message.contains("<td class=\"status\">500</td>"),
+        "{message}"
+    );
     shoot(&browser, "outbox-message");
 
     browser.goto(&receiver);
@@ -305,6 +312,21 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
     browser.wait_for(&receiver, "Linus's thank-you after the re-queue", |page| {
         page.contains("linus@example.com") && page.matches("verified, delivered").count() >= 3
     });
+    // The receiver links each delivery to its attempts in the outbox's delivery log.
+    // The newest delivery is one of the two re-queued messages.
+    browser.click("tr.delivery a.attempts");
+    let attempts = browser.settle("a delivery's attempts", |page| {
+        page.contains("Delivery log") && page.contains("class=\"attempt\"")
+    });
+    assert!(
+        attempts.contains("<td class=\"status\">200</td>"),
+        "{attempts}"
+    );
+    assert!(
+        attempts.contains("<td class=\"status\">500</td>"),
+        "{attempts}"
+    );
+    shoot(&browser, "outbox-delivery-log");
     let overview = browser.wait_for(&outbox, "no dead letters", |page| {
         page.contains("id=\"dead-count\">0<")
     });

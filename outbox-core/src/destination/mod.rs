@@ -76,6 +76,13 @@ pub const MESSAGE_TYPE_HEADER: &str = "outbox-message-type";
 /// The header carrying a message's ordering key, if it has one.
 pub const ORDERING_KEY_HEADER: &str = "outbox-ordering-key";
 
+/// What a message that is a delivery to one of the workers' destinations (a replay or a
+/// resend) carries where a subscription's delivery carries the subscription's id
+/// ([`ClaimedMessage::subscription_id`](crate::store::ClaimedMessage::subscription_id)):
+/// `destination:<name>`. Its payload goes to that destination as it is, without the type's
+/// handler.
+pub const DESTINATION_TARGET_PREFIX: &str = "destination:";
+
 /// The content type of a JSON body, an envelope's default.
 pub const JSON: &str = "application/json";
 

@@ -10,7 +10,7 @@ use crossbeam_channel::Sender;
 
 use crate::context::{Context, SettleWithin};
 use crate::destination::pace::LONGEST_PACING_WAIT;
-use crate::destination::{Delivery, Exchanges};
+use crate::destination::{Delivery, Exchanges, Registered, DESTINATION_TARGET_PREFIX};
 use crate::error::{FailureKind, ProcessError};
 use crate::registry::DispatchError;
 use crate::retry::RetryPolicy;
@@ -253,14 +253,17 @@ pub(crate) fn process(
             )),
         };
     }
-    if let Some(subscription) = message.subscription_id.clone() {
-        // A delivery to a subscription: whatever worker enqueued the event, it goes to the
-        // subscription as it is, without the event type's handler.
+    if let Some(target) = message.subscription_id.clone() {
+        // A delivery to a subscription, or a replay to a destination: whatever worker enqueued
+        // the message, it goes to its target as it is, without the type's handler.
         let policy = policy_for(shared, &message.message_type);
         if let Some(lost) = lost_each_time(message, &policy) {
             return lost;
         }
-        let attempt = deliver_to_subscription(shared, message, &subscription, exchanges);
+        let attempt = match target.strip_prefix(DESTINATION_TARGET_PREFIX) {
+            Some(name) => deliver_to_destination(shared, message, name, exchanges),
+            None => deliver_to_subscription(shared, message, &target, exchanges),
+        };
         return judge(shared, message, attempt, &policy);
     }
     let Some(registration) = shared.registry.get(&message.message_type) else {
@@ -471,6 +474,36 @@ fn deliver_to_subscription(
             ))
         }
     };
+    send_as_stored(message, destination, exchanges)
+}
+
+/// Delivers `message`, a replay or a resend to destination `name`, through that destination:
+/// its health gate, pace and metrics.
+fn deliver_to_destination(
+    shared: &Shared,
+    message: &mut ClaimedMessage,
+    name: &str,
+    exchanges: &Exchanges,
+) -> Attempt {
+    let Some(destination) = shared.destinations.get(name) else {
+        let known: Vec<&str> = shared.destinations.names().collect();
+        return Attempt::Failed(ProcessError::defer(
+            format!(
+                "not sent: a replay to destination {name}, which this worker does not have (it \
+                 has {known:?}); a worker that has it takes it"
+            ),
+            UNKNOWN_SUBSCRIPTION_WAIT,
+        ));
+    };
+    send_as_stored(message, destination, exchanges)
+}
+
+/// Sends `message`'s payload as it is stored to `destination`.
+fn send_as_stored(
+    message: &mut ClaimedMessage,
+    destination: &Registered,
+    exchanges: &Exchanges,
+) -> Attempt {
     let delivery = Delivery {
         message_id: message.message_id,
         message_type: message.message_type.clone(),

@@ -228,12 +228,13 @@ impl Housekeeper {
             Ok(pruned) if pruned.total() == 0 => {}
             Ok(pruned) => log::debug!(
                 "outbox: pruned {} expired idempotency keys, {} dead letters, {} received \
-                 webhook ids and {} logged attempts past their retention, and {} groups left \
-                 empty",
+                 webhook ids, {} logged attempts and {} archived messages past their retention, \
+                 and {} groups left empty",
                 pruned.idempotency_keys,
                 pruned.dead_letters,
                 pruned.inbox_ids,
                 pruned.logged_attempts,
+                pruned.archived,
                 pruned.empty_groups
             ),
             Err(error) => {

@@ -1,17 +1,19 @@
-//! The statements of the delivery log ([`crate::delivery_log`]), one implementation for every
-//! backend: each backend only says how it writes a placeholder, a message id and a time
-//! ([`DeliveryLogStatements`], in its own file), and the statements are built here.
+//! The statements of the delivery log and the archive ([`crate::delivery_log`]), one
+//! implementation for every backend: each backend only says how it writes a placeholder, a
+//! message id, a time and an insert that skips taken keys ([`DeliveryLogStatements`], in its
+//! own file), and the statements are built here.
 
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::QueryResult;
-use outbox_core::store::{Exchange, Outcome};
+use outbox_core::store::{AttemptLog, Exchange, Outcome};
 
 use super::bind::{Bind, Placeholders};
 use super::{micros, to_i64, Statements};
 use crate::delivery_log::{AttemptFilter, DeliveryLog};
 
 /// The columns an exchange is written to, in the order of [`LoggedRow::binds`].
-const COLUMNS: &str = "message_id, message_type, destination, subscription_id, attempt, \
+pub(crate) const COLUMNS: &str =
+    "message_id, message_type, destination, subscription_id, attempt, \
      outcome, status, answer, error, latency_micros, started_at";
 
 /// Binds of one row.
@@ -42,6 +44,32 @@ pub(crate) trait DeliveryLogStatements: Statements {
 
     /// The highest id in the log, if it has a row.
     fn last_attempt_id(&mut self) -> QueryResult<Option<i64>>;
+
+    /// Inserts `rows` into the log (by default many rows a statement, built for the call).
+    fn insert_attempts(&mut self, rows: &[LoggedRow<'_>]) -> QueryResult<()> {
+        insert_rows(self, rows)
+    }
+
+    /// The database's clock as the outbox's time columns keep it.
+    const NOW: &'static str;
+
+    /// An insert that skips rows whose key is taken: the text before `table (columns) SELECT
+    /// …`, and after it.
+    const INSERT_IGNORING: (&'static str, &'static str);
+
+    /// Loads the archived messages `sql`, built for this call, selects.
+    fn load_archived(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<ArchivedRow>>;
+}
+
+/// An archived message, as a replay chooses it.
+#[derive(diesel::QueryableByName, Debug)]
+pub(crate) struct ArchivedRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+    #[diesel(sql_type = Text)]
+    pub(crate) message_type: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) owner: Option<String>,
 }
 
 /// A logged attempt as stored.
@@ -84,29 +112,58 @@ pub(crate) struct LastIdRow {
     pub(crate) id: Option<i64>,
 }
 
-/// One exchange of one outcome, ready to bind.
-struct LoggedRow<'a> {
-    message_id: String,
-    outcome: &'a Outcome,
-    exchange: &'a Exchange,
+/// One exchange of one outcome, as a row of the log.
+#[derive(Debug)]
+pub(crate) struct LoggedRow<'a> {
+    pub message_id: String,
+    pub message_type: &'a str,
+    pub destination: &'a str,
+    pub subscription_id: Option<&'a str>,
+    pub attempt: i64,
+    pub outcome: &'a str,
+    pub status: Option<i64>,
+    pub answer: Option<&'a str>,
+    pub error: Option<&'a str>,
+    pub latency_micros: i64,
+    /// µs since the epoch.
+    pub started_micros: i64,
 }
 
-impl LoggedRow<'_> {
-    fn binds(&self) -> [Bind<'_>; BINDS] {
-        let log = self.outcome.log.as_deref();
-        let answer = self.exchange.answer.as_ref();
+impl<'a> LoggedRow<'a> {
+    fn of(outcome: &'a Outcome, log: &'a AttemptLog, exchange: &'a Exchange) -> Self {
+        LoggedRow {
+            message_id: outcome.message_id.to_string(),
+            message_type: &log.message_type,
+            destination: &exchange.destination,
+            subscription_id: log.subscription_id.as_deref(),
+            attempt: i64::from(log.attempt),
+            outcome: exchange.outcome,
+            status: exchange
+                .answer
+                .as_ref()
+                .and_then(|answer| answer.status())
+                .map(i64::from),
+            answer: exchange.answer.as_ref().map(|answer| answer.text()),
+            error: exchange.error.as_deref(),
+            latency_micros: micros(exchange.latency),
+            started_micros: micros_since_epoch(exchange.started_at),
+        }
+    }
+
+    /// The binds of one row, in the order of [`COLUMNS`].
+    pub(crate) fn binds(&self) -> [Bind<'_>; BINDS] {
         [
             Bind::Text(&self.message_id),
-            Bind::Text(log.map_or("", |log| log.message_type.as_str())),
-            Bind::Text(&self.exchange.destination),
-            Bind::NullableText(log.and_then(|log| log.subscription_id.as_deref())),
-            Bind::BigInt(log.map_or(0, |log| i64::from(log.attempt))),
-            Bind::Text(self.exchange.outcome),
-            Bind::NullableBigInt(answer.and_then(|answer| answer.status()).map(i64::from)),
-            Bind::NullableText(answer.map(|answer| answer.text())),
-            Bind::NullableText(self.exchange.error.as_deref()),
-            Bind::BigInt(micros(self.exchange.latency)),
-            Bind::BigInt(micros_since_epoch(self.exchange.started_at)),
+            Bind::Text(self.message_type),
+            Bind::Text(self.destination),
+            Bind::NullableText(self.subscription_id),
+            Bind::BigInt(self.attempt),
+            Bind::Text(self.outcome),
+            Bind::NullableBigInt(self.status),
+            Bind::NullableText(self.answer),
+            Bind::NullableText(self.error),
+            Bind::BigInt(self.latency_micros),
+            Bind::BigInt(self.started_micros),
         ]
     }
 }
@@ -116,6 +173,26 @@ fn micros_since_epoch(time: std::time::SystemTime) -> i64 {
         time.duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default(),
     )
+}
+
+/// Inserts `rows` into the log: many rows a statement, numbered from the first placeholder.
+/// What a backend without a better way does.
+pub(crate) fn insert_rows<C: DeliveryLogStatements>(
+    c: &mut C,
+    rows: &[LoggedRow<'_>],
+) -> QueryResult<()> {
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let values: Vec<String> = (0..chunk.len())
+            .map(|i| row_values::<C>(i * BINDS + 1))
+            .collect();
+        let sql = format!(
+            "INSERT INTO outbox_attempt ({COLUMNS}) VALUES {}",
+            values.join(", ")
+        );
+        let binds: Vec<Bind<'_>> = chunk.iter().flat_map(LoggedRow::binds).collect();
+        c.execute_built(&sql, &binds)?;
+    }
+    Ok(())
 }
 
 /// The placeholder numbered `n` in `style`.
@@ -139,25 +216,13 @@ pub(crate) fn log_exchanges<C: DeliveryLogStatements>(
             log.exchanges
                 .iter()
                 .filter(move |exchange| mode.keeps(exchange.outcome))
-                .map(move |exchange| LoggedRow {
-                    message_id: outcome.message_id.to_string(),
-                    outcome,
-                    exchange,
-                })
+                .map(move |exchange| LoggedRow::of(outcome, log, exchange))
         })
         .collect();
-    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        let values: Vec<String> = (0..chunk.len())
-            .map(|i| row_values::<C>(i * BINDS + 1))
-            .collect();
-        let sql = format!(
-            "INSERT INTO outbox_attempt ({COLUMNS}) VALUES {}",
-            values.join(", ")
-        );
-        let binds: Vec<Bind<'_>> = chunk.iter().flat_map(LoggedRow::binds).collect();
-        c.execute_built(&sql, &binds)?;
+    if rows.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    c.insert_attempts(&rows)
 }
 
 /// Whether any outcome has an exchange `mode` keeps: a settlement then writes in a transaction.
@@ -255,22 +320,147 @@ pub(crate) fn attempts<C: DeliveryLogStatements>(
     c.load_built(&sql, &binds)
 }
 
-/// Deletes up to `limit` of the oldest logged attempts that started before `cutoff_micros`
-/// (µs since the epoch); how many. Reads the oldest `limit` rows by id, not a time index: ids
-/// grow with time, so the oldest rows are first.
+/// What a pruning by age reads: a table whose ids grow with `time`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Aged {
+    pub table: &'static str,
+    pub time: &'static str,
+}
+
+/// The delivery log, by the start of each attempt.
+pub(crate) const LOGGED: Aged = Aged {
+    table: "outbox_attempt",
+    time: "started_at",
+};
+
+/// The archive, by each message's enqueue.
+pub(crate) const ARCHIVED: Aged = Aged {
+    table: "outbox_archive",
+    time: "created_at",
+};
+
+/// Deletes up to `limit` of the oldest rows of `aged` from before `cutoff_micros` (µs since the
+/// epoch); how many. Reads the oldest `limit` rows by id, not a time index: ids grow with time,
+/// so the oldest rows are first.
 pub(crate) fn prune_older<C: DeliveryLogStatements>(
     c: &mut C,
+    aged: Aged,
     cutoff_micros: i64,
     limit: i64,
 ) -> QueryResult<usize> {
+    let Aged { table, time } = aged;
     let p = |n| param(C::PLACEHOLDERS, n);
     let sql = format!(
-        "DELETE FROM outbox_attempt WHERE id IN (SELECT id FROM (SELECT id, started_at FROM \
-         outbox_attempt ORDER BY id LIMIT {}) oldest WHERE started_at < {})",
+        "DELETE FROM {table} WHERE id IN (SELECT id FROM (SELECT id, {time} FROM {table} \
+         ORDER BY id LIMIT {}) oldest WHERE {time} < {})",
         p(1),
         C::time_param(2)
     );
     c.execute_built(&sql, &[Bind::BigInt(limit), Bind::BigInt(cutoff_micros)])
+}
+
+/// The columns the archive keeps of a message, the same in both tables.
+const ARCHIVED_COLUMNS: &str =
+    "id, message_id, message_type, payload, payload_bytes, headers, priority, owner, created_at";
+
+/// `first, …` placeholders for `n` binds from the number `first`.
+fn params(style: Placeholders, first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| param(style, i))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Copies the messages at `positions` into the archive (not deliveries to a subscription or a
+/// destination: their event is archived already), in the caller's transaction, before they
+/// leave the outbox. One already archived is left as it is.
+pub(crate) fn archive<C: DeliveryLogStatements>(c: &mut C, positions: &[i64]) -> QueryResult<()> {
+    let (head, tail) = C::INSERT_IGNORING;
+    for chunk in positions.chunks(super::ID_CHUNK) {
+        let sql = format!(
+            "{head} outbox_archive ({ARCHIVED_COLUMNS}) SELECT {ARCHIVED_COLUMNS} FROM \
+             outbox_message WHERE subscription_id IS NULL AND id IN ({}){tail}",
+            params(C::PLACEHOLDERS, 1, chunk.len())
+        );
+        let binds: Vec<Bind<'_>> = chunk.iter().map(|id| Bind::BigInt(*id)).collect();
+        c.execute_built(&sql, &binds)?;
+    }
+    Ok(())
+}
+
+/// Which archived messages a replay reads.
+#[derive(Debug, Default)]
+pub(crate) struct ArchiveQuery<'a> {
+    pub since_micros: Option<i64>,
+    pub until_micros: Option<i64>,
+    pub message_type: Option<&'a str>,
+    pub message_id: Option<&'a str>,
+    pub after: i64,
+    pub limit: i64,
+}
+
+/// Archived messages `query` selects, by position, after `query.after`.
+pub(crate) fn archived<C: DeliveryLogStatements>(
+    c: &mut C,
+    query: &ArchiveQuery<'_>,
+) -> QueryResult<Vec<ArchivedRow>> {
+    let mut conditions = vec![format!("id > {}", param(C::PLACEHOLDERS, 1))];
+    let mut binds = vec![Bind::BigInt(query.after)];
+    if let Some(since) = query.since_micros {
+        conditions.push(format!("created_at >= {}", C::time_param(binds.len() + 1)));
+        binds.push(Bind::BigInt(since));
+    }
+    if let Some(until) = query.until_micros {
+        conditions.push(format!("created_at < {}", C::time_param(binds.len() + 1)));
+        binds.push(Bind::BigInt(until));
+    }
+    if let Some(message_type) = query.message_type {
+        conditions.push(format!(
+            "message_type = {}",
+            param(C::PLACEHOLDERS, binds.len() + 1)
+        ));
+        binds.push(Bind::Text(message_type));
+    }
+    if let Some(message_id) = query.message_id {
+        conditions.push(format!(
+            "message_id = {}",
+            C::message_id_param(binds.len() + 1)
+        ));
+        binds.push(Bind::Text(message_id));
+    }
+    let sql = format!(
+        "SELECT id, message_type, owner FROM outbox_archive WHERE {} ORDER BY id LIMIT {}",
+        conditions.join(" AND "),
+        param(C::PLACEHOLDERS, binds.len() + 1)
+    );
+    binds.push(Bind::BigInt(query.limit));
+    c.load_archived(&sql, &binds)
+}
+
+/// Enqueues the archived messages at `positions` again, in their order, as deliveries to
+/// `target` (a subscription's id, or `destination:<name>`), with their ids, types, payloads,
+/// headers, priorities and owners; how many.
+pub(crate) fn enqueue_archived<C: DeliveryLogStatements>(
+    c: &mut C,
+    positions: &[i64],
+    target: &str,
+) -> QueryResult<usize> {
+    let mut enqueued = 0;
+    for chunk in positions.chunks(super::ID_CHUNK) {
+        let sql = format!(
+            "INSERT INTO outbox_message (message_id, message_type, payload, payload_bytes, \
+             headers, priority, owner, subscription_id, created_at, next_attempt_at) \
+             SELECT message_id, message_type, payload, payload_bytes, headers, priority, owner, \
+             {}, {now}, {now} FROM outbox_archive WHERE id IN ({}) ORDER BY id",
+            param(C::PLACEHOLDERS, 1),
+            params(C::PLACEHOLDERS, 2, chunk.len()),
+            now = C::NOW,
+        );
+        let mut binds = vec![Bind::Text(target)];
+        binds.extend(chunk.iter().map(|id| Bind::BigInt(*id)));
+        enqueued += c.execute_built(&sql, &binds)?;
+    }
+    Ok(enqueued)
 }
 
 /// Deletes up to `limit` of the oldest logged attempts beyond the newest `keep`; how many.

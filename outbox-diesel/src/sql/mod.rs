@@ -1156,44 +1156,80 @@ pub(crate) enum Selection<'a> {
 pub(crate) fn settle<C: DeliveryLogStatements>(
     c: &mut C,
     outcomes: &[Outcome],
-    log: DeliveryLog,
+    keeping: Keeping,
 ) -> QueryResult<Vec<i64>> {
-    settle_leasing(c, outcomes, None, log).map(|(fenced, _)| fenced)
+    settle_leasing(c, outcomes, None, keeping).map(|(fenced, _)| fenced)
+}
+
+/// What a settlement keeps beside the outcomes: the attempts' exchanges in the delivery log,
+/// and the messages leaving the outbox delivered in the archive.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Keeping {
+    pub log: DeliveryLog,
+    pub archive: bool,
+}
+
+impl Keeping {
+    /// Nothing: a settlement of the store's own (dead-lettering unreadable rows).
+    pub const NOTHING: Keeping = Keeping {
+        log: DeliveryLog::Off,
+        archive: false,
+    };
 }
 
 /// [`settle`], and where every outcome is done, the next message of each key leased under
 /// `successors` in the same statement ([`Statements::delete_done_leasing`]); returns the fenced
-/// positions and the leased rows. The exchanges `log` keeps are written to the delivery log in
-/// the same transaction.
+/// positions and the leased rows. What `keeping` keeps (the exchanges in the delivery log, the
+/// done messages in the archive) is written in the same transaction.
 pub(crate) fn settle_leasing<C: DeliveryLogStatements>(
     c: &mut C,
     outcomes: &[Outcome],
     successors: Option<&Claim<'_>>,
-    log: DeliveryLog,
+    keeping: Keeping,
 ) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
     if outcomes.is_empty() {
         // Nothing to write: MySQL and SQLite would refuse an empty `IN ()`.
         return Ok((Vec::new(), Vec::new()));
     }
-    if delivery_log::has_exchanges(outcomes, log) {
+    let logs = delivery_log::has_exchanges(outcomes, keeping.log);
+    let archived: Vec<i64> = if keeping.archive {
+        outcomes
+            .iter()
+            .filter(|outcome| outcome.settlement == Settlement::Done)
+            .map(|outcome| outcome.position)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let all_done = outcomes
+        .iter()
+        .all(|outcome| outcome.settlement == Settlement::Done);
+    if logs || !archived.is_empty() {
         return c.settle_transaction(|c| {
-            delivery_log::log_exchanges(c, outcomes, log)?;
-            apply(c, outcomes, successors)
+            delivery_log::log_exchanges(c, outcomes, keeping.log)?;
+            delivery_log::archive(c, &archived)?;
+            if all_done {
+                settle_done(c, outcomes, successors)
+            } else {
+                settle_each(c, outcomes)
+            }
         });
     }
-    apply(c, outcomes, successors)
+    if all_done {
+        // One statement: no transaction to open.
+        return settle_done(c, outcomes, successors);
+    }
+    c.settle_transaction(|c| settle_each(c, outcomes))
 }
 
-/// [`settle_leasing`] without the delivery log.
-fn apply<C: Statements>(
+/// Settles `outcomes`, every one done: deleted in one statement (which leases each key's next
+/// message under `successors`, if given).
+fn settle_done<C: Statements>(
     c: &mut C,
     outcomes: &[Outcome],
     successors: Option<&Claim<'_>>,
 ) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
     let keys = leaving_keys(outcomes);
-    if outcomes
-        .iter()
-        .all(|outcome| outcome.settlement == Settlement::Done)
     {
         let claims = group_by_claim(outcomes);
         let (deleted, leased) = match successors {
@@ -1206,9 +1242,17 @@ fn apply<C: Statements>(
             return Ok((Vec::new(), leased));
         }
         let positions: Vec<i64> = outcomes.iter().map(|outcome| outcome.position).collect();
-        return Ok((c.present(&positions)?, leased));
+        Ok((c.present(&positions)?, leased))
     }
-    c.settle_transaction(|c| {
+}
+
+/// Settles `outcomes` one kind at a time, inside the caller's transaction.
+fn settle_each<C: Statements>(
+    c: &mut C,
+    outcomes: &[Outcome],
+) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
+    let keys = leaving_keys(outcomes);
+    {
         let mut fenced = Vec::new();
         let mut done: Vec<&Outcome> = Vec::new();
         let mut released: BTreeMap<String, Vec<i64>> = BTreeMap::new();
@@ -1254,7 +1298,7 @@ fn apply<C: Statements>(
             c.promote_heads(&keys)?;
         }
         Ok((fenced, Vec::new()))
-    })
+    }
 }
 
 /// The ordering keys of outcomes that take their message out of the outbox.

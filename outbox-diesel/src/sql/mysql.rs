@@ -11,7 +11,9 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
-use super::delivery_log::{AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID};
+use super::delivery_log::{
+    ArchivedRow, AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID,
+};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
@@ -1405,6 +1407,13 @@ impl DeliveryLogStatements for MysqlConnection {
         Prepared::new(LAST_ATTEMPT_ID, STYLE, &[])
             .get_result::<LastIdRow>(self)
             .map(|row| row.id)
+    }
+
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
+    const INSERT_IGNORING: (&'static str, &'static str) = ("INSERT IGNORE INTO", "");
+
+    fn load_archived(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<ArchivedRow>> {
+        dynamic::<Mysql>(sql, binds).load(self)
     }
 }
 

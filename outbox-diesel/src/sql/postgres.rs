@@ -11,7 +11,9 @@ use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
-use super::delivery_log::{AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID};
+use super::delivery_log::{
+    ArchivedRow, AttemptRow, DeliveryLogStatements, LastIdRow, LoggedRow, LAST_ATTEMPT_ID,
+};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
@@ -58,6 +60,18 @@ pub(crate) const INSERT_MESSAGE: &str = "INSERT INTO outbox_message \
      GREATEST(COALESCE(TIMESTAMPTZ 'epoch' + $6 * INTERVAL '1 microsecond', \
          now() + COALESCE($7, 0) * INTERVAL '1 microsecond'), now()), $8, $9, $10, $11, \
      $12 OR EXISTS (SELECT 1 FROM outbox_message e WHERE e.ordering_key = $13))";
+
+/// Attempts into the delivery log, each column an array (an empty text or -1: none). Binds:
+/// message ids, types, destinations, subscriptions, attempts, outcomes, statuses, answers,
+/// errors, latencies in µs, starts in µs since the epoch.
+pub(crate) const INSERT_ATTEMPTS: &str = "INSERT INTO outbox_attempt \
+     (message_id, message_type, destination, subscription_id, attempt, outcome, status, answer, \
+      error, latency_micros, started_at) \
+     SELECT m::uuid, t, d, NULLIF(s, ''), a, o, NULLIF(st, -1), NULLIF(an, ''), NULLIF(e, ''), l, \
+     TIMESTAMPTZ 'epoch' + b * INTERVAL '1 microsecond' \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], \
+     $7::bigint[], $8::text[], $9::text[], $10::bigint[], $11::bigint[]) \
+     AS r(m, t, d, s, a, o, st, an, e, l, b)";
 
 /// The VALUES tuple of one row of a batch insert, from its first placeholder's number.
 fn insert_values(first: usize) -> String {
@@ -1338,6 +1352,65 @@ impl DeliveryLogStatements for PgConnection {
         Prepared::new(LAST_ATTEMPT_ID, STYLE, &[])
             .get_result::<LastIdRow>(self)
             .map(|row| row.id)
+    }
+
+    const NOW: &'static str = "now()";
+    const INSERT_IGNORING: (&'static str, &'static str) =
+        ("INSERT INTO", " ON CONFLICT DO NOTHING");
+
+    fn load_archived(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<ArchivedRow>> {
+        dynamic::<Pg>(sql, binds).load(self)
+    }
+
+    /// One statement of fixed text, kept prepared, whatever the number of rows: the columns as
+    /// arrays.
+    fn insert_attempts(&mut self, rows: &[LoggedRow<'_>]) -> QueryResult<()> {
+        let n = rows.len();
+        let (mut message_ids, mut types, mut destinations, mut subscriptions, mut outcomes) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut answers, mut errors) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut attempts, mut statuses, mut latencies, mut started) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for row in rows {
+            message_ids.push(row.message_id.as_str());
+            types.push(row.message_type);
+            destinations.push(row.destination);
+            subscriptions.push(row.subscription_id.unwrap_or(""));
+            outcomes.push(row.outcome);
+            answers.push(row.answer.unwrap_or(""));
+            errors.push(row.error.unwrap_or(""));
+            attempts.push(row.attempt);
+            statuses.push(row.status.unwrap_or(-1));
+            latencies.push(row.latency_micros);
+            started.push(row.started_micros);
+        }
+        PreparedPg::new(
+            INSERT_ATTEMPTS,
+            &[
+                PgBind::TextArray(&message_ids),
+                PgBind::TextArray(&types),
+                PgBind::TextArray(&destinations),
+                PgBind::TextArray(&subscriptions),
+                PgBind::BigIntArray(&attempts),
+                PgBind::TextArray(&outcomes),
+                PgBind::BigIntArray(&statuses),
+                PgBind::TextArray(&answers),
+                PgBind::TextArray(&errors),
+                PgBind::BigIntArray(&latencies),
+                PgBind::BigIntArray(&started),
+            ],
+        )
+        .execute(self)
+        .map(drop)
     }
 }
 

@@ -11,7 +11,9 @@ use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
-use super::delivery_log::{AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID};
+use super::delivery_log::{
+    ArchivedRow, AttemptRow, DeliveryLogStatements, LastIdRow, LoggedRow, LAST_ATTEMPT_ID,
+};
 use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
@@ -305,6 +307,12 @@ pub(crate) const BLOCKED_KEYS: &str = concat!(
      WHERE h.parked = 0 AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
      ORDER BY h.next_attempt_at, h.id LIMIT ?"
 );
+
+/// One attempt into the delivery log. Binds: see `LoggedRow::binds`.
+pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO outbox_attempt \
+     (message_id, message_type, destination, subscription_id, attempt, outcome, status, answer, \
+      error, latency_micros, started_at) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch'))";
 
 /// The columns of a dead letter as listed.
 macro_rules! dead_letter_columns {
@@ -1239,6 +1247,22 @@ impl DeliveryLogStatements for SqliteConnection {
         Prepared::new(LAST_ATTEMPT_ID, STYLE, &[])
             .get_result::<LastIdRow>(self)
             .map(|row| row.id)
+    }
+
+    const NOW: &'static str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+    const INSERT_IGNORING: (&'static str, &'static str) = ("INSERT OR IGNORE INTO", "");
+
+    fn load_archived(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<Vec<ArchivedRow>> {
+        dynamic::<Sqlite>(sql, binds).load(self)
+    }
+
+    /// A row a statement, kept prepared: in process, a prepared statement run again costs
+    /// less than parsing one built for the call.
+    fn insert_attempts(&mut self, rows: &[LoggedRow<'_>]) -> QueryResult<()> {
+        for row in rows {
+            run(self, INSERT_ATTEMPT, &row.binds())?;
+        }
+        Ok(())
     }
 }
 

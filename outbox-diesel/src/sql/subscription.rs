@@ -6,6 +6,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::QueryResult;
 use outbox_core::subscription::Subscription;
 
+use super::delivery_log::DeliveryLogStatements;
 use super::Statements;
 
 /// The longest ordering key the tables store, in bytes.
@@ -187,14 +188,19 @@ pub(crate) fn delivery_key(subscription: &str, key: Option<&str>) -> Option<Stri
 
 /// Fans the event at `position` out, as [`Store::fan_out`](outbox_core::store::Store::fan_out)
 /// says: `None` if the claim `token` no longer holds it. Runs inside the caller's transaction.
-pub(crate) fn fan_out<C: SubscriptionStatements>(
+/// With `archive`, the event is kept in the archive as it leaves.
+pub(crate) fn fan_out<C: SubscriptionStatements + DeliveryLogStatements>(
     c: &mut C,
     position: i64,
     token: &str,
+    archive: bool,
 ) -> QueryResult<Option<usize>> {
     let Some(event) = c.lock_event(position, token)? else {
         return Ok(None);
     };
+    if archive {
+        super::delivery_log::archive(c, &[position])?;
+    }
     let subscriptions: Vec<String> = c
         .fan_out_candidates(position)?
         .into_iter()
