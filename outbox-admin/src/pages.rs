@@ -7,7 +7,7 @@ use outbox_diesel::admin::{
     BlockedKey, Cancelled, DeadLetter, DestinationStatus, FoundMessage, Pause, PauseKind,
     PendingMessage, TypeStats,
 };
-use outbox_diesel::delivery_log::LoggedAttempt;
+use outbox_diesel::delivery_log::{LoggedAttempt, ReplayTarget, Replayed};
 use outbox_diesel::subscription::SubscriptionInfo;
 use outbox_diesel::Headers;
 
@@ -782,6 +782,81 @@ fn attempts_table(base: &str, attempts: &[LoggedAttempt], with_message: bool) ->
     table
 }
 
+/// What a replay or a resend did, as the notice after it says.
+pub(crate) fn replayed(target: &ReplayTarget, replayed: Replayed) -> String {
+    let to = match target {
+        ReplayTarget::Destination(name) => format!("destination {name}"),
+        ReplayTarget::Subscription(id) => format!("subscription {id}"),
+    };
+    let mut text = format!(
+        "Enqueued {} deliveries to {to}, with their original ids.",
+        replayed.enqueued
+    );
+    if replayed.skipped > 0 {
+        let _ = write!(
+            text,
+            " {} archived messages in the range are not for it (another owner's, or a type its \
+             filters do not take).",
+            replayed.skipped
+        );
+    }
+    text
+}
+
+/// The form that replays a range to the destination or subscription the page is filtered by.
+fn replay_form(base: &str, query: &Params) -> String {
+    let target = match (query.get("destination"), query.get("subscription")) {
+        (Some(name), None) => ("destination", name),
+        (None, Some(id)) => ("subscription", id),
+        _ => {
+            return "<p class=\"meta\">Filter by a destination or a subscription to replay to \
+                    it.</p>"
+                .to_owned()
+        }
+    };
+    format!(
+        "<form method=\"post\" action=\"{base}/deliveries/replay\" id=\"replay\" class=\"filters\">\
+         <input type=\"hidden\" name=\"{}\" value=\"{}\">\
+         <b>Replay to {}</b> the archived messages enqueued \
+         <label>since <input name=\"since\" id=\"replay-since\" size=\"22\" value=\"1h\" required></label> \
+         <label>until <input name=\"until\" id=\"replay-until\" size=\"22\" placeholder=\"now\"></label> \
+         <label>of type <input name=\"type\" id=\"replay-type\" size=\"20\" value=\"{}\"></label> \
+         <button id=\"replay-button\">Replay</button>\
+         <span class=\"meta\"> (RFC 3339 or an age: 1h, 30m; receivers drop what they have by \
+         id)</span></form>",
+        target.0,
+        escape(target.1),
+        escape(target.1),
+        escape(query.get("type").unwrap_or_default()),
+    )
+}
+
+/// One button per destination or subscription in a message's log: send it there again.
+fn resend_buttons(base: &str, id: &str, attempts: &[LoggedAttempt]) -> String {
+    let mut targets: Vec<(&str, &str)> = attempts
+        .iter()
+        .map(|a| match &a.subscription_id {
+            Some(subscription) => ("subscription", subscription.as_str()),
+            None => ("destination", a.destination.as_str()),
+        })
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    targets
+        .iter()
+        .map(|(name, value)| {
+            format!(
+                "<form class=\"inline\" method=\"post\" action=\"{base}/messages/{}/resend\">\
+                 <input type=\"hidden\" name=\"{name}\" value=\"{}\">\
+                 <button class=\"quiet resend\">Resend to {}</button></form> ",
+                encode(id),
+                escape(value),
+                escape(value),
+            )
+        })
+        .collect()
+}
+
 /// The delivery log: every exchange with a destination, newest first, filtered.
 pub(crate) fn deliveries(
     page: Page<'_>,
@@ -801,10 +876,11 @@ pub(crate) fn deliveries(
          (7 days and 1,000,000 attempts unless the application chose otherwise).</p>\
          <form method=\"get\" action=\"{base}/deliveries\" class=\"filters\">{}{}{}\
          <label><input type=\"checkbox\" name=\"failures\" value=\"1\" id=\"filter-failures\"{failures}> \
-         failures only</label> <button>Filter</button></form>{}{}",
+         failures only</label> <button>Filter</button></form>{}{}{}",
         field(query, "destination", "destination ", 24),
         field(query, "subscription", "subscription ", 24),
         field(query, "type", "type ", 24),
+        replay_form(&base, query),
         attempts_table(&base, attempts, true),
         paged_link(
             &base,
@@ -874,10 +950,11 @@ pub(crate) fn message(page: Page<'_>, found: &FoundMessage, attempts: &[LoggedAt
         "<h1>Message <code id=\"message-id\">{id}</code></h1>{actions}\
          <dl class=\"fields\" id=\"message-fields\">{fields}</dl><h2>Headers</h2>{headers}\
          <h2>Payload</h2><pre class=\"block\" id=\"message-payload\">{payload}</pre>\
-         <h2>Delivery log</h2>{attempts}",
+         <h2>Delivery log</h2>{attempts}<p>{resend}</p>",
         headers = headers_table(headers),
         payload = escape(&pretty(payload)),
         attempts = attempts_table(&base, attempts, false),
+        resend = resend_buttons(&base, &id.to_string(), attempts),
     );
     layout(page, "Message", &body, None)
 }
@@ -894,9 +971,11 @@ pub(crate) fn not_found_message(page: Page<'_>, id: &str, attempts: &[LoggedAtte
         format!(
             "<h1>Message <code id=\"message-id\">{}</code></h1><p id=\"absent\">No longer in \
              the outbox (delivered, or cancelled). Its exchanges with destinations:</p>\
-             <h2>Delivery log</h2>{}",
+             <h2>Delivery log</h2>{}<p>{}</p><p class=\"meta\">A resend needs the message in \
+             the archive (a store that keeps one, within its window).</p>",
             escape(id),
-            attempts_table(&escape(page.base), attempts, false)
+            attempts_table(&escape(page.base), attempts, false),
+            resend_buttons(&escape(page.base), id, attempts),
         )
     };
     layout(page, "Message", &body, None)

@@ -6,7 +6,7 @@ use diesel::r2d2::ManageConnection;
 use outbox_diesel::admin::{
     self, CancelSelection, DeadLetterSelection, FoundMessage, ListOptions, PauseKind,
 };
-use outbox_diesel::delivery_log::{self, AttemptFilter, LoggedAttempt};
+use outbox_diesel::delivery_log::{self, AttemptFilter, LoggedAttempt, Replay, ReplayTarget};
 use outbox_diesel::subscription::{self, NewSubscription};
 use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::{json, Value};
@@ -107,6 +107,10 @@ where
         ("GET", ["api", "messages", id]) => message_json(admin, id),
         ("GET", ["api", "dead"]) => dead_json(admin, &query),
         ("GET", ["deliveries"]) => deliveries(admin, page, &query),
+        ("POST", ["deliveries", "replay"]) => replay(admin, request, false),
+        ("POST", ["api", "replay"]) => replay(admin, request, true),
+        ("POST", ["messages", id, "resend"]) => resend(admin, request, Some(id)),
+        ("POST", ["api", "resend"]) => resend(admin, request, None),
         ("GET", ["api", "attempts"]) => attempts_json(admin, &query),
         ("GET", ["api", "blocked"]) => blocked_json(admin),
         ("GET", ["api", "destinations"]) => destinations_json(admin),
@@ -1179,6 +1183,129 @@ where
         return Ok(Response::json(200, &json!(cancelled)));
     }
     Ok(done(base, &back, &pages::cancelled(cancelled, reason)))
+}
+
+/// The target a replay's or a resend's form names: `destination`, or `subscription`.
+fn replay_target(form: &Params) -> Result<ReplayTarget, &'static str> {
+    match (form.get("destination"), form.get("subscription")) {
+        (Some(name), None) => Ok(ReplayTarget::Destination(name.to_owned())),
+        (None, Some(id)) => Ok(ReplayTarget::Subscription(id.to_owned())),
+        _ => Err("name either a destination or a subscription to send to"),
+    }
+}
+
+/// The deliveries page of a replay's or a resend's target.
+fn deliveries_of(target: &ReplayTarget) -> String {
+    let (name, value) = match target {
+        ReplayTarget::Destination(name) => ("destination", name),
+        ReplayTarget::Subscription(id) => ("subscription", id),
+    };
+    let encoded: String = form_urlencoded::byte_serialize(value.as_bytes()).collect();
+    format!("/deliveries?{name}={encoded}")
+}
+
+/// A replay from the Deliveries page or the API: `destination` or `subscription`, `since`,
+/// `until` (RFC 3339 or an age, `1h`) and `type`.
+fn replay<M>(admin: &Admin<M>, request: &Request, api: bool) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let base = admin.base_path();
+    let form = request.form();
+    let target = match replay_target(&form) {
+        Ok(target) => target,
+        Err(problem) => return Ok(bad_request(base, api, problem)),
+    };
+    let Some(since) = form.get("since") else {
+        return Ok(bad_request(
+            base,
+            api,
+            "give `since`: RFC 3339 or an age (1h)",
+        ));
+    };
+    let since = match delivery_log::parse_time(since) {
+        Ok(since) => since,
+        Err(problem) => return Ok(bad_request(base, api, &problem)),
+    };
+    let mut replay = Replay::new(target, since);
+    if let Some(until) = form.get("until") {
+        match delivery_log::parse_time(until) {
+            Ok(until) => replay.until = Some(until),
+            Err(problem) => return Ok(bad_request(base, api, &problem)),
+        }
+    }
+    replay.message_type = form.get("type").map(str::to_owned);
+    let replayed = match delivery_log::replay(&mut *connection(admin)?, &replay) {
+        Ok(replayed) => replayed,
+        Err(error @ outbox_diesel::Error::InvalidReplay { .. }) => {
+            return Ok(bad_request(base, api, &error.to_string()))
+        }
+        Err(error) => return Err(error.to_string()),
+    };
+    log::info!(
+        target: "outbox_admin",
+        "replayed {} archived messages ({replay:?}) by an operator from {}",
+        replayed.enqueued,
+        request.peer_or_unknown()
+    );
+    if api {
+        return Ok(Response::json(200, &json!(replayed)));
+    }
+    Ok(done(
+        base,
+        &deliveries_of(&replay.target),
+        &pages::replayed(&replay.target, replayed),
+    ))
+}
+
+/// A resend from a message's page (`id`) or the API (`message_id`): `destination` or
+/// `subscription`.
+fn resend<M>(admin: &Admin<M>, request: &Request, id: Option<&str>) -> Outcome
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let api = id.is_none();
+    let base = admin.base_path();
+    let form = request.form();
+    let id = match id {
+        Some(id) => percent_encoding::percent_decode_str(id)
+            .decode_utf8_lossy()
+            .into_owned(),
+        None => form.get("message_id").unwrap_or_default().to_owned(),
+    };
+    let Ok(message_id) = id.parse::<MessageId>() else {
+        return Ok(bad_request(
+            base,
+            api,
+            &format!("`{id}` is not a message id (a UUID)"),
+        ));
+    };
+    let target = match replay_target(&form) {
+        Ok(target) => target,
+        Err(problem) => return Ok(bad_request(base, api, problem)),
+    };
+    let sent = match delivery_log::resend(&mut *connection(admin)?, message_id, &target) {
+        Ok(sent) => sent,
+        Err(error @ outbox_diesel::Error::InvalidReplay { .. }) => {
+            return Ok(bad_request(base, api, &error.to_string()))
+        }
+        Err(error) => return Err(error.to_string()),
+    };
+    log::info!(
+        target: "outbox_admin",
+        "resent message {message_id} to {target:?} by an operator from {}",
+        request.peer_or_unknown()
+    );
+    if api {
+        return Ok(Response::json(200, &json!(sent)));
+    }
+    Ok(done(
+        base,
+        &format!("/messages/{message_id}"),
+        &pages::replayed(&target, sent),
+    ))
 }
 
 /// The pending page, filtered by `message_type` if there is one.

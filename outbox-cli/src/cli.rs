@@ -114,6 +114,33 @@ pub enum Command {
     /// subscriptions), newest first, with its outcome, status code, the start of the answer,
     /// the error and how long it took. `outbox attempts MESSAGE_ID` shows one message's.
     Attempts(AttemptsArgs),
+    /// Send the archived messages enqueued in a time range (optionally of one type) again, to
+    /// one destination or subscription, as new deliveries with their original ids (receivers
+    /// drop what they have by id). Only what the store archived is there
+    /// (`DieselStore::archive`); a subscription gets only its owner's events of its types.
+    Replay {
+        /// Where they go.
+        #[command(flatten)]
+        target: ReplayTargetArgs,
+        /// Messages enqueued since this time: RFC 3339 (`2025-01-31T14:00:00Z`) or an age
+        /// (`1h`).
+        #[arg(long, value_parser = time_or_age, value_name = "TIME")]
+        since: std::time::SystemTime,
+        /// Messages enqueued before this time (default: now).
+        #[arg(long, value_parser = time_or_age, value_name = "TIME")]
+        until: Option<std::time::SystemTime>,
+        /// Only messages of this type.
+        #[arg(long = "type", value_name = "TYPE")]
+        message_type: Option<String>,
+    },
+    /// Send one archived message again to one destination or subscription, with its id.
+    Resend {
+        /// The message id (a UUID, a receiver's `webhook-id`).
+        message_id: outbox_diesel::MessageId,
+        /// Where it goes.
+        #[command(flatten)]
+        target: ReplayTargetArgs,
+    },
     /// Subscriptions: endpoints the application's customers add, each taking the event types
     /// it asks for (secrets are read and written with the keys in `OUTBOX_SECRET_KEYS`:
     /// `ID:BASE64` pairs, comma-separated, the first one encrypting).
@@ -155,15 +182,7 @@ pub struct AttemptsArgs {
 
 /// A time written as RFC 3339, or as an age before now (`90m`).
 fn time_or_age(text: &str) -> Result<std::time::SystemTime, String> {
-    if let Ok(time) = humantime::parse_rfc3339_weak(text) {
-        return Ok(time);
-    }
-    let age = humantime::parse_duration(text).map_err(|_| {
-        format!("`{text}` is neither an RFC 3339 time (2025-01-31T14:00:00Z) nor an age (1h)")
-    })?;
-    std::time::SystemTime::now()
-        .checked_sub(age)
-        .ok_or_else(|| format!("`{text}` reaches before the epoch"))
+    outbox_diesel::delivery_log::parse_time(text)
 }
 
 /// `outbox subscription ...`
@@ -259,6 +278,30 @@ pub struct PauseTarget {
     /// A destination instead (as `outbox destinations` lists it).
     #[arg(long, value_name = "NAME")]
     pub destination: Option<String>,
+}
+
+/// A destination, or a subscription with `--subscription`.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct ReplayTargetArgs {
+    /// A destination, as `outbox destinations` lists it.
+    #[arg(long, value_name = "NAME")]
+    pub destination: Option<String>,
+    /// A subscription, by id.
+    #[arg(long, value_name = "ID")]
+    pub subscription: Option<String>,
+}
+
+impl ReplayTargetArgs {
+    /// The target the arguments name (clap requires one).
+    pub fn target(&self) -> outbox_diesel::delivery_log::ReplayTarget {
+        use outbox_diesel::delivery_log::ReplayTarget;
+        match (&self.destination, &self.subscription) {
+            (Some(name), _) => ReplayTarget::Destination(name.clone()),
+            (None, Some(id)) => ReplayTarget::Subscription(id.clone()),
+            (None, None) => ReplayTarget::Destination(String::new()),
+        }
+    }
 }
 
 /// Which pending messages a cancel takes: at least one of these, every one given must hold.

@@ -12,7 +12,7 @@ use outbox_diesel::store::{
     ClaimLimit, ClaimToken, Exchange, Outcome, Settlement, Store, StoredDestination,
     SyncedDestination,
 };
-use outbox_diesel::{DieselStore, EnqueueOptions, Message};
+use outbox_diesel::{DieselStore, EnqueueOptions, Message, MessageId};
 use outbox_testkit::outbox::outcome;
 use outbox_testkit::{backend_tests, TestConnection, TestDb, TestPool};
 use serde::{Deserialize, Serialize};
@@ -1343,8 +1343,77 @@ fn attempts<C: TestConnection>(db: &TestDb) {
     );
 }
 
+/// `outbox replay` and `outbox resend`: archived messages enqueued again, with their ids, to
+/// the destination named; what cannot be replayed is one error line; a target is required.
+fn replay_and_resend<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(2);
+    let ids: Vec<MessageId> = (0..2)
+        .map(|n| Alpha { n }.enqueue(&mut pool.get().unwrap()).unwrap())
+        .collect();
+    let store = DieselStore::new(pool.clone()).archive(Duration::from_secs(3600));
+    store
+        .sync_destinations(&[SyncedDestination::new("crm", "webhook")], &mut |_| {
+            Vec::new()
+        })
+        .unwrap();
+    let token = ClaimToken::new();
+    let claimed = store
+        .claim(token, ClaimLimit::messages(10), Duration::from_secs(60))
+        .unwrap();
+    let done: Vec<Outcome> = claimed
+        .iter()
+        .map(|m| outcome(token, m, Settlement::Done))
+        .collect();
+    assert_eq!(store.settle(&done).unwrap(), Vec::<i64>::new());
+    assert_eq!(pending_count(&pool), 0);
+
+    let json = outbox(
+        db.url(),
+        &["--json", "replay", "--destination", "crm", "--since", "1h"],
+    )
+    .json();
+    assert_eq!(json, json!({ "enqueued": 2, "skipped": 0 }));
+    let replayed: Vec<MessageId> = pending_messages(&mut pool.get().unwrap(), &ListOptions::new())
+        .unwrap()
+        .iter()
+        .map(|m| m.message_id)
+        .collect();
+    assert_eq!(replayed, ids, "with their ids, in order");
+    let text = outbox(
+        db.url(),
+        &["resend", &ids[0].to_string(), "--destination", "crm"],
+    )
+    .ok();
+    assert_eq!(
+        text,
+        "enqueued 1 deliveries to destination crm, with their original ids\n"
+    );
+    assert_eq!(pending_count(&pool), 3);
+    let unknown = outbox(
+        db.url(),
+        &[
+            "resend",
+            &MessageId::new().to_string(),
+            "--destination",
+            "crm",
+        ],
+    );
+    assert!(
+        unknown.error().contains("not in the archive"),
+        "{unknown:?}"
+    );
+    let nowhere = outbox(
+        db.url(),
+        &["replay", "--destination", "billing", "--since", "1h"],
+    );
+    assert!(nowhere.error().contains("`billing`"), "{nowhere:?}");
+    assert_eq!(outbox(db.url(), &["replay", "--since", "1h"]).code, 2);
+    assert_eq!(pending_count(&pool), 3, "nothing refused was enqueued");
+}
+
 backend_tests!(
     attempts,
+    replay_and_resend,
     cancel,
     subscriptions,
     pauses,

@@ -291,6 +291,21 @@ fn micros_since_epoch(time: SystemTime) -> i64 {
     )
 }
 
+/// A time as operators write one: RFC 3339 (`2025-01-31T14:00:00Z`), or an age before now
+/// (`90m`, `1h`); what the CLI's and the admin pages' `since` and `until` take.
+pub fn parse_time(text: &str) -> std::result::Result<SystemTime, String> {
+    let text = text.trim();
+    if let Ok(time) = humantime::parse_rfc3339_weak(text) {
+        return Ok(time);
+    }
+    let age = humantime::parse_duration(text).map_err(|_| {
+        format!("`{text}` is neither an RFC 3339 time (2025-01-31T14:00:00Z) nor an age (1h)")
+    })?;
+    SystemTime::now()
+        .checked_sub(age)
+        .ok_or_else(|| format!("`{text}` reaches before the epoch"))
+}
+
 /// Where a replay or a resend delivers: one of the workers' destinations, or one subscription.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayTarget {

@@ -339,6 +339,7 @@ where
         let promotes = message.ordering_key.is_some();
         // Begun to write (`BEGIN IMMEDIATE` on SQLite): the work may read first, and a
         // deferred transaction whose read the worker's commit made stale cannot write after.
+        let archive = self.keeping.archive;
         let committed = self.keeping_cursor(promotes, || {
             crate::write_transaction::<_, _, diesel::result::Error, _>(&mut *conn, |c| {
                 outcome = work(c);
@@ -350,6 +351,9 @@ where
                 // of a hung attempt never wait on it; a claim that lost its lease meanwhile removes
                 // nothing, and its work rolls back.
                 let removed = with_backend!(c.backend_connection(), b => {
+                    if archive {
+                        sql::delivery_log::archive(b, &[message.position])?;
+                    }
                     let removed = b.delete_done(&claims, &keys)?;
                     b.keep_commit_durable()?;
                     removed
@@ -538,6 +542,12 @@ where
                 execute_batch(
                     &mut *conn,
                     "SELECT started_at FROM outbox_attempt WHERE 1 = 0",
+                )
+            })
+            .and_then(|_| {
+                execute_batch(
+                    &mut *conn,
+                    "SELECT archived_at FROM outbox_archive WHERE 1 = 0",
                 )
             })
             .and_then(|_| {

@@ -10,7 +10,9 @@ use outbox_admin::{Admin, Request, Response};
 use outbox_diesel::admin::{self, ListOptions};
 use outbox_diesel::destination::Answer;
 use outbox_diesel::prelude::*;
-use outbox_diesel::store::{ClaimLimit, ClaimToken, Exchange, Settlement, Store};
+use outbox_diesel::store::{
+    ClaimLimit, ClaimToken, Exchange, Settlement, Store, SyncedDestination,
+};
 use outbox_diesel::{
     outbox_handler, Context, DieselStore, EnqueueOptions, MessageId, ProcessError,
 };
@@ -1288,7 +1290,122 @@ fn operators_read_the_delivery_log_from_the_pages_and_the_api<C: TestConnection>
     assert!(overview.text().contains("/deliveries?destination=crm"));
 }
 
+/// Replay and resend from the pages and the API: the Deliveries page of a destination offers
+/// a replay of a range, a message's page a resend to each destination in its log; each posts,
+/// says what it did, and enqueues deliveries with the original ids; bad input is refused with
+/// the reason and enqueues nothing; and cross-site posts are refused as for every action.
+fn operators_replay_and_resend_from_the_pages_and_the_api<C: TestConnection>(db: &TestDb) {
+    let pool = db.pool::<C>(4);
+    let admin = pages::<C>(&pool);
+    let cookie = sign_in::<C>(&admin);
+    // A worker reported the `mailer` destination; three mails were delivered and archived.
+    DieselStore::new(pool.clone())
+        .sync_destinations(&[SyncedDestination::new("mailer", "webhook")], &mut |_| {
+            Vec::new()
+        })
+        .unwrap();
+    let ids: Vec<MessageId> = (0..3)
+        .map(|n| Mail { n }.enqueue(&mut pool.get().unwrap()).unwrap())
+        .collect();
+    let store = DieselStore::new(pool.clone()).archive(Duration::from_secs(3600));
+    let token = ClaimToken::new();
+    let claimed = store.claim(token, ClaimLimit::messages(10), LEASE).unwrap();
+    let delivered = || Exchange {
+        destination: "mailer".to_owned(),
+        outcome: "delivered",
+        answer: Some(Answer::new(Some(200), "ok")),
+        error: None,
+        started_at: std::time::SystemTime::now(),
+        latency: Duration::from_millis(2),
+    };
+    let outcomes: Vec<_> = claimed
+        .iter()
+        .map(|m| outcome(token, m, Settlement::Done).logging(m, vec![delivered()]))
+        .collect();
+    assert!(store.settle(&outcomes).unwrap().is_empty());
+    assert!(pending(&pool).is_empty());
+
+    let page = get::<C>(&admin, &cookie, "/deliveries?destination=mailer").text();
+    assert!(page.contains("id=\"replay\""), "{page}");
+    let replayed = post::<C>(
+        &admin,
+        &cookie,
+        "/deliveries/replay",
+        "destination=mailer&since=1h&type=admin.mail",
+    );
+    assert_eq!(replayed.status, 303, "{}", replayed.text());
+    assert_eq!(
+        replayed.header("location"),
+        Some("/ops/outbox/deliveries?destination=mailer")
+    );
+    let waiting: Vec<MessageId> = pending(&pool).iter().map(|m| m.message_id).collect();
+    assert_eq!(
+        waiting, ids,
+        "the three mails again, with their ids, in order"
+    );
+
+    let message = get::<C>(&admin, &cookie, &format!("/messages/{}", ids[1])).text();
+    assert!(message.contains("Resend to mailer"), "{message}");
+    let resent = post::<C>(
+        &admin,
+        &cookie,
+        &format!("/messages/{}/resend", ids[1]),
+        "destination=mailer",
+    );
+    assert_eq!(resent.status, 303, "{}", resent.text());
+    assert_eq!(pending(&pool).len(), 4);
+    let api = json(&post::<C>(
+        &admin,
+        &cookie,
+        "/api/resend",
+        &format!("message_id={}&destination=mailer", ids[2]),
+    ));
+    assert_eq!(api["enqueued"], 1);
+    assert_eq!(pending(&pool).len(), 5);
+
+    for (path, form, says) in [
+        ("/deliveries/replay", "destination=mailer", "give `since`"),
+        (
+            "/deliveries/replay",
+            "destination=nowhere&since=1h",
+            "nowhere",
+        ),
+        (
+            "/deliveries/replay",
+            "destination=mailer&since=soon",
+            "neither an RFC 3339",
+        ),
+        (
+            "/deliveries/replay",
+            "since=1h",
+            "either a destination or a subscription",
+        ),
+        (
+            "/api/resend",
+            "message_id=x&destination=mailer",
+            "not a message id",
+        ),
+    ] {
+        let refused = post::<C>(&admin, &cookie, path, form);
+        assert_eq!(refused.status, 400, "{path} {form}: {}", refused.text());
+        assert!(
+            refused.text().contains(says),
+            "{path} {form}: {}",
+            refused.text()
+        );
+    }
+    let cross_site = admin.handle(
+        &Request::new("POST", "/deliveries/replay")
+            .header("cookie", &cookie)
+            .header("sec-fetch-site", "cross-site")
+            .body("destination=mailer&since=1h".to_owned()),
+    );
+    assert_eq!(cross_site.status, 403);
+    assert_eq!(pending(&pool).len(), 5, "nothing refused was enqueued");
+}
+
 backend_tests!(
+    operators_replay_and_resend_from_the_pages_and_the_api,
     operators_read_the_delivery_log_from_the_pages_and_the_api,
     operators_cancel_waiting_messages_from_the_pages_and_the_api,
     operators_manage_subscriptions_from_the_pages,

@@ -364,8 +364,8 @@ fn serialization_failure_is_returned_and_the_transaction_goes_on<C: TestConnecti
 
 fn outbox_migrations(db: &TestDb) -> usize {
     match db.backend() {
-        Backend::Postgres => 22,
-        Backend::Mysql | Backend::Sqlite => 19,
+        Backend::Postgres => 23,
+        Backend::Mysql | Backend::Sqlite => 20,
     }
 }
 

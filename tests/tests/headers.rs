@@ -315,10 +315,10 @@ where
     let postgres_only = usize::from(db.backend() == Backend::Postgres);
     assert_eq!(
         run_migrations(&mut conn).unwrap().len(),
-        13 + 2 * postgres_only,
+        14 + 2 * postgres_only,
         "the headers column, the endpoints' table, its renaming to destinations, parking what \
          waits behind its key, signed-out admin sessions, operators' pauses, priorities, groups, \
-         shared turns, the end of a pause, subscriptions, cancelled messages, the delivery log (and on PostgreSQL the due time in \
+         shared turns, the end of a pause, subscriptions, cancelled messages, the delivery log, the archive (and on PostgreSQL the due time in \
          notifications and the lease in a column of its own)"
     );
 

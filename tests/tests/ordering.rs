@@ -493,11 +493,11 @@ where
     let postgres_only = usize::from(db.backend() == Backend::Postgres);
     assert_eq!(
         run_migrations(&mut conn).unwrap().len(),
-        16 + 2 * postgres_only,
+        17 + 2 * postgres_only,
         "the parking one, the idempotency keys', the dead letters' age index, the headers, the \
          endpoints' table, its renaming to destinations, parking what waits behind its key, \
          signed-out admin sessions, operators' pauses, priorities, groups, shared turns, the end \
-         of a pause, subscriptions, cancelled messages, the delivery log (and on PostgreSQL the due time in notifications and the lease \
+         of a pause, subscriptions, cancelled messages, the delivery log, the archive (and on PostgreSQL the due time in notifications and the lease \
          in a column of its own)"
     );
 

@@ -56,6 +56,9 @@ const WEB_CONNECTIONS: u32 = 8;
 /// PostgreSQL, its `LISTEN` connection.
 const WORKER_CONNECTIONS: u32 = 4;
 
+/// How long delivered messages stay in the archive, replayable.
+const ARCHIVE_WINDOW: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
 /// How the blog is set up; see the crate documentation for the environment variables.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -268,7 +271,10 @@ pub fn rocket(settings: Settings) -> Result<Rocket<Build>, String> {
                     return;
                 };
                 let spawned = rocket::tokio::task::spawn_blocking(move || {
-                    Worker::builder(DieselStore::new(worker_pool))
+                    // Delivered messages are archived for a week: an operator can replay
+                    // a range of them to a receiver that lost them (the Deliveries page).
+                    let store = DieselStore::new(worker_pool).archive(ARCHIVE_WINDOW);
+                    Worker::builder(store)
                         .handler_threads(4)
                         .retry_policy(retry_policy)
                         .destination(messages::MAIL, endpoint)

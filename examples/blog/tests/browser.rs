@@ -376,6 +376,28 @@ fn a_reader_comments_an_operator_requeues_a_dead_letter() {
         "nothing paused any more"
     );
 
+    // The mail receiver lost its last hour: an operator replays it from the Deliveries page.
+    // Every thank-you goes again with its id, and the receiver's inbox skips each as a
+    // duplicate.
+    let deliveries = browser.wait_for(
+        &server.url("/outbox/deliveries?destination=mail"),
+        "the mail destination's deliveries",
+        |page| page.contains("id=\"replay\""),
+    );
+    assert!(deliveries.contains("class=\"attempt\""), "{deliveries}");
+    browser.type_into("#replay-type", "comment.thankYou");
+    browser.click("#replay-button");
+    let replayed = browser.settle("the replay", |page| {
+        page.contains("Enqueued 3 deliveries to destination mail")
+    });
+    shoot(&browser, "outbox-replay");
+    assert!(replayed.contains("id=\"notice\""), "{replayed}");
+    browser.wait_for(
+        &receiver,
+        "the replayed thank-yous skipped as duplicates",
+        |page| page.matches("verified, duplicate: skipped").count() >= 3,
+    );
+
     // The pending list's filters survive the round trip.
     browser.goto(&server.url("/outbox/messages"));
     browser.type_into("#filter-type", "comment.thankYou");

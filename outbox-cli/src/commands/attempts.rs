@@ -1,13 +1,14 @@
-//! `outbox attempts`: the delivery log, newest first.
+//! `outbox attempts`, `replay` and `resend`: the delivery log, newest first, and sending
+//! archived messages again.
 
 use std::time::SystemTime;
 
-use outbox_diesel::delivery_log::{self, AttemptFilter};
-use outbox_diesel::OutboxConnection;
+use outbox_diesel::delivery_log::{self, AttemptFilter, Replay, ReplayTarget, Replayed};
+use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::json;
 
 use super::Output;
-use crate::cli::AttemptsArgs;
+use crate::cli::{AttemptsArgs, ReplayTargetArgs};
 use crate::error::CliError;
 use crate::format;
 use crate::table::{self, Align, Table};
@@ -81,4 +82,53 @@ pub(super) fn list<C: OutboxConnection>(
         }
     }
     Ok(Output::text(text))
+}
+
+pub(super) fn replay<C: OutboxConnection>(
+    conn: &mut C,
+    target: &ReplayTargetArgs,
+    since: SystemTime,
+    until: Option<SystemTime>,
+    message_type: Option<&str>,
+    json: bool,
+) -> Result<Output, CliError> {
+    let mut replay = Replay::new(target.target(), since);
+    replay.until = until;
+    replay.message_type = message_type.map(str::to_owned);
+    let replayed = delivery_log::replay(conn, &replay)?;
+    Ok(sent(&replay.target, replayed, json))
+}
+
+pub(super) fn resend<C: OutboxConnection>(
+    conn: &mut C,
+    message_id: MessageId,
+    target: &ReplayTargetArgs,
+    json: bool,
+) -> Result<Output, CliError> {
+    let target = target.target();
+    let replayed = delivery_log::resend(conn, message_id, &target)?;
+    Ok(sent(&target, replayed, json))
+}
+
+/// What a replay or a resend did, for people or as JSON.
+fn sent(target: &ReplayTarget, replayed: Replayed, json: bool) -> Output {
+    if json {
+        return Output::json(&json!(replayed));
+    }
+    let to = match target {
+        ReplayTarget::Destination(name) => format!("destination {}", table::one_line(name)),
+        ReplayTarget::Subscription(id) => format!("subscription {}", table::one_line(id)),
+    };
+    let mut text = format!(
+        "enqueued {} deliveries to {to}, with their original ids\n",
+        replayed.enqueued
+    );
+    if replayed.skipped > 0 {
+        text.push_str(&format!(
+            "{} archived messages in the range are not for it (another owner's, or a type its \
+             filters do not take)\n",
+            replayed.skipped
+        ));
+    }
+    Output::text(text)
 }

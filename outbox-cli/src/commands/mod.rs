@@ -70,6 +70,13 @@ where
             reason,
         } => changes::cancel(conn, target, *older_than, reason, json),
         Command::Attempts(args) => attempts::list(conn, args, json),
+        Command::Replay {
+            target,
+            since,
+            until,
+            message_type,
+        } => attempts::replay(conn, target, *since, *until, message_type.as_deref(), json),
+        Command::Resend { message_id, target } => attempts::resend(conn, *message_id, target, json),
         Command::Subscription(command) => match command {
             SubscriptionCommand::Add(args) => subscriptions::add(conn, args, json),
             SubscriptionCommand::List { owner } => {
