@@ -1346,7 +1346,7 @@ fn attempts<C: TestConnection>(db: &TestDb) {
 /// `outbox replay` and `outbox resend`: archived messages enqueued again, with their ids, to
 /// the destination named; what cannot be replayed is one error line; a target is required.
 fn replay_and_resend<C: TestConnection>(db: &TestDb) {
-    let pool = db.pool::<C>(2);
+    let pool = db.pool::<C>(4);
     let ids: Vec<MessageId> = (0..2)
         .map(|n| Alpha { n }.enqueue(&mut pool.get().unwrap()).unwrap())
         .collect();
@@ -1365,6 +1365,8 @@ fn replay_and_resend<C: TestConnection>(db: &TestDb) {
         .map(|m| outcome(token, m, Settlement::Done))
         .collect();
     assert_eq!(store.settle(&done).unwrap(), Vec::<i64>::new());
+    // The store holds its connections per role until dropped.
+    drop(store);
     assert_eq!(pending_count(&pool), 0);
 
     let json = outbox(
