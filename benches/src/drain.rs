@@ -248,7 +248,10 @@ pub fn spawn_worker<C: BenchConnection>(
     trace: &TraceHandle,
 ) -> Res<WorkerHandle> {
     let pool = db.worker_pool::<C>(4)?;
-    let store = DieselStore::new(pool).delivery_log(opts.log_mode);
+    let mut store = DieselStore::new(pool).delivery_log(opts.log_mode);
+    if opts.archive {
+        store = store.archive(Duration::from_secs(3600));
+    }
     let store = TracedStore::new(store, trace.clone());
     let mut builder = opts.claims.apply(
         Worker::builder(store)
@@ -595,11 +598,20 @@ fn drain_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
     Ok(report.finish())
 }
 
-/// `drain --delivery-log`: what keeping the delivery log costs the webhook drain. The worker
-/// delivers the same backlog with the log off and on (every exchange kept), alternating which
-/// goes first in each run; the figures are their ratio and the time each kept row adds.
+/// `drain --delivery-log`: what keeping the delivery log, and the archive, costs the webhook
+/// drain. The worker delivers the same backlog with the log off, on (every exchange kept), and
+/// on with the archive, in an order that turns with each run; the figures are the ratios and
+/// the time each adds per message.
 pub fn run_delivery_log_cost(opts: &Opts) -> Res<bool> {
     on_fresh_database!(opts, delivery_log_cost_on)
+}
+
+/// One of the drains `drain --delivery-log` compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Keeping {
+    Nothing,
+    Log,
+    LogAndArchive,
 }
 
 fn delivery_log_cost_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
@@ -614,45 +626,71 @@ fn delivery_log_cost_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bo
             "handler_threads": opts.handler_threads,
             "batch_size": opts.claims.label(),
             "pool": "r2d2, 4 connections",
+            "archive_window_s": 3600,
         }),
     );
     for run in 0..opts.runs() {
-        let mut order = [DeliveryLog::Off, DeliveryLog::All];
-        if run % 2 == 1 {
-            order.reverse();
-        }
-        let mut figures = Map::new();
-        let (mut off, mut all) = (0.0, 0.0);
-        for mode in order {
+        let mut order = [Keeping::Nothing, Keeping::Log, Keeping::LogAndArchive];
+        let turn = run % order.len();
+        order.rotate_left(turn);
+        let mut rates = HashMap::new();
+        for keeping in order {
             let opts = Opts {
-                log_mode: mode,
+                log_mode: if keeping == Keeping::Nothing {
+                    DeliveryLog::Off
+                } else {
+                    DeliveryLog::All
+                },
+                archive: keeping == Keeping::LogAndArchive,
                 ..opts.clone()
             };
             let (drained, _) =
                 worker_drain::<C>(db, &opts, &receiver, &endpoint, count, &mut report)?;
-            let logged = db
-                .connect::<C>()?
-                .count("SELECT COUNT(*) AS n FROM outbox_attempt")?;
-            let expected = if mode == DeliveryLog::All { count } else { 0 };
-            if logged != expected as i64 {
+            let mut conn = db.connect::<C>()?;
+            let logged = conn.count("SELECT COUNT(*) AS n FROM outbox_attempt")?;
+            let archived = conn.count("SELECT COUNT(*) AS n FROM outbox_archive")?;
+            conn.batch_execute("DELETE FROM outbox_archive")
+                .ctx("emptying the archive")?;
+            let expected = match keeping {
+                Keeping::Nothing => (0, 0),
+                Keeping::Log => (count as i64, 0),
+                Keeping::LogAndArchive => (count as i64, count as i64),
+            };
+            if (logged, archived) != expected {
                 report.problem(format!(
-                    "delivery log {mode:?}: {logged} attempts logged for {count} deliveries"
+                    "{keeping:?}: {logged} attempts logged and {archived} archived for {count} \
+                     deliveries"
                 ));
             }
-            match mode {
-                DeliveryLog::All => all = drained.per_s,
-                _ => off = drained.per_s,
-            }
+            rates.insert(keeping, drained.per_s);
         }
+        let (off, log, archive) = (
+            rates[&Keeping::Nothing],
+            rates[&Keeping::Log],
+            rates[&Keeping::LogAndArchive],
+        );
+        let mut figures = Map::new();
         figures.insert("log_off_per_s".into(), json!(stats::round(off, 0)));
-        figures.insert("log_all_per_s".into(), json!(stats::round(all, 0)));
+        figures.insert("log_all_per_s".into(), json!(stats::round(log, 0)));
+        figures.insert(
+            "log_all_archive_per_s".into(),
+            json!(stats::round(archive, 0)),
+        );
         figures.insert(
             "ratio_log_all_over_off".into(),
-            json!(stats::round(all / off, 3)),
+            json!(stats::round(log / off, 3)),
+        );
+        figures.insert(
+            "ratio_archive_over_log_all".into(),
+            json!(stats::round(archive / log, 3)),
         );
         figures.insert(
             "log_cost_us_per_message".into(),
-            json!(stats::round((1.0 / all - 1.0 / off) * 1e6, 2)),
+            json!(stats::round((1.0 / log - 1.0 / off) * 1e6, 2)),
+        );
+        figures.insert(
+            "archive_cost_us_per_message".into(),
+            json!(stats::round((1.0 / archive - 1.0 / log) * 1e6, 2)),
         );
         report.run(figures);
     }

@@ -190,13 +190,16 @@ pub struct Opts {
     /// recorder) and not, side by side; the figure is their ratio.
     #[arg(long)]
     pub metrics: bool,
-    /// `drain` only: the webhook drain with the delivery log kept and not, side by side; the
-    /// figure is their ratio and the cost per message.
+    /// `drain` only: the webhook drain with the delivery log kept and not, and with the archive
+    /// kept as well, side by side; the figures are their ratios and the cost per message.
     #[arg(long)]
     pub delivery_log: bool,
     /// What the worker's store keeps in the delivery log (set by `--delivery-log`'s runs).
     #[arg(skip)]
     pub log_mode: outbox_diesel::delivery_log::DeliveryLog,
+    /// Whether the worker's store keeps an archive (set by `--delivery-log`'s runs).
+    #[arg(skip)]
+    pub archive: bool,
     /// `drain` only: relay the backlog to this broker (jetstream or rabbitmq on 127.0.0.1)
     /// instead of a webhook, against the broker's own client publishing with the same
     /// acknowledgements from as many tasks as the worker has handler threads.

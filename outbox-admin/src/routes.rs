@@ -814,11 +814,11 @@ fn attempt_filter(query: &Params) -> Result<AttemptFilter, String> {
 /// Attempts a page of the delivery log lists.
 const DELIVERIES_PAGE: u32 = 100;
 
-/// The delivery log, newest first, filtered; and the id to read the next page before.
-fn logged<M>(
-    admin: &Admin<M>,
-    query: &Params,
-) -> Result<Result<(Vec<LoggedAttempt>, Option<i64>), String>, String>
+/// A page of the delivery log: its attempts, and the id to read the next page before.
+type LogPage = (Vec<LoggedAttempt>, Option<i64>);
+
+/// The delivery log, newest first, filtered; or the problem with the filters.
+fn logged<M>(admin: &Admin<M>, query: &Params) -> Result<Result<LogPage, String>, String>
 where
     M: ManageConnection,
     M::Connection: OutboxConnection,
