@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::header::{HeaderMap, HeaderName, NATS_MESSAGE_ID};
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
-use outbox_core::destination::{DeliveryError, Destination, Envelope};
+use outbox_core::destination::{Answer, DeliveryError, Destination, Envelope};
 
 use crate::error::RelayError;
 use crate::runtime::OwnedRuntime;
@@ -92,7 +92,8 @@ impl JetStreamDestination {
         }
     }
 
-    fn send(&self, envelope: &Envelope) -> Result<(), RelayError> {
+    /// Publishes `envelope`; the answer is the stream and sequence JetStream stored it at.
+    fn send(&self, envelope: &Envelope) -> Result<Answer, RelayError> {
         let inner = &self.inner;
         let subject = envelope.subject_or(inner.subject.as_deref());
         if !is_valid_publish_subject(subject) {
@@ -136,7 +137,15 @@ impl JetStreamDestination {
                             ack.stream
                         );
                     }
-                    Ok(())
+                    let duplicate = if ack.duplicate {
+                        " (a duplicate: kept once)"
+                    } else {
+                        ""
+                    };
+                    Ok(Answer::new(
+                        None,
+                        format!("stream {} sequence {}{duplicate}", ack.stream, ack.sequence),
+                    ))
                 }
                 Ok(Err(error)) => Err(inner.classify(subject, error).await),
                 Err(_) => Err(RelayError::Timeout {
@@ -154,6 +163,12 @@ impl Destination for JetStreamDestination {
     }
 
     fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
+        self.deliver_answered(envelope).map(drop)
+    }
+
+    /// Publishes as [`deliver`](Destination::deliver) does; the answer is the stream and the
+    /// sequence the message was stored at.
+    fn deliver_answered(&self, envelope: &Envelope) -> Result<Answer, DeliveryError> {
         self.send(envelope).map_err(RelayError::into_delivery_error)
     }
 

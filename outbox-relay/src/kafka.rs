@@ -5,7 +5,7 @@ use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use outbox_core::destination::{DeliveryError, Destination, Envelope};
+use outbox_core::destination::{Answer, DeliveryError, Destination, Envelope};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
@@ -91,11 +91,11 @@ struct Reports;
 impl ClientContext for Reports {}
 
 impl ProducerContext for Reports {
-    type DeliveryOpaque = Box<SyncSender<Result<(), KafkaError>>>;
+    type DeliveryOpaque = Box<SyncSender<Result<(i32, i64), KafkaError>>>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, waiting: Self::DeliveryOpaque) {
         let report = match result {
-            Ok(_) => Ok(()),
+            Ok(message) => Ok((message.partition(), message.offset())),
             Err((error, _)) => Err(error.clone()),
         };
         // The handler thread may have stopped waiting (a timeout): nothing to tell then.
@@ -128,8 +128,17 @@ impl Destination for KafkaDestination {
     /// attempt is counted); a cluster that cannot be reached and a report not received within
     /// the timeout are retried.
     fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
+        self.deliver_answered(envelope).map(drop)
+    }
+
+    /// Produces as [`deliver`](Destination::deliver) does; the answer is the partition and the
+    /// offset the record was written at.
+    fn deliver_answered(&self, envelope: &Envelope) -> Result<Answer, DeliveryError> {
         self.inner
             .send(envelope)
+            .map(|(partition, offset)| {
+                Answer::new(None, format!("partition {partition} offset {offset}"))
+            })
             .map_err(RelayError::into_delivery_error)
     }
 
@@ -143,7 +152,8 @@ impl Destination for KafkaDestination {
 const REPORT_MARGIN: Duration = Duration::from_secs(1);
 
 impl Inner {
-    fn send(&self, envelope: &Envelope) -> Result<(), RelayError> {
+    /// Produces `envelope`; the partition and offset it was written at.
+    fn send(&self, envelope: &Envelope) -> Result<(i32, i64), RelayError> {
         let topic = envelope.subject_or(self.topic.as_deref());
         if !is_valid_topic(topic) {
             return Err(RelayError::Invalid {
@@ -177,7 +187,7 @@ impl Inner {
         // librdkafka fails the record itself once `message.timeout.ms` (the timeout) passes;
         // the margin lets that report, which says why, arrive first.
         let result = match delivered.recv_timeout(self.timeout + REPORT_MARGIN) {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(written)) => Ok(written),
             Ok(Err(error)) => Err(self.failed(&producer, error)),
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
                 Err(RelayError::Timeout {
@@ -187,7 +197,7 @@ impl Inner {
             }
         };
         match &result {
-            Ok(()) => self.current().last_delivered = Instant::now(),
+            Ok(_) => self.current().last_delivered = Instant::now(),
             Err(RelayError::Timeout { .. }) => self.replace_if_stuck(),
             Err(_) => {}
         }

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use outbox_diesel::delivery_log::{self, AttemptFilter};
 use outbox_diesel::destination::{
     DeliveryError, Destination, DestinationOptions, Envelope, HealthPolicy,
 };
@@ -186,11 +187,14 @@ fn drain<C: TestConnection>(
 }
 
 /// Enqueues 300 messages over 7 keys (and without), drains them through `target`, and checks
-/// that each arrived once, in key order, as it was enqueued.
+/// that each arrived once, in key order, as it was enqueued; and that the delivery log has one
+/// delivered attempt of each, with the broker's answer as `answered` expects it (`None`: the
+/// broker says nothing worth keeping).
 fn relay_all_once<C: TestConnection>(
     db: &TestDb,
     target: impl Destination,
     read: impl FnOnce() -> Vec<Received>,
+    answered: Option<&str>,
 ) {
     let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
@@ -199,6 +203,30 @@ fn relay_all_once<C: TestConnection>(
     assert!(report.holds(0), "{report:#?}");
     assert_eq!(report.delivered, 300);
     assert_faithful(&received);
+    let logged = delivery_log::attempts(
+        &mut pool.get().unwrap(),
+        &AttemptFilter {
+            limit: 1000,
+            ..AttemptFilter::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(logged.len(), 300);
+    assert!(logged.iter().all(|a| a.outcome == "delivered"));
+    let answers: HashSet<Option<&str>> = logged.iter().map(|a| a.answer.as_deref()).collect();
+    match answered {
+        // Each message's own place in the broker: as many answers as messages.
+        Some(starts) => {
+            assert_eq!(answers.len(), 300, "{answers:?}");
+            assert!(
+                answers
+                    .iter()
+                    .all(|answer| answer.is_some_and(|a| a.starts_with(starts))),
+                "{answers:?}"
+            );
+        }
+        None => assert_eq!(answers, HashSet::from([None])),
+    }
 }
 
 /// What arrived is what was enqueued: data as the body, id, type, key and headers along.
@@ -228,6 +256,7 @@ fn every_message_arrives_once_in_key_order_on_jetstream<C: TestConnection>(db: &
         db,
         jetstream_to(&stream.subject("events"), Duration::from_secs(5)),
         || stream.messages(),
+        Some("stream "),
     );
 }
 
@@ -236,9 +265,12 @@ fn every_message_arrives_in_key_order_on_rabbitmq<C: TestConnection>(db: &TestDb
         return;
     };
     let queue = TestQueue::declare("drain");
-    relay_all_once::<C>(db, rabbitmq_to(&queue.name, Duration::from_secs(5)), || {
-        queue.take_all()
-    });
+    relay_all_once::<C>(
+        db,
+        rabbitmq_to(&queue.name, Duration::from_secs(5)),
+        || queue.take_all(),
+        None,
+    );
 }
 
 fn every_message_arrives_in_key_order_in_kafka_partitions<C: TestConnection>(db: &TestDb) {
@@ -246,9 +278,12 @@ fn every_message_arrives_in_key_order_in_kafka_partitions<C: TestConnection>(db:
         return;
     };
     let topic = TestTopic::create("drain");
-    relay_all_once::<C>(db, kafka_to(&topic.name, Duration::from_secs(5)), || {
-        by_partition(topic.records())
-    });
+    relay_all_once::<C>(
+        db,
+        kafka_to(&topic.name, Duration::from_secs(5)),
+        || by_partition(topic.records()),
+        Some("partition "),
+    );
 }
 
 /// How many messages the push-back tests relay, and how many the broker holds at once.
