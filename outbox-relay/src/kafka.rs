@@ -95,7 +95,10 @@ impl ProducerContext for Reports {
 
     fn delivery(&self, result: &DeliveryResult<'_>, waiting: Self::DeliveryOpaque) {
         let report = match result {
-            Ok(message) => Ok((message.partition(), message.offset())),
+            Ok(message) => Ok((
+                rdkafka::Message::partition(message),
+                rdkafka::Message::offset(message),
+            )),
             Err((error, _)) => Err(error.clone()),
         };
         // The handler thread may have stopped waiting (a timeout): nothing to tell then.
