@@ -38,7 +38,6 @@
 
 use std::time::{Duration, SystemTime};
 
-use diesel::Connection;
 use outbox_core::destination::DESTINATION_TARGET_PREFIX;
 use outbox_core::subscription::filter_takes;
 use outbox_core::MessageId;
@@ -46,7 +45,9 @@ use outbox_core::MessageId;
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
 use crate::sql::codec::{parse_message_id, time_from_micros};
-use crate::sql::delivery_log::{self as statements, ArchiveQuery, ArchivedRow, AttemptRow};
+use crate::sql::delivery_log::{
+    self as statements, ArchiveQuery, ArchivedRow, AttemptRow, DeliveryLogStatements as _,
+};
 use crate::sql::{delete_in_batches, PRUNE_ROUNDS};
 
 /// How long the delivery log keeps an attempt by default.
@@ -475,7 +476,9 @@ fn send_archived<C: OutboxConnection>(
     let mut replayed = Replayed::default();
     loop {
         let (rows, sent) = with_backend!(conn.backend_connection(), c => {
-            c.transaction(|c| {
+            // Begun to write (`BEGIN IMMEDIATE` on SQLite): a worker's writes may come between
+            // the read and the insert.
+            c.write(|c| {
                 let rows = statements::archived(c, &query)?;
                 let taken: Vec<i64> = rows
                     .iter()
@@ -483,7 +486,7 @@ fn send_archived<C: OutboxConnection>(
                     .map(|row| row.id)
                     .collect();
                 let sent = statements::enqueue_archived(c, &taken, &row_target)?;
-                Ok::<_, diesel::result::Error>((rows, sent))
+                Ok((rows, sent))
             })
         })?;
         replayed.enqueued += sent;

@@ -152,9 +152,12 @@ pub struct Answer {
 
 impl Answer {
     /// An answer with a status code (HTTP's) and text, cut to [`MAX_ANSWER_BYTES`] at a
-    /// character boundary.
+    /// character boundary, NUL characters replaced (text columns refuse them).
     pub fn new(status: Option<u16>, text: impl Into<String>) -> Self {
         let mut text = text.into();
+        if text.contains('\0') {
+            text = text.replace('\0', "\u{FFFD}");
+        }
         if text.len() > MAX_ANSWER_BYTES {
             let mut end = MAX_ANSWER_BYTES;
             while !text.is_char_boundary(end) {
@@ -508,6 +511,8 @@ mod tests {
             (http.status(), http.text().len()),
             (Some(404), MAX_ANSWER_BYTES)
         );
+        let binary = Answer::http(200, b"ok\0\0");
+        assert_eq!(binary.text(), "ok\u{FFFD}\u{FFFD}");
         let failed = DeliveryError::unavailable("503").with_answer(Answer::http(503, b"busy"));
         assert_eq!(failed.answer().map(Answer::text), Some("busy"));
     }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
 
+use crate::destination::Answer;
 use crate::metrics;
 use crate::store::{ClaimToken, ClaimedMessage, Outcome, Settlement, SuccessorLease};
 
@@ -630,6 +631,17 @@ fn reduce(outcome: &mut Outcome) {
     if let Some(text) = outcome.settlement.text() {
         let short = reduced(text);
         outcome.settlement = outcome.settlement.with_text(short);
+    }
+    // The delivery log's texts too: a receiver's answer is whatever it sent.
+    for exchange in outcome
+        .log
+        .iter_mut()
+        .flat_map(|log| log.exchanges.iter_mut())
+    {
+        if let Some(answer) = &exchange.answer {
+            exchange.answer = Some(Answer::new(answer.status(), reduced(answer.text())));
+        }
+        exchange.error = exchange.error.as_deref().map(reduced);
     }
 }
 

@@ -633,7 +633,10 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
             })
         };
         // Taken whatever becomes of the outcome: they are this attempt's alone.
-        let exchanged = exchanges.take();
+        let mut exchanged = exchanges.take();
+        for exchange in &mut exchanged {
+            exchange.error = exchange.error.take().map(storable);
+        }
         // The outcome is on its way before anything is logged: the application's logger may
         // panic, and a thread that ends here leaves its message held.
         let sent = shared.held.finish(message.position, job).map(|token| {

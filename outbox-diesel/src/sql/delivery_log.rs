@@ -50,6 +50,12 @@ pub(crate) trait DeliveryLogStatements: Statements {
         insert_rows(self, rows)
     }
 
+    /// A transaction that writes: one that has begun to write on SQLite, whose deferred
+    /// transactions fail on a write that a commit elsewhere came before.
+    fn write<T>(&mut self, body: impl FnOnce(&mut Self) -> QueryResult<T>) -> QueryResult<T> {
+        self.transaction(body)
+    }
+
     /// The database's clock as the outbox's time columns keep it.
     const NOW: &'static str;
 

@@ -1256,6 +1256,10 @@ impl DeliveryLogStatements for SqliteConnection {
         dynamic::<Sqlite>(sql, binds).load(self)
     }
 
+    fn write<T>(&mut self, body: impl FnOnce(&mut Self) -> QueryResult<T>) -> QueryResult<T> {
+        write(self, body)
+    }
+
     /// A row a statement, kept prepared: in process, a prepared statement run again costs
     /// less than parsing one built for the call.
     fn insert_attempts(&mut self, rows: &[LoggedRow<'_>]) -> QueryResult<()> {
