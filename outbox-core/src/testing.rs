@@ -23,6 +23,7 @@
 //!     message_id: claimed[0].message_id,
 //!     ordering_key: None,
 //!     settlement: Settlement::Done,
+//!     log: None,
 //! };
 //! assert!(store.settle(&[done.clone()]).is_err());
 //! store.set_down(false);

@@ -295,9 +295,15 @@ impl Receiver {
         crate::eventually(timeout, || done(&self.state.book().requests))
     }
 
-    /// Waits until at least `n` requests arrived.
+    /// Waits until at least `n` requests arrived and, where the receiver keeps them, are in
+    /// [`requests`](Receiver::requests): a request is counted before its answer is decided,
+    /// and kept after.
     pub fn wait_for(&self, n: usize, timeout: Duration) -> bool {
-        crate::eventually(timeout, || self.count() >= n)
+        let keep = self.state.keep_requests.load(Ordering::Relaxed);
+        crate::eventually(timeout, || {
+            let book = self.state.book();
+            book.count >= n && (!keep || book.requests.len() >= n)
+        })
     }
 
     /// Waits until `n` distinct webhook ids arrived.

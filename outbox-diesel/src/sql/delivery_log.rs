@@ -244,20 +244,11 @@ pub(crate) fn has_exchanges(outcomes: &[Outcome], mode: DeliveryLog) -> bool {
 
 /// The VALUES tuple of one row, from its first placeholder's number.
 fn row_values<C: DeliveryLogStatements>(first: usize) -> String {
-    let p = |i: usize| param(C::PLACEHOLDERS, first + i);
     format!(
-        "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
+        "({}, {}, {})",
         C::message_id_param(first),
-        p(1),
-        p(2),
-        p(3),
-        p(4),
-        p(5),
-        p(6),
-        p(7),
-        p(8),
-        p(9),
-        C::time_param(first + 10)
+        params(C::PLACEHOLDERS, first + 1, BINDS - 2),
+        C::time_param(first + BINDS - 1)
     )
 }
 
@@ -500,5 +491,6 @@ mod tests {
     fn placeholders_are_written_in_each_style() {
         assert_eq!(param(Placeholders::Numbered, 12), "$12");
         assert_eq!(param(Placeholders::Question, 12), "?");
+        assert_eq!(params(Placeholders::Numbered, 3, 3), "$3, $4, $5");
     }
 }
