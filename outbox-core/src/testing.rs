@@ -40,8 +40,8 @@ use crate::message::Message;
 use crate::message_id::MessageId;
 use crate::priority::Priority;
 use crate::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Outcome, Paused, Settlement, Store,
-    StoreError, StoredDestination, SyncedDestination, Turns,
+    ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Exchange, Outcome, Paused,
+    Settlement, Store, StoreError, StoredDestination, SyncedDestination, Turns,
 };
 
 /// A message in a [`MemoryStore`].
@@ -116,6 +116,9 @@ struct State {
     next_position: i64,
     faults: Faults,
     calls: u64,
+    /// The delivery log: the exchanges of every settlement saved, fenced outcomes' too (as a
+    /// database store writes them in the settlement's transaction).
+    logged: Vec<Exchange>,
 }
 
 /// Makes due the rows settled as paused whose type is not paused; how many.
@@ -165,6 +168,7 @@ impl MemoryStore {
                 next_position: 1,
                 faults: Faults::default(),
                 calls: 0,
+                logged: Vec::new(),
             })),
         }
     }
@@ -252,6 +256,11 @@ impl MemoryStore {
     /// The dead letters, by position.
     pub fn dead_letters(&self) -> Vec<MemoryDeadLetter> {
         self.state().dead.values().cloned().collect()
+    }
+
+    /// The delivery log's exchanges saved so far, in order.
+    pub fn logged(&self) -> Vec<Exchange> {
+        self.state().logged.clone()
     }
 
     /// Store calls so far.
@@ -451,6 +460,11 @@ impl Store for MemoryStore {
             ));
         }
         let now = state.now();
+        let exchanges = outcomes
+            .iter()
+            .filter_map(|outcome| outcome.log.as_deref())
+            .flat_map(|log| log.exchanges.iter().cloned());
+        state.logged.extend(exchanges);
         let mut fenced = Vec::new();
         for outcome in outcomes {
             let owned = state

@@ -540,6 +540,8 @@ impl Settler {
                         outcome.message_id
                     );
                     outcome.token = token;
+                    // The fenced settlement saved the attempt's exchanges already.
+                    outcome.log = None;
                     self.fresh.push(outcome);
                 }
             }
@@ -558,7 +560,8 @@ impl Settler {
             }
             if let Some(token) = shared.held.moved_to(outcome.position, outcome.token) {
                 log::debug!(
-                    "outbox: message {} was claimed again by this worker just after its outcome                      was saved; giving the new claim back to run it again",
+                    "outbox: message {} was claimed again by this worker just after its outcome \
+                     was saved; giving the new claim back to run it again",
                     outcome.message_id
                 );
                 self.fresh.push(Outcome {

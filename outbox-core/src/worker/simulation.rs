@@ -17,7 +17,7 @@
 //! failure prints its seed.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::bounded;
 
@@ -27,7 +27,7 @@ use crate::error::ProcessError;
 use crate::priority::Priority;
 use crate::registry::Registry;
 use crate::retry::RetryPolicy;
-use crate::store::{ClaimLimit, ClaimToken, Outcome, Settlement, Store};
+use crate::store::{ClaimLimit, ClaimToken, Exchange, Outcome, Settlement, Store};
 use crate::testing::MemoryStore;
 
 use super::acker::{Acker, Settler};
@@ -201,16 +201,24 @@ impl SimWorker {
         self.finish_with(&running.job, settlement);
     }
 
+    /// Every finished attempt made one exchange with a destination, for the delivery log.
     fn finish_with(&mut self, job: &Job, settlement: Settlement) {
         if let Some(token) = self.shared.held.finish(job.message.position, job.job) {
-            self.settler.push(Outcome {
-                token,
-                position: job.message.position,
-                message_id: job.message.message_id,
-                ordering_key: job.message.ordering_key.clone(),
-                log: None,
-                settlement,
-            });
+            let exchange = Exchange {
+                destination: "simulated".to_owned(),
+                outcome: if settlement == Settlement::Done {
+                    "delivered"
+                } else {
+                    "failed"
+                },
+                answer: None,
+                error: None,
+                started_at: SystemTime::UNIX_EPOCH,
+                latency: Duration::ZERO,
+            };
+            let outcome = Outcome::of(token, &job.message, settlement);
+            self.settler
+                .push(outcome.logging(&job.message, vec![exchange]));
         }
     }
 
@@ -590,6 +598,9 @@ fn an_outcome_on_its_way_follows_its_message_to_a_new_claim() {
     assert_eq!(worker.shared.held.count(), 0);
     let stats = worker.shared.counters.snapshot();
     assert_eq!((stats.succeeded, stats.fenced), (1, 0), "{stats:?}");
+    // The fenced settlement saved the attempt's exchange; settled again under the new claim,
+    // the outcome carries it no more.
+    assert_eq!(store.logged().len(), 1, "{:?}", store.logged());
 }
 
 /// A message whose outcome reached the store and made it due at once (a retry without delay),
