@@ -874,19 +874,21 @@ pub(crate) fn deliveries(
         "<h1>Deliveries</h1><p class=\"meta\">Each exchange with a destination, newest first: \
          what it answered, or why it failed. Kept for the store's delivery log retention \
          (7 days and 1,000,000 attempts unless the application chose otherwise).</p>\
-         <form method=\"get\" action=\"{base}/deliveries\" class=\"filters\">{}{}{}\
+         <form method=\"get\" action=\"{base}/deliveries\" class=\"filters\">{}{}{}{}{}\
          <label><input type=\"checkbox\" name=\"failures\" value=\"1\" id=\"filter-failures\"{failures}> \
          failures only</label> <button>Filter</button></form>{}{}{}",
         field(query, "destination", "destination ", 24),
         field(query, "subscription", "subscription ", 24),
-        field(query, "type", "type ", 24),
+        field(query, "type", "type ", 20),
+        field(query, "since", "since ", 14),
+        field(query, "until", "until ", 14),
         replay_form(&base, query),
         attempts_table(&base, attempts, true),
         paged_link(
             &base,
             "/deliveries",
             query,
-            &["destination", "subscription", "type", "failures"],
+            &["destination", "subscription", "type", "failures", "since", "until"],
             ("before", next_before),
         ),
     );

@@ -790,7 +790,8 @@ where
 }
 
 /// The delivery log's filters, from a query: `destination`, `subscription`, `type`,
-/// `failures=1`, `before` (an attempt's id: the page after it).
+/// `failures=1`, `since` and `until` (RFC 3339 or an age, `1h`), `before` (an attempt's id:
+/// the page after it).
 fn attempt_filter(query: &Params) -> Result<AttemptFilter, String> {
     let before = match query.get("before") {
         Some(before) => Some(
@@ -800,11 +801,14 @@ fn attempt_filter(query: &Params) -> Result<AttemptFilter, String> {
         ),
         None => None,
     };
+    let time = |name: &str| query.get(name).map(delivery_log::parse_time).transpose();
     Ok(AttemptFilter {
         destination: query.get("destination").map(str::to_owned),
         subscription_id: query.get("subscription").map(str::to_owned),
         message_type: query.get("type").map(str::to_owned),
         failures_only: query.get("failures").is_some_and(|on| on != "0"),
+        since: time("since")?,
+        until: time("until")?,
         before,
         limit: DELIVERIES_PAGE,
         ..AttemptFilter::default()

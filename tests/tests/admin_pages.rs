@@ -1285,6 +1285,15 @@ fn operators_read_the_delivery_log_from_the_pages_and_the_api<C: TestConnection>
     assert_eq!(older["attempts"].as_array().unwrap().len(), 2);
     let bad = get::<C>(&admin, &cookie, "/api/attempts?before=soon");
     assert_eq!(bad.status, 400);
+    // By time: the last hour has all three; a window ending an hour ago has none.
+    let recent = json(&get::<C>(&admin, &cookie, "/api/attempts?since=1h"));
+    assert_eq!(recent["attempts"].as_array().unwrap().len(), 3);
+    let earlier = json(&get::<C>(&admin, &cookie, "/api/attempts?until=1h"));
+    assert_eq!(earlier["attempts"], serde_json::json!([]));
+    let page = get::<C>(&admin, &cookie, "/deliveries?since=1h&failures=1").text();
+    assert_eq!(page.matches("class=\"attempt\"").count(), 1, "{page}");
+    let unreadable = get::<C>(&admin, &cookie, "/api/attempts?since=tomorrow");
+    assert_eq!(unreadable.status, 400);
     // The destinations' names link to their deliveries.
     let overview = get::<C>(&admin, &cookie, "/deliveries");
     assert!(overview.text().contains("/deliveries?destination=crm"));
