@@ -1,12 +1,15 @@
-//! The delivery log: every exchange with a destination, kept to answer "where is my webhook?".
+//! The delivery log, replay and resend: every exchange with a destination, kept to answer
+//! "where is my webhook?", and archived messages sent again to one destination or
+//! subscription.
 //!
 //! Each time the worker hands a message to a destination (a webhook endpoint, a broker, a
 //! subscription's endpoint), the delivery log keeps a row: when, which destination, which
 //! attempt, how it went (`delivered`, `failed`, `rejected`, `pushed_back`), the status code and
 //! the first bytes of the answer ([`MAX_ANSWER_BYTES`](outbox_core::destination::MAX_ANSWER_BYTES)),
 //! the error, and how long it took. The row is written in the transaction that saves the
-//! attempt's outcome, so the log never shows an attempt the outbox does not, nor misses one
-//! that it does.
+//! attempt's outcome: a settlement that fails writes none, and is written again with the
+//! outcome. An attempt whose worker died before saving its outcome is not there (the message
+//! runs again, and that attempt is).
 //!
 //! What it keeps is the store's choice ([`DieselStore::delivery_log`](crate::DieselStore::delivery_log)):
 //! every exchange ([`DeliveryLog::All`], the default), failures only, or nothing. The worker
@@ -15,6 +18,13 @@
 //!
 //! Handlers that call no destination (a handler that writes to the database, say) leave no
 //! row: their outcome is the message's own (`outbox show`, the dead letters).
+//!
+//! **Replay and resend.** A store with an archive ([`DieselStore::archive`](crate::DieselStore::archive))
+//! keeps each message it delivers for a window. [`replay`] enqueues the archived messages of a
+//! time range (optionally of one type) again, and [`resend`] one of them, as new deliveries to
+//! one [`ReplayTarget`] with their original ids: a destination gets the stored payload without
+//! the type's handler, a subscription only its owner's events of its types, and no one else
+//! gets anything. Receivers drop what they already have by id.
 //!
 //! ```
 //! # use diesel::prelude::*;
