@@ -848,7 +848,8 @@ fn resend_buttons(base: &str, id: &str, attempts: &[LoggedAttempt]) -> String {
             format!(
                 "<form class=\"inline\" method=\"post\" action=\"{base}/messages/{}/resend\">\
                  <input type=\"hidden\" name=\"{name}\" value=\"{}\">\
-                 <button class=\"quiet resend\">Resend to {}</button></form> ",
+                 <button class=\"quiet resend\" title=\"the payload as stored, without the \
+                 type's handler\">Resend to {}</button></form> ",
                 encode(id),
                 escape(value),
                 escape(value),
@@ -973,8 +974,9 @@ pub(crate) fn not_found_message(page: Page<'_>, id: &str, attempts: &[LoggedAtte
         format!(
             "<h1>Message <code id=\"message-id\">{}</code></h1><p id=\"absent\">No longer in \
              the outbox (delivered, or cancelled). Its exchanges with destinations:</p>\
-             <h2>Delivery log</h2>{}<p>{}</p><p class=\"meta\">A resend needs the message in \
-             the archive (a store that keeps one, within its window).</p>",
+             <h2>Delivery log</h2>{}<p>{}</p><p class=\"meta\">A resend sends the payload as \
+             stored, without the type's handler, and needs the message in the archive (a store \
+             that keeps one, within its window).</p>",
             escape(id),
             attempts_table(&escape(page.base), attempts, false),
             resend_buttons(&escape(page.base), id, attempts),

@@ -378,12 +378,19 @@ impl State {
     }
 
     fn refuses(&self, outcome: &Outcome) -> bool {
+        let beyond_latin1 = |text: &str| text.chars().any(|c| u32::from(c) > 0xFF);
+        let logged = outcome
+            .log
+            .iter()
+            .flat_map(|log| log.exchanges.iter())
+            .flat_map(|exchange| {
+                let answer = exchange.answer.as_ref().map(|answer| answer.text());
+                answer.into_iter().chain(exchange.error.as_deref())
+            });
         self.faults.refused.contains(&outcome.position)
             || (self.faults.refuse_non_latin1
-                && outcome
-                    .settlement
-                    .text()
-                    .is_some_and(|text| text.chars().any(|c| u32::from(c) > 0xFF)))
+                && (outcome.settlement.text().is_some_and(beyond_latin1)
+                    || logged.into_iter().any(beyond_latin1)))
     }
 }
 

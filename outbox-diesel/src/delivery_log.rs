@@ -9,7 +9,8 @@
 //! the error, and how long it took. The row is written in the transaction that saves the
 //! attempt's outcome: a settlement that fails writes none, and is written again with the
 //! outcome. An attempt whose worker died before saving its outcome is not there (the message
-//! runs again, and that attempt is).
+//! runs again, and that attempt is), nor one the watchdog gave up on; an exactly-once
+//! handler's exchanges are saved just after its transaction, not in it.
 //!
 //! What it keeps is the store's choice ([`DieselStore::delivery_log`](crate::DieselStore::delivery_log)):
 //! every exchange ([`DeliveryLog::All`], the default), failures only, or nothing. The worker
@@ -323,7 +324,8 @@ pub enum ReplayTarget {
     /// The destination of this name (as given to `WorkerBuilder::destination`): the archived
     /// payload goes to it as it is, without the type's handler.
     Destination(String),
-    /// The subscription of this id: only messages of its owner that its filters take.
+    /// The subscription of this id: only messages of its owner that its filters take,
+    /// enqueued since it was created (as the live fan-out gives it).
     Subscription(String),
 }
 
@@ -437,6 +439,9 @@ enum Taker {
     Subscriber {
         owner: Option<String>,
         filters: Vec<String>,
+        /// When the subscription was created: it never took earlier events, and a replay
+        /// does not send them either.
+        created_micros: i64,
     },
 }
 
@@ -444,8 +449,13 @@ impl Taker {
     fn takes(&self, row: &ArchivedRow) -> bool {
         match self {
             Taker::Everything => true,
-            Taker::Subscriber { owner, filters } => {
+            Taker::Subscriber {
+                owner,
+                filters,
+                created_micros,
+            } => {
                 row.owner == *owner
+                    && row.created_micros >= *created_micros
                     && filters
                         .iter()
                         .any(|filter| filter_takes(filter, &row.message_type))
@@ -478,6 +488,7 @@ fn send_archived<C: OutboxConnection>(
                 Taker::Subscriber {
                     owner: subscription.owner,
                     filters: subscription.event_types,
+                    created_micros: micros_since_epoch(subscription.created_at),
                 },
             )
         }
@@ -485,7 +496,7 @@ fn send_archived<C: OutboxConnection>(
     query.limit = REPLAY_CHUNK;
     let mut replayed = Replayed::default();
     loop {
-        let (rows, sent) = with_backend!(conn.backend_connection(), c => {
+        let chunk = with_backend!(conn.backend_connection(), c => {
             // Begun to write (`BEGIN IMMEDIATE` on SQLite): a worker's writes may come between
             // the read and the insert.
             c.write(|c| {
@@ -498,6 +509,14 @@ fn send_archived<C: OutboxConnection>(
                 let sent = statements::enqueue_archived(c, &taken, &row_target)?;
                 Ok((rows, sent))
             })
+        });
+        let (rows, sent) = chunk.inspect_err(|error| {
+            if replayed.enqueued > 0 {
+                log::error!(
+                    "outbox: a replay to {target:?} stopped after enqueuing {} messages: {error}",
+                    replayed.enqueued
+                );
+            }
         })?;
         replayed.enqueued += sent;
         let read = rows.len();

@@ -352,7 +352,7 @@ where
                 // nothing, and its work rolls back.
                 let removed = with_backend!(c.backend_connection(), b => {
                     if archive {
-                        sql::delivery_log::archive(b, &[message.position])?;
+                        sql::delivery_log::archive(b, &claims)?;
                     }
                     let removed = b.delete_done(&claims, &keys)?;
                     b.keep_commit_durable()?;

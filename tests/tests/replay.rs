@@ -197,8 +197,8 @@ fn a_replay_of_a_range_redelivers_exactly_its_messages_to_the_one_destination_na
     stop(worker);
 }
 
-/// A subscription's replay takes its owner's events of the types its filters take, and no
-/// other subscription gets them.
+/// A subscription's replay takes its owner's events of the types its filters take, enqueued
+/// since it was created, and no other subscription gets them.
 fn a_subscriptions_replay_takes_only_its_owners_events_of_its_types<C: TestConnection>(
     db: &TestDb,
 ) {
@@ -256,6 +256,14 @@ fn a_subscriptions_replay_takes_only_its_owners_events_of_its_types<C: TestConne
     let logged =
         delivery_log::attempts(&mut conn, &AttemptFilter::default().subscription(all_id)).unwrap();
     assert_eq!(logged.len(), 8, "four first deliveries and four replays");
+
+    // A subscription created after the events never took them, and a replay does not send them.
+    let late = Receiver::ok();
+    let late_id = subscribe(&late, &["replay.*"]);
+    let to_late = Replay::new(ReplayTarget::Subscription(late_id), since);
+    let replayed = delivery_log::replay(&mut conn, &to_late).unwrap();
+    assert_eq!((replayed.enqueued, replayed.skipped), (0, 7));
+    assert!(pending(&pool).is_empty());
     stop(worker);
 }
 

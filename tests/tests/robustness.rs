@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
+use outbox_diesel::delivery_log::{self, AttemptFilter};
 use outbox_diesel::prelude::*;
 use outbox_diesel::{
     enqueue_all, outbox_handler, Context, DieselStore, EnqueueOptions, Error, Message,
@@ -494,6 +495,59 @@ fn a_database_that_refuses_error_texts_does_not_wedge_the_worker() {
     eprintln!(
         "LATIN1 database: 300 messages in {:?}, {stats:?}",
         started.elapsed()
+    );
+}
+
+/// The same `LATIN1` database, and a receiver that takes every delivery with an answer the
+/// database cannot encode: the delivery log's texts are stored reduced to ASCII, and each
+/// message is delivered once; none is given up and delivered again.
+#[test]
+fn a_database_that_refuses_receivers_answers_delivers_each_message_once() {
+    let Some(db) = TestDb::new_with(
+        Backend::Postgres,
+        "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+    ) else {
+        return;
+    };
+    let pool = db.pool::<diesel::PgConnection>(6);
+    let receiver = Receiver::start(|_, _| Reply::with_body(200, "Принято …"));
+    let hooks: Vec<Hook> = (0..100).map(Hook::new).collect();
+    enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .retry_policy(quick_retries())
+        .destination(
+            HOOK,
+            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
+        "wedged: {} pending, {:?}",
+        pending(&pool).len(),
+        worker.health()
+    );
+    let stats = worker
+        .shutdown(Duration::from_secs(10))
+        .expect("the worker stops in time");
+    assert_eq!(receiver.count(), 100, "each once: {stats:?}");
+    assert_eq!(stats.abandoned_outcomes, 0, "{stats:?}");
+    let logged = delivery_log::attempts(
+        &mut pool.get().unwrap(),
+        &AttemptFilter {
+            limit: 1000,
+            ..AttemptFilter::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(logged.len(), 100);
+    assert!(
+        logged
+            .iter()
+            .all(|a| a.status == Some(200) && a.answer.as_deref().is_some_and(|t| t.is_ascii())),
+        "{:?}",
+        logged.first()
     );
 }
 

@@ -367,7 +367,9 @@ impl Settler {
             return;
         }
         entry.refusals += 1;
-        let has_text = entry.outcome.settlement.text().is_some();
+        // A delivery log's answer is whatever the receiver sent: text to reduce, even on an
+        // outcome that has none of its own (a delivery).
+        let has_text = entry.outcome.settlement.text().is_some() || entry.outcome.log.is_some();
         match after_refusal(entry.refusals, entry.reduced, has_text) {
             AfterRefusal::TryAgain(pause) => {
                 log::warn!(
@@ -387,6 +389,19 @@ impl Settler {
                 );
                 reduce(&mut entry.outcome);
                 entry.reduced = true;
+                entry.refusals = 0;
+                entry.next_try = now;
+                self.refused.push(entry);
+            }
+            AfterRefusal::GiveUp if entry.outcome.log.is_some() => {
+                // An attempt's exchanges are worth less than its outcome: a delivery given up
+                // would be delivered again.
+                log::warn!(
+                    "outbox: the store keeps refusing the outcome of message {} with its \
+                     delivery log; saving the outcome without the log: {error}",
+                    entry.outcome.message_id
+                );
+                entry.outcome.log = None;
                 entry.refusals = 0;
                 entry.next_try = now;
                 self.refused.push(entry);

@@ -30,11 +30,14 @@ pub(crate) trait DeliveryLogStatements: Statements {
     /// The columns of a logged attempt as read into [`AttemptRow`], with the `FROM`.
     const SELECT: &'static str;
 
-    /// The text of the placeholder numbered `n` holding a message id.
-    fn message_id_param(n: usize) -> String;
+    /// The text of the placeholder numbered `n` holding a UUID (a message id, a claim token).
+    fn uuid_param(n: usize) -> String;
 
     /// The text of the placeholder numbered `n` holding µs since the epoch, as a time.
     fn time_param(n: usize) -> String;
+
+    /// The expression of `column`, a time, as µs since the epoch.
+    fn micros_of(column: &str) -> String;
 
     /// Runs `sql`, built for this call, with `binds`; how many rows it changed.
     fn execute_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize>;
@@ -76,6 +79,9 @@ pub(crate) struct ArchivedRow {
     pub(crate) message_type: String,
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) owner: Option<String>,
+    /// When it was enqueued, µs since the epoch.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) created_micros: i64,
 }
 
 /// A logged attempt as stored.
@@ -246,7 +252,7 @@ pub(crate) fn has_exchanges(outcomes: &[Outcome], mode: DeliveryLog) -> bool {
 fn row_values<C: DeliveryLogStatements>(first: usize) -> String {
     format!(
         "({}, {}, {})",
-        C::message_id_param(first),
+        C::uuid_param(first),
         params(C::PLACEHOLDERS, first + 1, BINDS - 2),
         C::time_param(first + BINDS - 1)
     )
@@ -266,7 +272,7 @@ pub(crate) fn attempts<C: DeliveryLogStatements>(
     let mut n = 0;
     if let Some(id) = &message_id {
         n += 1;
-        conditions.push(format!("message_id = {}", C::message_id_param(n)));
+        conditions.push(format!("message_id = {}", C::uuid_param(n)));
         binds.push(Bind::Text(id));
     }
     if let Some(destination) = &filter.destination {
@@ -368,19 +374,29 @@ fn params(style: Placeholders, first: usize, n: usize) -> String {
         .join(", ")
 }
 
-/// Copies the messages at `positions` into the archive (not deliveries to a subscription or a
-/// destination: their event is archived already), in the caller's transaction, before they
-/// leave the outbox. One already archived is left as it is.
-pub(crate) fn archive<C: DeliveryLogStatements>(c: &mut C, positions: &[i64]) -> QueryResult<()> {
+/// Copies the messages at the positions of `claims` still held by their claim (by token) into
+/// the archive, in the caller's transaction, before they leave the outbox: a message another
+/// claim took meanwhile is not this settlement's to archive. Deliveries to a subscription or a
+/// destination are not copied (their event is archived already), and one archived already is
+/// left as it is.
+pub(crate) fn archive<C: DeliveryLogStatements>(
+    c: &mut C,
+    claims: &[(String, Vec<i64>)],
+) -> QueryResult<()> {
     let (head, tail) = C::INSERT_IGNORING;
-    for chunk in positions.chunks(super::ID_CHUNK) {
-        let sql = format!(
-            "{head} outbox_archive ({ARCHIVED_COLUMNS}) SELECT {ARCHIVED_COLUMNS} FROM \
-             outbox_message WHERE subscription_id IS NULL AND id IN ({}){tail}",
-            params(C::PLACEHOLDERS, 1, chunk.len())
-        );
-        let binds: Vec<Bind<'_>> = chunk.iter().map(|id| Bind::BigInt(*id)).collect();
-        c.execute_built(&sql, &binds)?;
+    for (token, positions) in claims {
+        for chunk in positions.chunks(super::ID_CHUNK) {
+            let sql = format!(
+                "{head} outbox_archive ({ARCHIVED_COLUMNS}) SELECT {ARCHIVED_COLUMNS} FROM \
+                 outbox_message WHERE subscription_id IS NULL AND locked_by = {} \
+                 AND id IN ({}){tail}",
+                C::uuid_param(1),
+                params(C::PLACEHOLDERS, 2, chunk.len())
+            );
+            let mut binds = vec![Bind::Text(token)];
+            binds.extend(chunk.iter().map(|id| Bind::BigInt(*id)));
+            c.execute_built(&sql, &binds)?;
+        }
     }
     Ok(())
 }
@@ -419,14 +435,13 @@ pub(crate) fn archived<C: DeliveryLogStatements>(
         binds.push(Bind::Text(message_type));
     }
     if let Some(message_id) = query.message_id {
-        conditions.push(format!(
-            "message_id = {}",
-            C::message_id_param(binds.len() + 1)
-        ));
+        conditions.push(format!("message_id = {}", C::uuid_param(binds.len() + 1)));
         binds.push(Bind::Text(message_id));
     }
     let sql = format!(
-        "SELECT id, message_type, owner FROM outbox_archive WHERE {} ORDER BY id LIMIT {}",
+        "SELECT id, message_type, owner, {} AS created_micros FROM outbox_archive WHERE {} \
+         ORDER BY id LIMIT {}",
+        C::micros_of("created_at"),
         conditions.join(" AND "),
         param(C::PLACEHOLDERS, binds.len() + 1)
     );

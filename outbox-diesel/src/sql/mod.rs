@@ -1192,12 +1192,12 @@ pub(crate) fn settle_leasing<C: DeliveryLogStatements>(
         return Ok((Vec::new(), Vec::new()));
     }
     let logs = delivery_log::has_exchanges(outcomes, keeping.log);
-    let archived: Vec<i64> = if keeping.archive {
-        outcomes
-            .iter()
-            .filter(|outcome| outcome.settlement == Settlement::Done)
-            .map(|outcome| outcome.position)
-            .collect()
+    let archived = if keeping.archive {
+        group_by_claim(
+            outcomes
+                .iter()
+                .filter(|outcome| outcome.settlement == Settlement::Done),
+        )
     } else {
         Vec::new()
     };

@@ -1387,12 +1387,16 @@ impl DeliveryLogStatements for MysqlConnection {
          subscription_id, attempt, outcome, status, answer, error, latency_micros, \
          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', started_at) AS started_at FROM outbox_attempt";
 
-    fn message_id_param(_: usize) -> String {
+    fn uuid_param(_: usize) -> String {
         "?".to_owned()
     }
 
     fn time_param(_: usize) -> String {
         "TIMESTAMPADD(MICROSECOND, ?, '1970-01-01')".to_owned()
+    }
+
+    fn micros_of(column: &str) -> String {
+        format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {column})")
     }
 
     fn execute_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize> {

@@ -1332,12 +1332,16 @@ impl DeliveryLogStatements for PgConnection {
          destination, subscription_id, attempt, outcome, status, answer, error, latency_micros, \
          (EXTRACT(EPOCH FROM started_at) * 1000000)::BIGINT AS started_at FROM outbox_attempt";
 
-    fn message_id_param(n: usize) -> String {
+    fn uuid_param(n: usize) -> String {
         format!("${n}::uuid")
     }
 
     fn time_param(n: usize) -> String {
         format!("(TIMESTAMPTZ 'epoch' + ${n} * INTERVAL '1 microsecond')")
+    }
+
+    fn micros_of(column: &str) -> String {
+        format!("(EXTRACT(EPOCH FROM {column}) * 1000000)::BIGINT")
     }
 
     fn execute_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize> {

@@ -1227,12 +1227,16 @@ impl DeliveryLogStatements for SqliteConnection {
         " AS started_at FROM outbox_attempt"
     );
 
-    fn message_id_param(_: usize) -> String {
+    fn uuid_param(_: usize) -> String {
         "?".to_owned()
     }
 
     fn time_param(_: usize) -> String {
         "strftime('%Y-%m-%d %H:%M:%f', ? / 1000000.0, 'unixepoch')".to_owned()
+    }
+
+    fn micros_of(column: &str) -> String {
+        format!("CAST(ROUND((julianday({column}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000")
     }
 
     fn execute_built(&mut self, sql: &str, binds: &[Bind<'_>]) -> QueryResult<usize> {

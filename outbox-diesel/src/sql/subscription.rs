@@ -199,7 +199,7 @@ pub(crate) fn fan_out<C: SubscriptionStatements + DeliveryLogStatements>(
         return Ok(None);
     };
     if archive {
-        super::delivery_log::archive(c, &[position])?;
+        super::delivery_log::archive(c, &[(token.to_owned(), vec![position])])?;
     }
     let subscriptions: Vec<String> = c
         .fan_out_candidates(position)?

@@ -1,8 +1,8 @@
 -- The delivery log: every exchange with a destination (`delivery_log`), written in the
--- transaction of the attempt's outcome, pruned by age and count by the worker. Without
--- AUTOINCREMENT: only the oldest rows are pruned, so ids still grow.
+-- transaction of the attempt's outcome, pruned by age and count by the worker. AUTOINCREMENT:
+-- a log pruned empty must not hand out its ids again (pages are read by id).
 CREATE TABLE outbox_attempt (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     message_id TEXT NOT NULL,
     message_type TEXT NOT NULL,
     destination TEXT NOT NULL,
