@@ -55,7 +55,7 @@ use outbox_core::MessageId;
 
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
-use crate::sql::codec::{parse_message_id, time_from_micros};
+use crate::sql::codec::{micros_from_time, parse_message_id, time_from_micros};
 use crate::sql::delivery_log::{
     self as statements, ArchiveQuery, ArchivedRow, AttemptRow, DeliveryLogStatements as _,
 };
@@ -252,7 +252,7 @@ pub(crate) fn prune_rounds<C: statements::DeliveryLogStatements>(
 ) -> diesel::QueryResult<usize> {
     let mut pruned = 0;
     if let Some(age) = retention.max_age {
-        let cutoff = micros_since_epoch(
+        let cutoff = micros_from_time(
             SystemTime::now()
                 .checked_sub(age)
                 .unwrap_or(SystemTime::UNIX_EPOCH),
@@ -278,7 +278,7 @@ pub(crate) fn prune_archive_rounds<C: statements::DeliveryLogStatements>(
     window: Duration,
     rounds: usize,
 ) -> diesel::QueryResult<usize> {
-    let cutoff = micros_since_epoch(
+    let cutoff = micros_from_time(
         SystemTime::now()
             .checked_sub(window)
             .unwrap_or(SystemTime::UNIX_EPOCH),
@@ -294,13 +294,6 @@ pub fn prune_archive<C: OutboxConnection>(conn: &mut C, window: Duration) -> Res
     Ok(with_backend!(conn.backend_connection(), c => {
         prune_archive_rounds(c, window, usize::MAX)
     })?)
-}
-
-fn micros_since_epoch(time: SystemTime) -> i64 {
-    crate::sql::micros(
-        time.duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
 }
 
 /// A time as operators write one: RFC 3339 (`2025-01-31T14:00:00Z`), or an age before now
@@ -399,8 +392,8 @@ pub fn replay<C: OutboxConnection>(conn: &mut C, replay: &Replay) -> Result<Repl
         });
     }
     let query = ArchiveQuery {
-        since_micros: Some(micros_since_epoch(replay.since)),
-        until_micros: replay.until.map(micros_since_epoch),
+        since_micros: Some(micros_from_time(replay.since)),
+        until_micros: replay.until.map(micros_from_time),
         message_type: replay.message_type.as_deref(),
         ..ArchiveQuery::default()
     };
@@ -488,7 +481,7 @@ fn send_archived<C: OutboxConnection>(
                 Taker::Subscriber {
                     owner: subscription.owner,
                     filters: subscription.event_types,
-                    created_micros: micros_since_epoch(subscription.created_at),
+                    created_micros: micros_from_time(subscription.created_at),
                 },
             )
         }

@@ -2,6 +2,7 @@
 //! 127.0.0.1, everything pending or dead in a pool's database, and outcomes and settlements for store
 //! tests.
 
+use outbox_diesel::delivery_log::{self, AttemptFilter, LoggedAttempt};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -66,6 +67,20 @@ where
         &ListOptions::new().limit(1_000_000),
     )
     .expect("listing dead letters")
+}
+
+/// The delivery log's attempts that `filter` selects, newest first, however many.
+pub fn attempts<M>(pool: &Pool<M>, filter: &AttemptFilter) -> Vec<LoggedAttempt>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection,
+{
+    let filter = AttemptFilter {
+        limit: u32::MAX,
+        ..filter.clone()
+    };
+    delivery_log::attempts(&mut pool.get().expect("a connection"), &filter)
+        .expect("reading the delivery log")
 }
 
 /// The outcome `settlement` of `message`, claimed under `token`.

@@ -70,6 +70,7 @@ fn stop(worker: WorkerHandle) {
     worker.shutdown(PATIENCE).expect("the worker stops");
 }
 
+/// The attempts `filter` selects, as the library reads them (its limit kept: paging is tried).
 fn logged<C: TestConnection>(pool: &TestPool<C>, filter: &AttemptFilter) -> Vec<LoggedAttempt> {
     delivery_log::attempts(&mut pool.get().unwrap(), filter).expect("the log reads")
 }

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use outbox_diesel::delivery_log::{self, AttemptFilter};
+use outbox_diesel::delivery_log::AttemptFilter;
 use outbox_diesel::destination::{
     DeliveryError, Destination, DestinationOptions, Envelope, HealthPolicy,
 };
@@ -22,7 +22,7 @@ use outbox_diesel::{
     Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker,
 };
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
-use outbox_testkit::outbox::{dead, pending};
+use outbox_testkit::outbox::{attempts, dead, pending};
 use outbox_testkit::{backend_tests, eventually, TestConnection, TestDb, TestPool};
 use outbox_tests::brokers::{
     arrivals, Broker, RabbitMqAlarm, RabbitMqMessageLimit, Received, TestQueue, TestStream,
@@ -203,14 +203,7 @@ fn relay_all_once<C: TestConnection>(
     assert!(report.holds(0), "{report:#?}");
     assert_eq!(report.delivered, 300);
     assert_faithful(&received);
-    let logged = delivery_log::attempts(
-        &mut pool.get().unwrap(),
-        &AttemptFilter {
-            limit: 1000,
-            ..AttemptFilter::default()
-        },
-    )
-    .unwrap();
+    let logged = attempts(&pool, &AttemptFilter::default());
     assert_eq!(logged.len(), 300);
     assert!(logged.iter().all(|a| a.outcome == "delivered"));
     let answers: HashSet<Option<&str>> = logged.iter().map(|a| a.answer.as_deref()).collect();

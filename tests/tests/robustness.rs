@@ -8,14 +8,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
-use outbox_diesel::delivery_log::{self, AttemptFilter};
+use outbox_diesel::delivery_log::AttemptFilter;
 use outbox_diesel::prelude::*;
 use outbox_diesel::{
     enqueue_all, outbox_handler, Context, DieselStore, EnqueueOptions, Error, Message,
     ProcessError, RetryPolicy, Worker, WorkerHandle, WorkerStats,
 };
 use outbox_testkit::http::{Receiver, Reply};
-use outbox_testkit::outbox::{dead, endpoint, pending};
+use outbox_testkit::outbox::{attempts, dead, endpoint, pending};
 use outbox_testkit::proxy::Proxy;
 use outbox_testkit::{backend_tests, eventually, Backend, TestConnection, TestDb};
 use outbox_tests::handlers::{Hook, HOOK};
@@ -441,14 +441,35 @@ backend_tests!(
     a_not_before_past_year_9999_is_refused_everywhere,
 );
 
+/// A PostgreSQL database in `LATIN1`: it refuses texts with characters beyond Latin-1.
+fn latin1_database() -> Option<TestDb> {
+    TestDb::new_with(
+        Backend::Postgres,
+        "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+    )
+}
+
+/// A worker delivering the hooks of `pool` to `receiver`, retrying quickly.
+fn hook_worker(
+    pool: &outbox_testkit::TestPool<diesel::PgConnection>,
+    receiver: &Receiver,
+) -> outbox_diesel::WorkerHandle {
+    Worker::builder(DieselStore::new(pool.clone()))
+        .poll_interval(Duration::from_millis(50))
+        .retry_policy(quick_retries())
+        .destination(
+            HOOK,
+            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
+        )
+        .spawn()
+        .unwrap()
+}
+
 /// A PostgreSQL database in `LATIN1` refuses the webhook error texts (they hold `…`): the
 /// outcomes are stored reduced to ASCII, and every message ends delivered or dead-lettered.
 #[test]
 fn a_database_that_refuses_error_texts_does_not_wedge_the_worker() {
-    let Some(db) = TestDb::new_with(
-        Backend::Postgres,
-        "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
-    ) else {
+    let Some(db) = latin1_database() else {
         return;
     };
     let pool = db.pool::<diesel::PgConnection>(6);
@@ -462,15 +483,7 @@ fn a_database_that_refuses_error_texts_does_not_wedge_the_worker() {
     });
     let hooks: Vec<Hook> = (0..300).map(Hook::new).collect();
     enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
-    let worker = Worker::builder(DieselStore::new(pool.clone()))
-        .poll_interval(Duration::from_millis(50))
-        .retry_policy(quick_retries())
-        .destination(
-            HOOK,
-            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
-        )
-        .spawn()
-        .unwrap();
+    let worker = hook_worker(&pool, &receiver);
     let started = Instant::now();
     assert!(
         eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
@@ -503,25 +516,14 @@ fn a_database_that_refuses_error_texts_does_not_wedge_the_worker() {
 /// message is delivered once; none is given up and delivered again.
 #[test]
 fn a_database_that_refuses_receivers_answers_delivers_each_message_once() {
-    let Some(db) = TestDb::new_with(
-        Backend::Postgres,
-        "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
-    ) else {
+    let Some(db) = latin1_database() else {
         return;
     };
     let pool = db.pool::<diesel::PgConnection>(6);
     let receiver = Receiver::start(|_, _| Reply::with_body(200, "Принято …"));
     let hooks: Vec<Hook> = (0..100).map(Hook::new).collect();
     enqueue_all(&mut pool.get().unwrap(), &hooks).unwrap();
-    let worker = Worker::builder(DieselStore::new(pool.clone()))
-        .poll_interval(Duration::from_millis(50))
-        .retry_policy(quick_retries())
-        .destination(
-            HOOK,
-            endpoint(&receiver.url("/hook"), Duration::from_secs(5)),
-        )
-        .spawn()
-        .unwrap();
+    let worker = hook_worker(&pool, &receiver);
     assert!(
         eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
         "wedged: {} pending, {:?}",
@@ -533,14 +535,7 @@ fn a_database_that_refuses_receivers_answers_delivers_each_message_once() {
         .expect("the worker stops in time");
     assert_eq!(receiver.count(), 100, "each once: {stats:?}");
     assert_eq!(stats.abandoned_outcomes, 0, "{stats:?}");
-    let logged = delivery_log::attempts(
-        &mut pool.get().unwrap(),
-        &AttemptFilter {
-            limit: 1000,
-            ..AttemptFilter::default()
-        },
-    )
-    .unwrap();
+    let logged = attempts(&pool, &AttemptFilter::default());
     assert_eq!(logged.len(), 100);
     assert!(
         logged

@@ -16,6 +16,12 @@ pub(crate) fn time_from_micros(micros: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(micros.max(0).unsigned_abs())
 }
 
+/// `time` as microseconds after the Unix epoch (0 for a time before it): the inverse of
+/// [`time_from_micros`].
+pub(crate) fn micros_from_time(time: SystemTime) -> i64 {
+    super::micros(time.duration_since(UNIX_EPOCH).unwrap_or_default())
+}
+
 /// A stored message id, or an error naming the row that holds something else.
 pub(crate) fn parse_message_id(table: &'static str, id: i64, text: &str) -> Result<MessageId> {
     text.parse().map_err(|_| Error::InvalidRow {

@@ -8,6 +8,7 @@ use diesel::QueryResult;
 use outbox_core::store::{AttemptLog, Exchange, Outcome};
 
 use super::bind::{Bind, Placeholders};
+use super::codec::micros_from_time;
 use super::{micros, to_i64, Statements};
 use crate::delivery_log::{AttemptFilter, DeliveryLog};
 
@@ -158,7 +159,7 @@ impl<'a> LoggedRow<'a> {
             answer: exchange.answer.as_ref().map(|answer| answer.text()),
             error: exchange.error.as_deref(),
             latency_micros: micros(exchange.latency),
-            started_micros: micros_since_epoch(exchange.started_at),
+            started_micros: micros_from_time(exchange.started_at),
         }
     }
 
@@ -178,13 +179,6 @@ impl<'a> LoggedRow<'a> {
             Bind::BigInt(self.started_micros),
         ]
     }
-}
-
-fn micros_since_epoch(time: std::time::SystemTime) -> i64 {
-    micros(
-        time.duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
 }
 
 /// Inserts `rows` into the log: many rows a statement, numbered from the first placeholder.
@@ -264,8 +258,8 @@ pub(crate) fn attempts<C: DeliveryLogStatements>(
     filter: &AttemptFilter,
 ) -> QueryResult<Vec<AttemptRow>> {
     let message_id = filter.message_id.map(|id| id.to_string());
-    let since = filter.since.map(micros_since_epoch);
-    let until = filter.until.map(micros_since_epoch);
+    let since = filter.since.map(micros_from_time);
+    let until = filter.until.map(micros_from_time);
     let mut conditions: Vec<String> = Vec::new();
     let mut binds: Vec<Bind<'_>> = Vec::new();
     // Each condition but one adds one bind; `n` numbers the last.
