@@ -1,4 +1,4 @@
-//! A `Store` around the library's `DieselStore` that counts what the worker asks of the
+//! A store around the library's `DieselStore` that counts what the worker asks of the
 //! database: claims (with their limits and sizes, empty and short ones), settlements, the time
 //! each takes, and the idle gaps between claims. Costs a clock read and a lock per claim or
 //! settlement, not per message.
@@ -7,8 +7,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use outbox_diesel::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, Listener, Outcome, Store, StoreError, SuccessorLease,
+    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Notifications,
+    Outcome, Paused, Pauses, Pruned, SettleTarget, SharedDestinations, SharedTurns, Store,
+    StoreError, StoredDestination, Subscriptions, SuccessorLease, SyncedDestination,
+    TransactionalSettlement, Turns,
 };
+use outbox_diesel::subscription::Subscription;
+use outbox_diesel::ProcessError;
 use serde_json::{json, Value};
 
 use crate::stats::round;
@@ -113,6 +118,10 @@ impl<S> TracedStore<S> {
 }
 
 impl<S: Store> Store for TracedStore<S> {
+    fn check(&self, connections: usize) -> Result<(), StoreError> {
+        self.inner.check(connections)
+    }
+
     fn claim(
         &self,
         token: ClaimToken,
@@ -185,55 +194,69 @@ impl<S: Store> Store for TracedStore<S> {
         self.inner.ping()
     }
 
+    fn promote_stranded(&self) -> Result<usize, StoreError> {
+        self.inner.promote_stranded()
+    }
+
+    fn prune(&self) -> Result<Pruned, StoreError> {
+        self.inner.prune()
+    }
+
+    fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
+        self.inner.backlog()
+    }
+
     fn connection_shortage(&self) -> Option<String> {
         self.inner.connection_shortage()
     }
+}
 
-    fn subscriptions(&self) -> Result<Vec<outbox_diesel::subscription::Subscription>, StoreError> {
+impl<S: SharedDestinations> SharedDestinations for TracedStore<S> {
+    fn sync_destinations(
+        &self,
+        destinations: &[SyncedDestination<'_>],
+        reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
+    ) -> Result<(), StoreError> {
+        self.inner.sync_destinations(destinations, reconcile)
+    }
+}
+
+impl<S: SharedTurns> SharedTurns for TracedStore<S> {
+    fn take_turn(
+        &self,
+        name: &str,
+        kind: &str,
+        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
+    ) -> Result<(), StoreError> {
+        self.inner.take_turn(name, kind, take)
+    }
+}
+
+impl<S: Pauses> Pauses for TracedStore<S> {
+    fn paused(&self) -> Result<Paused, StoreError> {
+        self.inner.paused()
+    }
+
+    fn release_paused(&self) -> Result<usize, StoreError> {
+        self.inner.release_paused()
+    }
+}
+
+impl<S: Subscriptions> Subscriptions for TracedStore<S> {
+    fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
         self.inner.subscriptions()
     }
 
-    fn fan_out(
-        &self,
-        target: &outbox_diesel::store::SettleTarget<'_>,
-    ) -> Result<Option<usize>, StoreError> {
+    fn fan_out(&self, target: &SettleTarget<'_>) -> Result<Option<usize>, StoreError> {
         self.inner.fan_out(target)
     }
 
     fn release_subscription(&self, id: &str) -> Result<usize, StoreError> {
         self.inner.release_subscription(id)
     }
+}
 
-    fn sync_destinations(
-        &self,
-        destinations: &[outbox_diesel::store::SyncedDestination<'_>],
-        reconcile: &mut dyn FnMut(
-            &[outbox_diesel::store::StoredDestination],
-        ) -> Vec<outbox_diesel::store::DestinationReport>,
-    ) -> Result<(), StoreError> {
-        self.inner.sync_destinations(destinations, reconcile)
-    }
-
-    fn take_turn(
-        &self,
-        name: &str,
-        kind: &str,
-        take: &mut dyn FnMut(
-            Option<outbox_diesel::store::Turns>,
-            i64,
-        ) -> outbox_diesel::store::Turns,
-    ) -> Result<(), StoreError> {
-        self.inner.take_turn(name, kind, take)
-    }
-
-    fn promote_stranded(&self) -> Result<usize, StoreError> {
-        self.inner.promote_stranded()
-    }
-
-    fn check(&self, connections: usize) -> Result<(), StoreError> {
-        self.inner.check(connections)
-    }
-
+impl<S: Notifications> Notifications for TracedStore<S> {
     fn listens(&self) -> bool {
         self.inner.listens()
     }
@@ -244,5 +267,17 @@ impl<S: Store> Store for TracedStore<S> {
 
     fn wants_local_wakeups(&self) -> bool {
         self.inner.wants_local_wakeups()
+    }
+}
+
+impl<S: TransactionalSettlement> TransactionalSettlement for TracedStore<S> {
+    type Connection = S::Connection;
+
+    fn settle_within(
+        &self,
+        message: &SettleTarget<'_>,
+        work: &mut dyn FnMut(&mut S::Connection) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError> {
+        self.inner.settle_within(message, work)
     }
 }

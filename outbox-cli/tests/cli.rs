@@ -9,8 +9,8 @@ use outbox_diesel::admin::{self, dead_letters, pending_messages, DeadLetter, Lis
 use outbox_diesel::destination::Answer;
 use outbox_diesel::prelude::*;
 use outbox_diesel::store::{
-    ClaimLimit, ClaimToken, Exchange, Outcome, Settlement, Store, StoredDestination,
-    SyncedDestination,
+    ClaimLimit, ClaimToken, Exchange, Outcome, Settlement, SharedDestinations, Store,
+    StoredDestination, SyncedDestination,
 };
 use outbox_diesel::{DieselStore, EnqueueOptions, Message, MessageId};
 use outbox_testkit::outbox::outcome;

@@ -11,6 +11,7 @@ use crate::destination::{Delivery, DestinationRef, Destinations, Envelope, Excha
 use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message_id::MessageId;
+use crate::store::{SettleTarget, TransactionalSettlement};
 
 /// Shared resources handlers need, such as a pool, a client or configuration, built once by
 /// the application when it starts the worker and keyed by type: one of each type.
@@ -69,10 +70,43 @@ impl fmt::Debug for Resources {
 /// How a worker settles the message of a context inside a transaction (see
 /// [`Context::settle_within`]).
 pub(crate) trait SettleWithin {
-    fn settle_within(
-        &self,
-        work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
-    ) -> Result<(), ProcessError>;
+    /// The message's claim as it stands now, or why the worker no longer holds it.
+    fn target(&self) -> Result<SettleTarget<'_>, ProcessError>;
+
+    /// The store's transactional settlement.
+    fn settlements(&self) -> &Settlements;
+}
+
+/// A store's [`TransactionalSettlement`], kept under its connection type so that a handler
+/// that names that type gets it typed.
+pub(crate) struct Settlements {
+    by_connection: Resources,
+    connection: &'static str,
+}
+
+/// The settlement of a store whose connection is a `C`.
+type SettlementOn<C> = Arc<dyn TransactionalSettlement<Connection = C>>;
+
+impl Settlements {
+    pub(crate) fn of<S: TransactionalSettlement>(store: Arc<S>) -> Self {
+        let settlement: SettlementOn<S::Connection> = store;
+        Settlements {
+            by_connection: Resources::new().with(settlement),
+            connection: type_name::<S::Connection>(),
+        }
+    }
+
+    /// The settlement on `C` connections, or an error naming the store's connection type.
+    fn on<C: 'static>(&self) -> Result<&SettlementOn<C>, ProcessError> {
+        self.by_connection.get::<SettlementOn<C>>().ok_or_else(|| {
+            ProcessError::permanent(format!(
+                "the handler asks for a `{}` connection, but the worker's store lends `{}`; \
+                 name the connection type of the pool given to the store",
+                type_name::<C>(),
+                self.connection
+            ))
+        })
+    }
 }
 
 /// What a handler receives besides its message: facts about the delivery, the worker's named
@@ -119,16 +153,17 @@ impl<'a> Context<'a> {
 
     /// Runs `work` in one database transaction that also settles this message as done: both
     /// commit or neither does, so the work's effect happens exactly once even across crashes.
-    /// `work` gets the store's connection as `&mut dyn Any`; call it through
-    /// `outbox_diesel::exactly_once`, which gives it its type.
+    /// `work` gets the store's connection, a `C`: the connection type of the store's pool (a
+    /// handler that names another type fails permanently, with an error naming both). Handlers
+    /// call it through `outbox_diesel::exactly_once`.
     ///
     /// If the worker no longer holds the message when the transaction ends (its lease passed
     /// to another claim), the work rolls back and this is a retryable error: the claim that
     /// holds it now does the work. Once it has committed, the attempt counts as succeeded
     /// whatever the handler returns after.
-    pub fn settle_within(
+    pub fn settle_within<C: 'static>(
         &mut self,
-        work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
+        work: &mut dyn FnMut(&mut C) -> Result<(), ProcessError>,
     ) -> Result<(), ProcessError> {
         let settle = self.settle.ok_or_else(|| {
             ProcessError::permanent(
@@ -141,7 +176,8 @@ impl<'a> Context<'a> {
                 "this message was settled in a transaction already; a handler settles it once",
             ));
         }
-        settle.settle_within(work)?;
+        let settlement = settle.settlements().on::<C>()?;
+        settlement.settle_within(&settle.target()?, work)?;
         self.settled_within = true;
         Ok(())
     }
@@ -254,5 +290,84 @@ mod tests {
             !shown.contains("secret"),
             "Debug must not reveal resources: {shown}"
         );
+    }
+
+    /// A store whose "connection" is the list of what the work wrote.
+    struct Ledger(std::sync::Mutex<Vec<&'static str>>);
+
+    impl TransactionalSettlement for Ledger {
+        type Connection = Vec<&'static str>;
+
+        fn settle_within(
+            &self,
+            _message: &SettleTarget<'_>,
+            work: &mut dyn FnMut(&mut Vec<&'static str>) -> Result<(), ProcessError>,
+        ) -> Result<(), ProcessError> {
+            let mut written = Vec::new();
+            work(&mut written)?;
+            self.0.lock().unwrap().extend(written);
+            Ok(())
+        }
+    }
+
+    struct Held(Settlements);
+
+    impl SettleWithin for Held {
+        fn target(&self) -> Result<SettleTarget<'_>, ProcessError> {
+            Ok(SettleTarget {
+                token: crate::store::ClaimToken::new(),
+                position: 1,
+                ordering_key: None,
+            })
+        }
+
+        fn settlements(&self) -> &Settlements {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn a_settlement_runs_on_the_stores_connection_type_and_another_type_is_named() {
+        let ledger = Arc::new(Ledger(std::sync::Mutex::new(Vec::new())));
+        let held = Held(Settlements::of(Arc::clone(&ledger)));
+        let delivery = Delivery {
+            message_id: MessageId::new(),
+            message_type: "points.award".into(),
+            attempt: 1,
+            headers: Headers::new(),
+            ordering_key: None,
+            priority: Priority::Normal,
+        };
+        let (resources, destinations) = (Resources::new(), Destinations::default());
+        let exchanges = Exchanges::default();
+        let mut ctx = Context::in_worker(&delivery, &resources, &destinations, &exchanges, &held);
+
+        let wrong = ctx
+            .settle_within(&mut |_: &mut String| Ok(()))
+            .unwrap_err();
+        assert_eq!(wrong.kind(), crate::FailureKind::Permanent);
+        assert!(
+            wrong.reason().contains("alloc::string::String")
+                && wrong.reason().contains("alloc::vec::Vec<&str>"),
+            "{}",
+            wrong.reason()
+        );
+        assert!(!ctx.was_settled_within());
+
+        ctx.settle_within(&mut |written: &mut Vec<&'static str>| {
+            written.push("points");
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(*ledger.0.lock().unwrap(), ["points"]);
+        assert!(ctx.was_settled_within());
+        let twice = ctx
+            .settle_within(&mut |written: &mut Vec<&'static str>| {
+                written.push("again");
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(twice.reason().contains("settled in a transaction already"));
+        assert_eq!(*ledger.0.lock().unwrap(), ["points"]);
     }
 }

@@ -4,7 +4,6 @@
 //! [`MemoryStore`](crate::testing::MemoryStore) (feature `testing`) in memory, with faults
 //! on demand.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -20,7 +19,7 @@ use crate::subscription::Subscription;
 /// Times are microseconds on one clock: the process's own for a limit of one process, the
 /// store's for a limit
 /// [`across_processes`](crate::destination::RateLimit::across_processes), which the store
-/// keeps as these four numbers ([`Store::take_turn`]). This is the state a store keeps; the
+/// keeps as these four numbers ([`SharedTurns::take_turn`]). This is the state a store keeps; the
 /// pacing that takes and books turns lives with the destinations (`destination::pace`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Turns {
@@ -187,7 +186,7 @@ pub enum Settlement {
     },
     /// Not processed: an operator paused its message type or its destination. Give it back
     /// without counting the attempt, keeping `reason` as its last error, and keep it out of
-    /// claims until [`Store::release_paused`] makes it due again.
+    /// claims until [`Pauses::release_paused`] makes it due again.
     Pause {
         /// Why, stored as the message's last error.
         reason: String,
@@ -304,7 +303,7 @@ impl Outcome {
     }
 }
 
-/// The message a [`Store::settle_within`] settles: its claim, position and ordering key.
+/// The message a [`TransactionalSettlement::settle_within`] settles: its claim, position and ordering key.
 #[derive(Debug, Clone, Copy)]
 pub struct SettleTarget<'a> {
     /// The claim that holds it now.
@@ -328,10 +327,19 @@ pub struct SuccessorLease {
     pub max_bytes: usize,
 }
 
-/// Where the worker's messages live. `outbox-diesel` implements it for PostgreSQL, MySQL and
-/// SQLite; it is public so that other storage can be plugged in. The conformance suite in the
-/// workspace's tests (`tests/tests/store_conformance.rs`) states the contract as tests.
+/// Where the worker's messages live: the core every store implements. `outbox-diesel`
+/// implements it for PostgreSQL, MySQL and SQLite; it is public so that other storage can be
+/// plugged in. A worker needs the capabilities of [`WorkerStore`] and a
+/// [`TransactionalSettlement`] besides; each is a trait of its own, with no method that does
+/// nothing by default, so a store states in its own code what it does for each. The
+/// conformance suite in the workspace's tests (`tests/tests/store_conformance.rs`) states the
+/// contract as tests.
 pub trait Store: Send + Sync + 'static {
+    /// Checks, once at start-up, that the store is reachable and ready and can lend the worker
+    /// `connections` connections at once, so that a wrong URL, a missing migration or a pool too
+    /// small is an error from `spawn` rather than a wedged worker.
+    fn check(&self, connections: usize) -> Result<(), StoreError>;
+
     /// Leases due messages under `token` for `lease`, oldest due first, within `limit`,
     /// taking at most the first pending message of each ordering key.
     fn claim(
@@ -349,15 +357,13 @@ pub trait Store: Send + Sync + 'static {
     /// that each settled head leaves at the front of its ordering key, where that message is due
     /// now and within `successors.max_bytes`: the key's next message goes to a handler without
     /// waiting for a claim, one round trip per message of a key instead of two. Returns the
-    /// fenced positions and the leased messages. The default leases nothing.
+    /// fenced positions and the leased messages. A store that cannot lease in the settlement's
+    /// transaction settles and leases nothing: the next claim takes the successors.
     fn settle_and_lease(
         &self,
         outcomes: &[Outcome],
         successors: &SuccessorLease,
-    ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError> {
-        let _ = successors;
-        Ok((self.settle(outcomes)?, Vec::new()))
-    }
+    ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError>;
 
     /// Extends the leases of messages still held by their claims to `lease` from now (the
     /// worker's heartbeat while they wait or run). Returns the positions whose leases another
@@ -374,14 +380,6 @@ pub trait Store: Send + Sync + 'static {
     /// down" (wait) from "the database refuses this one outcome" (do something about it).
     fn ping(&self) -> Result<(), StoreError>;
 
-    /// Checks, once at start-up, that the store is reachable and ready and can lend the worker
-    /// `connections` connections at once, so that a wrong URL, a missing migration or a pool too
-    /// small is an error from `spawn` rather than a wedged worker.
-    fn check(&self, connections: usize) -> Result<(), StoreError> {
-        let _ = connections;
-        Ok(())
-    }
-
     /// The safety net of per-key order: makes the first pending message of every ordering key
     /// claimable where concurrent transactions left none so (a store that parks the messages
     /// behind a key's head). The worker calls it every few seconds; returns how many. A store
@@ -389,104 +387,16 @@ pub trait Store: Send + Sync + 'static {
     /// forgets this stalls keys for good.
     fn promote_stranded(&self) -> Result<usize, StoreError>;
 
-    /// Settles a claimed message as done in one database transaction with `work`, which gets
-    /// the store's connection (as `&mut dyn Any`; `outbox-diesel`'s `exactly_once` gives it its
-    /// type): the work's writes and the message's removal (only if `token` still holds it)
-    /// commit together, or neither does. The removal comes last, so that the transaction locks
-    /// the message's row only at its end. Returns the work's error after rolling back, a
-    /// retryable error if the claim no longer holds the message (the work rolled back) or the
-    /// database failed. A store without transactions refuses (the default).
-    fn settle_within(
-        &self,
-        message: &SettleTarget<'_>,
-        work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
-    ) -> Result<(), ProcessError> {
-        let _ = (message, work);
-        Err(ProcessError::permanent(
-            "this worker's store cannot settle a message inside a transaction; exactly-once \
-             handlers need outbox-diesel's DieselStore",
-        ))
-    }
-
     /// Deletes what the store keeps only for a while and whose time has passed: idempotency
     /// keys past their window, and, where the application configured a retention, old dead
-    /// letters and received webhook ids. A bounded amount of work per call; the worker calls it
-    /// every few seconds.
-    fn prune(&self) -> Result<Pruned, StoreError> {
-        Ok(Pruned::default())
-    }
+    /// letters, received webhook ids and the delivery log. A bounded amount of work per call;
+    /// the worker calls it every few seconds.
+    fn prune(&self) -> Result<Pruned, StoreError>;
 
     /// How much waits in the store, for the worker's gauges (sampled every
     /// [`backlog_interval`](crate::WorkerBuilder::backlog_interval)): one cheap query. `None`
-    /// if the store cannot tell (the default).
-    fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
-        Ok(None)
-    }
-
-    /// Shares the health of the worker's destinations with other workers and with operators,
-    /// in one transaction: records the destinations the store does not know yet, reads them
-    /// (locked against concurrent changes), hands them to `reconcile` (which applies what the
-    /// store says: an operator enabled or disabled one, another worker was told `410 Gone`)
-    /// and writes the reports it returns. The worker calls it when it starts and every few
-    /// seconds. A store that keeps nothing between runs may share nothing and return `Ok`.
-    fn sync_destinations(
-        &self,
-        destinations: &[SyncedDestination<'_>],
-        reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
-    ) -> Result<(), StoreError>;
-
-    /// Takes a turn of a destination's rate limit
-    /// [`across_processes`](crate::destination::RateLimit::across_processes): hands `take` the
-    /// [`Turns`] the store keeps for destination `name` (of `kind`; `None` before the first)
-    /// and the store's clock in microseconds, and keeps the turns it returns, with the
-    /// destination locked meanwhile so that workers take turns one at a time. The worker calls
-    /// it for each paced delivery. A store that cannot share turns returns an error (the
-    /// default): the message then waits a second without counting an attempt, and the worker
-    /// says why in its log.
-    fn take_turn(
-        &self,
-        name: &str,
-        kind: &str,
-        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
-    ) -> Result<(), StoreError> {
-        let _ = (name, kind, take);
-        Err(StoreError::new(
-            "taking a turn of a rate limit across processes",
-            "this store keeps no shared rate limits: use a store that does (outbox-diesel's), \
-             or a limit of each process",
-        ))
-    }
-
-    /// The message types and destinations an operator paused, which the worker reads every few
-    /// seconds: it settles a claimed message of a paused type, or for a paused destination, as
-    /// [`Settlement::Pause`]. A store that keeps no pauses returns none (the default).
-    fn paused(&self) -> Result<Paused, StoreError> {
-        Ok(Paused::default())
-    }
-
-    /// Makes every message settled [`Settlement::Pause`] due at once, except those of a message
-    /// type that is still paused (a message for a paused destination is paused again by the
-    /// next worker that claims it); returns how many. Resuming runs it, and so does every
-    /// worker when it sees a pause end, which catches a settlement that raced the resume.
-    fn release_paused(&self) -> Result<usize, StoreError> {
-        Ok(0)
-    }
-
-    /// The subscriptions the store keeps ([`crate::subscription`]), enabled or not: the worker
-    /// delivers to them, reading them every few seconds. A store that keeps none returns none.
-    fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError>;
-
-    /// Fans the event at `target` out to its subscribers ([`crate::subscription`]): in one
-    /// transaction, one delivery (a message of the event's id, type, payload and headers, for
-    /// one subscription) for each enabled subscription of the event's owner whose filter takes
-    /// its type and that was created no later than it, and the event removed (its key's next
-    /// message promoted), if the claim `target.token` still holds it. Returns how many
-    /// deliveries it made, or `None` if the claim no longer holds the event (nothing written).
-    fn fan_out(&self, target: &SettleTarget<'_>) -> Result<Option<usize>, StoreError>;
-
-    /// Makes the deliveries of subscription `id` that wait paused (it was disabled) due at
-    /// once, as the subscription is enabled again; returns how many.
-    fn release_subscription(&self, id: &str) -> Result<usize, StoreError>;
+    /// if the store cannot tell.
+    fn backlog(&self) -> Result<Option<Backlog>, StoreError>;
 
     /// What keeps the store from lending the worker the connections it holds, if anything has
     /// for a while: the pool the application shares with the worker lends none, so the worker
@@ -494,28 +404,124 @@ pub trait Store: Send + Sync + 'static {
     /// The worker's [`health`](crate::WorkerHandle::health) reports it, and is unhealthy while
     /// it lasts.
     fn connection_shortage(&self) -> Option<String>;
+}
 
-    /// Whether [`listen`](Store::listen) gives a listener, which then holds a connection of its
-    /// own (counted by the worker before it calls [`check`](Store::check)).
-    fn listens(&self) -> bool {
-        false
-    }
+/// A store's record of the worker's destinations, shared with other workers and operators.
+pub trait SharedDestinations: Send + Sync {
+    /// Shares the health of the worker's destinations with other workers and with operators,
+    /// in one transaction: records the destinations the store does not know yet, reads them
+    /// (locked against concurrent changes), hands them to `reconcile` (which applies what the
+    /// store says: an operator enabled or disabled one, another worker was told `410 Gone`)
+    /// and writes the reports it returns. The worker calls it when it starts and every few
+    /// seconds. A store that keeps nothing between runs hands `reconcile` no records and
+    /// returns `Ok`.
+    fn sync_destinations(
+        &self,
+        destinations: &[SyncedDestination<'_>],
+        reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
+    ) -> Result<(), StoreError>;
+}
+
+/// A store that keeps the turns of rate limits
+/// [`across_processes`](crate::destination::RateLimit::across_processes).
+pub trait SharedTurns: Send + Sync {
+    /// Takes a turn of a destination's rate limit across processes: hands `take` the
+    /// [`Turns`] the store keeps for destination `name` (of `kind`; `None` before the first)
+    /// and the store's clock in microseconds, and keeps the turns it returns, with the
+    /// destination locked meanwhile so that workers take turns one at a time. The worker calls
+    /// it for each paced delivery. A store that cannot share turns returns an error that says
+    /// so: the message then waits a second without counting an attempt, and the worker says
+    /// why in its log.
+    fn take_turn(
+        &self,
+        name: &str,
+        kind: &str,
+        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
+    ) -> Result<(), StoreError>;
+}
+
+/// A store that keeps an operator's pauses of message types and destinations.
+pub trait Pauses: Send + Sync {
+    /// The message types and destinations an operator paused, which the worker reads every few
+    /// seconds: it settles a claimed message of a paused type, or for a paused destination, as
+    /// [`Settlement::Pause`]. A store that keeps no pauses returns none.
+    fn paused(&self) -> Result<Paused, StoreError>;
+
+    /// Makes every message settled [`Settlement::Pause`] due at once, except those of a message
+    /// type that is still paused (a message for a paused destination is paused again by the
+    /// next worker that claims it); returns how many. Resuming runs it, and so does every
+    /// worker when it sees a pause end, which catches a settlement that raced the resume.
+    fn release_paused(&self) -> Result<usize, StoreError>;
+}
+
+/// A store that keeps subscriptions ([`crate::subscription`]) and fans events out to them.
+pub trait Subscriptions: Send + Sync {
+    /// The subscriptions the store keeps, enabled or not: the worker delivers to them, reading
+    /// them every few seconds. A store that keeps none returns none.
+    fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError>;
+
+    /// Fans the event at `target` out to its subscribers: in one transaction, one delivery (a
+    /// message of the event's id, type, payload and headers, for one subscription) for each
+    /// enabled subscription of the event's owner whose filter takes its type and that was
+    /// created no later than it, and the event removed (its key's next message promoted), if
+    /// the claim `target.token` still holds it. Returns how many deliveries it made, or `None`
+    /// if the claim no longer holds the event (nothing written).
+    fn fan_out(&self, target: &SettleTarget<'_>) -> Result<Option<usize>, StoreError>;
+
+    /// Makes the deliveries of subscription `id` that wait paused (it was disabled) due at
+    /// once, as the subscription is enabled again; returns how many.
+    fn release_subscription(&self, id: &str) -> Result<usize, StoreError>;
+}
+
+/// How a store tells the worker that new messages were committed.
+pub trait Notifications: Send + Sync {
+    /// Whether [`listen`](Notifications::listen) gives a listener, which then holds a
+    /// connection of its own (counted by the worker before it calls [`check`](Store::check)).
+    fn listens(&self) -> bool;
 
     /// A way to be told promptly that new messages were committed (e.g. PostgreSQL
     /// `LISTEN`), or `None` if the store can only be polled.
-    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
-        Ok(None)
-    }
+    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError>;
 
     /// Whether enqueues in this process should wake the worker directly. Stores whose
-    /// [`listen`](Store::listen) reports commits exactly return `false`: an in-process wake
-    /// comes before the commit and would only cost an empty claim.
-    fn wants_local_wakeups(&self) -> bool {
-        true
-    }
+    /// [`listen`](Notifications::listen) reports commits exactly return `false`: an in-process
+    /// wake comes before the commit and would only cost an empty claim.
+    fn wants_local_wakeups(&self) -> bool;
 }
 
-/// What an operator paused: [`Store::paused`]. Each is a name with the operator's reason.
+/// Everything a worker asks of its store besides a [`TransactionalSettlement`]: implemented
+/// for every type that implements each part, and what the worker's threads share.
+pub trait WorkerStore:
+    Store + SharedDestinations + SharedTurns + Pauses + Subscriptions + Notifications
+{
+}
+
+impl<S> WorkerStore for S where
+    S: Store + SharedDestinations + SharedTurns + Pauses + Subscriptions + Notifications
+{
+}
+
+/// A store that settles a claimed message in the same database transaction as a handler's own
+/// writes: what exactly-once handlers (`outbox_diesel::exactly_once`) stand on.
+pub trait TransactionalSettlement: Send + Sync + 'static {
+    /// The connection the handler's work runs on: the one of the store's pool. A store without
+    /// transactions names an uninhabited type ([`std::convert::Infallible`]) and refuses.
+    type Connection: 'static;
+
+    /// Settles a claimed message as done in one database transaction with `work`, which gets
+    /// the store's connection: the work's writes and the message's removal (only if `token`
+    /// still holds it) commit together, or neither does. The removal comes last, so that the
+    /// transaction locks the message's row only at its end. Returns the work's error after
+    /// rolling back, a retryable error if the claim no longer holds the message (the work
+    /// rolled back) or the database failed.
+    fn settle_within(
+        &self,
+        message: &SettleTarget<'_>,
+        work: &mut dyn FnMut(&mut Self::Connection) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError>;
+}
+
+/// What an operator paused: [`Pauses::paused`]. Each is a name with the operator's reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Paused {
@@ -639,7 +645,7 @@ impl Backlog {
     }
 }
 
-/// A destination a worker shares through the store: [`Store::sync_destinations`].
+/// A destination a worker shares through the store: [`SharedDestinations::sync_destinations`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SyncedDestination<'a> {
@@ -656,7 +662,7 @@ impl<'a> SyncedDestination<'a> {
     }
 }
 
-/// A destination as the store keeps it: [`Store::sync_destinations`].
+/// A destination as the store keeps it: [`SharedDestinations::sync_destinations`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoredDestination {
@@ -681,7 +687,7 @@ impl StoredDestination {
     }
 }
 
-/// One destination's health as a worker reports it: [`Store::sync_destinations`].
+/// One destination's health as a worker reports it: [`SharedDestinations::sync_destinations`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DestinationReport {

@@ -33,15 +33,19 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::error::ProcessError;
 use crate::message::Message;
 use crate::message_id::MessageId;
 use crate::priority::Priority;
 use crate::store::{
-    ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Exchange, Outcome, Paused,
-    Settlement, Store, StoreError, StoredDestination, SyncedDestination, Turns,
+    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Exchange, Listener,
+    Notifications, Outcome, Paused, Pauses, Pruned, SettleTarget, Settlement, SharedDestinations,
+    SharedTurns, Store, StoreError, StoredDestination, Subscriptions, SuccessorLease,
+    SyncedDestination, TransactionalSettlement, Turns,
 };
 
 /// A message in a [`MemoryStore`].
@@ -316,7 +320,7 @@ impl MemoryStore {
         self.state().faults.max_connections = max;
     }
 
-    /// What an operator paused, as [`Store::paused`] reports it from now on. Resuming (pausing
+    /// What an operator paused, as [`Pauses::paused`](crate::store::Pauses::paused) reports it from now on. Resuming (pausing
     /// less) also makes due the paused messages that may run now, as the database stores' resume
     /// does.
     pub fn set_paused(&self, paused: Paused) {
@@ -395,6 +399,17 @@ impl State {
 }
 
 impl Store for MemoryStore {
+    fn check(&self, connections: usize) -> Result<(), StoreError> {
+        let state = self.call("checking the store")?;
+        match state.faults.max_connections {
+            Some(max) if max < connections => Err(failure(
+                "checking the store",
+                &format!("it lends {max} connections; the worker holds {connections}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn claim(
         &self,
         token: ClaimToken,
@@ -523,6 +538,16 @@ impl Store for MemoryStore {
         Ok(fenced)
     }
 
+    fn settle_and_lease(
+        &self,
+        outcomes: &[Outcome],
+        _successors: &SuccessorLease,
+    ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError> {
+        // Leasing successors is a round trip saved on a database; here the next claim takes
+        // them as cheaply.
+        Ok((self.settle(outcomes)?, Vec::new()))
+    }
+
     fn extend_leases(
         &self,
         leases: &[(ClaimToken, i64)],
@@ -545,61 +570,37 @@ impl Store for MemoryStore {
         self.call("checking the store").map(|_| ())
     }
 
-    fn connection_shortage(&self) -> Option<String> {
-        None
-    }
-
-    fn subscriptions(&self) -> Result<Vec<crate::subscription::Subscription>, StoreError> {
-        self.call("reading subscriptions").map(|_| Vec::new())
-    }
-
-    fn fan_out(
-        &self,
-        target: &crate::store::SettleTarget<'_>,
-    ) -> Result<Option<usize>, StoreError> {
-        // No subscriptions here: the event leaves with no delivery, if its claim holds it.
-        let mut state = self.call("fanning an event out")?;
-        match state.rows.get(&target.position) {
-            Some(row) if row.locked_by == Some(target.token) => {
-                state.rows.remove(&target.position);
-                Ok(Some(0))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    fn release_subscription(&self, _id: &str) -> Result<usize, StoreError> {
-        self.call("releasing a subscription's deliveries")
-            .map(|_| 0)
-    }
-
-    fn paused(&self) -> Result<Paused, StoreError> {
-        Ok(self.call("reading pauses")?.paused.clone())
-    }
-
-    fn release_paused(&self) -> Result<usize, StoreError> {
-        let mut state = self.call("releasing paused messages")?;
-        Ok(release_paused(&mut state))
-    }
-
     fn promote_stranded(&self) -> Result<usize, StoreError> {
         // Claims find each key's head by looking: nothing is ever parked.
         self.call("promoting stranded keys").map(|_| 0)
     }
 
-    fn take_turn(
-        &self,
-        name: &str,
-        _kind: &str,
-        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
-    ) -> Result<(), StoreError> {
-        let mut state = self.call("taking a turn of a rate limit across processes")?;
-        let now = i64::try_from(state.now().as_micros()).unwrap_or(i64::MAX);
-        let turns = take(state.turns.get(name).copied(), now);
-        state.turns.insert(name.to_owned(), turns);
-        Ok(())
+    fn prune(&self) -> Result<Pruned, StoreError> {
+        // Nothing here is kept for a while: no idempotency keys, dead letters or log.
+        self.call("pruning").map(|_| Pruned::default())
     }
 
+    fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
+        let state = self.call("reading the backlog")?;
+        let now = state.now();
+        let oldest_due = state
+            .rows
+            .values()
+            .map(|row| row.due)
+            .filter(|due| *due <= now)
+            .min();
+        Ok(Some(Backlog::new(
+            u64::try_from(state.rows.len()).unwrap_or(u64::MAX),
+            oldest_due.map_or(Duration::ZERO, |due| now.saturating_sub(due)),
+        )))
+    }
+
+    fn connection_shortage(&self) -> Option<String> {
+        None
+    }
+}
+
+impl SharedDestinations for MemoryStore {
     fn sync_destinations(
         &self,
         destinations: &[SyncedDestination<'_>],
@@ -626,16 +627,87 @@ impl Store for MemoryStore {
         }
         Ok(())
     }
+}
 
-    fn check(&self, connections: usize) -> Result<(), StoreError> {
-        let state = self.call("checking the store")?;
-        match state.faults.max_connections {
-            Some(max) if max < connections => Err(failure(
-                "checking the store",
-                &format!("it lends {max} connections; the worker holds {connections}"),
-            )),
-            _ => Ok(()),
+impl SharedTurns for MemoryStore {
+    fn take_turn(
+        &self,
+        name: &str,
+        _kind: &str,
+        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call("taking a turn of a rate limit across processes")?;
+        let now = i64::try_from(state.now().as_micros()).unwrap_or(i64::MAX);
+        let turns = take(state.turns.get(name).copied(), now);
+        state.turns.insert(name.to_owned(), turns);
+        Ok(())
+    }
+}
+
+impl Pauses for MemoryStore {
+    fn paused(&self) -> Result<Paused, StoreError> {
+        Ok(self.call("reading pauses")?.paused.clone())
+    }
+
+    fn release_paused(&self) -> Result<usize, StoreError> {
+        let mut state = self.call("releasing paused messages")?;
+        Ok(release_paused(&mut state))
+    }
+}
+
+impl Subscriptions for MemoryStore {
+    fn subscriptions(&self) -> Result<Vec<crate::subscription::Subscription>, StoreError> {
+        self.call("reading subscriptions").map(|_| Vec::new())
+    }
+
+    fn fan_out(
+        &self,
+        target: &crate::store::SettleTarget<'_>,
+    ) -> Result<Option<usize>, StoreError> {
+        // No subscriptions here: the event leaves with no delivery, if its claim holds it.
+        let mut state = self.call("fanning an event out")?;
+        match state.rows.get(&target.position) {
+            Some(row) if row.locked_by == Some(target.token) => {
+                state.rows.remove(&target.position);
+                Ok(Some(0))
+            }
+            _ => Ok(None),
         }
+    }
+
+    fn release_subscription(&self, _id: &str) -> Result<usize, StoreError> {
+        self.call("releasing a subscription's deliveries")
+            .map(|_| 0)
+    }
+}
+
+impl Notifications for MemoryStore {
+    fn listens(&self) -> bool {
+        false
+    }
+
+    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
+        Ok(None)
+    }
+
+    fn wants_local_wakeups(&self) -> bool {
+        // Only polled: an enqueue in this process wakes the worker at once.
+        true
+    }
+}
+
+impl TransactionalSettlement for MemoryStore {
+    type Connection = Infallible;
+
+    fn settle_within(
+        &self,
+        _message: &SettleTarget<'_>,
+        _work: &mut dyn FnMut(&mut Infallible) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError> {
+        Err(ProcessError::permanent(
+            "the in-memory store has no transactions, so it cannot settle a message inside one; \
+             exactly-once handlers need outbox-diesel's DieselStore",
+        ))
     }
 }
 

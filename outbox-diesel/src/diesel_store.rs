@@ -1,6 +1,5 @@
 //! The worker's storage on Diesel: claims with leases, batched settlements, `LISTEN`.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -8,9 +7,10 @@ use std::time::{Duration, Instant};
 use diesel::r2d2::{ManageConnection, Pool};
 use diesel::{Connection, QueryResult};
 use outbox_core::store::{
-    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Outcome, Paused,
-    Pruned, SettleTarget, Settlement, Store, StoreError, StoredDestination, SuccessorLease,
-    SyncedDestination, Turns,
+    Backlog, ClaimLimit, ClaimToken, ClaimedMessage, DestinationReport, Listener, Notifications,
+    Outcome, Paused, Pauses, Pruned, SettleTarget, Settlement, SharedDestinations, SharedTurns,
+    Store, StoreError, StoredDestination, Subscriptions, SuccessorLease, SyncedDestination,
+    TransactionalSettlement, Turns,
 };
 use outbox_core::subscription::Subscription;
 use outbox_core::{Headers, MessageId, ProcessError};
@@ -229,256 +229,6 @@ where
     M: ManageConnection,
     M::Connection: OutboxConnection + Connection + Send,
 {
-    fn claim(
-        &self,
-        token: ClaimToken,
-        limit: ClaimLimit,
-        lease: Duration,
-    ) -> Result<Vec<ClaimedMessage>, StoreError> {
-        let token_text = token.to_string();
-        let groups_after = self.groups_after().clone();
-        let claim = Claim {
-            token: &token_text,
-            limit,
-            lease_micros: micros(lease),
-            groups_after: &groups_after,
-        };
-        let from = self.claim_cursor.start(Instant::now());
-        let claimed = self.connections.with(
-            Role::Claims,
-            "claiming messages",
-            |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim, from)),
-        )?;
-        if let Some(first) = claimed.first {
-            self.claim_cursor.advance(first);
-        }
-        if let Some(last_group) = claimed.last_group {
-            *self.groups_after() = last_group;
-        }
-        let (claimed, unreadable) = read_claimed(token, claimed.rows);
-        self.dead_letter_unreadable(Role::Claims, &unreadable)?;
-        Ok(claimed)
-    }
-
-    fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
-        self.keeping_cursor(makes_due(outcomes), || {
-            self.connections
-                .with(Role::Settlements, "settling processed messages", |conn| {
-                    with_backend!(conn.backend_connection(), c => {
-                        sql::settle(c, outcomes, self.keeping)
-                    })
-                })
-        })
-    }
-
-    fn settle_and_lease(
-        &self,
-        outcomes: &[Outcome],
-        successors: &SuccessorLease,
-    ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError> {
-        let token_text = successors.token.to_string();
-        let claim = Claim {
-            token: &token_text,
-            limit: ClaimLimit {
-                messages: outcomes.len(),
-                bytes: successors.max_bytes,
-                oversized_alone: false,
-            },
-            lease_micros: micros(successors.lease),
-            groups_after: "",
-        };
-        let (fenced, rows) = self.keeping_cursor(makes_due(outcomes), || {
-            self.connections
-                .with(Role::Settlements, "settling processed messages", |conn| {
-                    with_backend!(conn.backend_connection(), c => {
-                        sql::settle_leasing(c, outcomes, Some(&claim), self.keeping)
-                    })
-                })
-        })?;
-        let (mut leased, unreadable) = read_claimed(successors.token, rows);
-        leased.sort_by_key(|message| message.position);
-        self.dead_letter_unreadable(Role::Settlements, &unreadable)?;
-        Ok((fenced, leased))
-    }
-
-    fn promote_stranded(&self) -> Result<usize, StoreError> {
-        self.keeping_cursor(true, || {
-            self.connections.with(
-                Role::Chores,
-                "promoting stranded ordering keys",
-                |conn| with_backend!(conn.backend_connection(), c => c.promote_stranded()),
-            )
-        })
-    }
-
-    fn settle_within(
-        &self,
-        message: &SettleTarget<'_>,
-        work: &mut dyn FnMut(&mut dyn Any) -> Result<(), ProcessError>,
-    ) -> Result<(), ProcessError> {
-        let lent = self.connections.transaction_connection().map_err(|error| {
-            ProcessError::retryable(format!(
-                "{error}; an exactly-once handler takes a connection of its own while it runs"
-            ))
-        })?;
-        let mut conn = lent.map_err(|shortage| {
-            // Not the message's failure: it waits for a connection without spending an attempt.
-            ProcessError::defer(
-                format!(
-                    "not processed: no connection for its exactly-once transaction ({shortage}); \
-                     an exactly-once handler takes a connection of its own while it runs, so \
-                     the pool needs one per handler thread beside the worker's own"
-                ),
-                SHORT_OF_CONNECTIONS_WAIT,
-            )
-        })?;
-        let claims = [(message.token.to_string(), vec![message.position])];
-        let keys: Vec<&str> = message.ordering_key.into_iter().collect();
-        let mut outcome = Ok(());
-        // The key's next message is promoted at the transaction's clock.
-        let promotes = message.ordering_key.is_some();
-        // Begun to write (`BEGIN IMMEDIATE` on SQLite): the work may read first, and a
-        // deferred transaction whose read the worker's commit made stale cannot write after.
-        let archive = self.keeping.archive;
-        let committed = self.keeping_cursor(promotes, || {
-            crate::write_transaction::<_, _, diesel::result::Error, _>(&mut *conn, |c| {
-                outcome = work(c);
-                if outcome.is_err() {
-                    return Err(diesel::result::Error::RollbackTransaction);
-                }
-                // Removed last, fenced by the claim: while the work runs, the transaction holds no
-                // lock on the message's row, so the worker's heartbeat and a watchdog's settlement
-                // of a hung attempt never wait on it; a claim that lost its lease meanwhile removes
-                // nothing, and its work rolls back.
-                let removed = with_backend!(c.backend_connection(), b => {
-                    if archive {
-                        sql::delivery_log::archive(b, &claims)?;
-                    }
-                    let removed = b.delete_done(&claims, &keys)?;
-                    b.keep_commit_durable()?;
-                    removed
-                });
-                if removed == 0 {
-                    outcome = Err(ProcessError::retryable(
-                        "the lease on this message passed to another claim while the handler \
-                     worked; its transaction rolled back, and the claim that holds the message \
-                     now does the work",
-                    ));
-                    return Err(diesel::result::Error::RollbackTransaction);
-                }
-                Ok(())
-            })
-        });
-        match committed {
-            Ok(()) => Ok(()),
-            Err(diesel::result::Error::RollbackTransaction) if outcome.is_err() => outcome,
-            Err(error) => Err(ProcessError::retryable(format!(
-                "the handler's transaction failed and rolled back: {error}"
-            ))),
-        }
-    }
-
-    fn sync_destinations(
-        &self,
-        destinations: &[SyncedDestination<'_>],
-        reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
-    ) -> Result<(), StoreError> {
-        self.connections.with(
-            Role::Chores,
-            "sharing the destinations' health",
-            |conn| with_backend!(conn.backend_connection(), c => sql::sync_destinations(c, destinations, reconcile)),
-        )
-    }
-
-    fn take_turn(
-        &self,
-        name: &str,
-        kind: &str,
-        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
-    ) -> Result<(), StoreError> {
-        self.connections.with(
-            Role::Turns,
-            "taking a turn of a rate limit across processes",
-            |conn| with_backend!(conn.backend_connection(), c => sql::take_turn(c, name, kind, take)),
-        )
-    }
-
-    fn paused(&self) -> Result<Paused, StoreError> {
-        let rows = self.connections.with(
-            Role::Chores,
-            "reading pauses",
-            |conn| with_backend!(conn.backend_connection(), c => c.pauses()),
-        )?;
-        Ok(paused_from_rows(rows))
-    }
-
-    fn release_paused(&self) -> Result<usize, StoreError> {
-        let released = self.connections.with(
-            Role::Chores,
-            "making resumed messages due again",
-            |conn| with_backend!(conn.backend_connection(), c => c.release_paused()),
-        )?;
-        // A resume makes its messages due at its transaction's clock, which claims may have
-        // passed since: the next claim reads from the start of the due index.
-        self.claim_cursor.rewind(0);
-        Ok(released)
-    }
-
-    fn prune(&self) -> Result<Pruned, StoreError> {
-        let mut cursor = self
-            .idempotency_sweep
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.connections
-            .with(Role::Chores, "pruning expired rows", |conn| {
-                with_backend!(conn.backend_connection(), c => {
-                    let mut pruned = self.retention.prune(c)?;
-                    pruned.idempotency_keys =
-                        idempotency::sweep(c, &mut cursor, self.idempotency_window)?;
-                    pruned.empty_groups = c.remove_empty_groups()?;
-                    Ok(pruned)
-                })
-            })
-    }
-
-    fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
-        self.connections
-            .with(Role::Chores, "sampling the backlog", |conn| {
-                with_backend!(conn.backend_connection(), c => {
-                    let row = c.backlog()?;
-                    // A role that may not see other sessions still samples the backlog.
-                    let horizon = c.horizon().unwrap_or_default();
-                    Ok((row.oldest_due_at, backlog_of(&row, &horizon)))
-                })
-            })
-            .map(|(oldest_due_at, backlog)| {
-                // The claims' safety net: the oldest due message, read off their path.
-                if let Some(due_micros) = oldest_due_at {
-                    self.claim_cursor.rewind(due_micros);
-                }
-                Some(backlog)
-            })
-    }
-
-    fn extend_leases(
-        &self,
-        leases: &[(ClaimToken, i64)],
-        lease: Duration,
-    ) -> Result<Vec<i64>, StoreError> {
-        self.connections.with(
-            Role::Settlements,
-            "renewing leases",
-            |conn| with_backend!(conn.backend_connection(), c => extend_leases(c, leases, lease)),
-        )
-    }
-
-    fn ping(&self) -> Result<(), StoreError> {
-        self.connections
-            .with(Role::Settlements, "checking the database", |conn| {
-                execute_batch(&mut **conn, "SELECT 1")
-            })
-    }
-
     fn check(&self, connections: usize) -> Result<(), StoreError> {
         self.connections.expect(connections);
         let pool = self.connections.pool();
@@ -578,25 +328,217 @@ where
         }
     }
 
-    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
-        if self.connections.backend()? != Backend::Postgres {
-            return Ok(None);
+    fn claim(
+        &self,
+        token: ClaimToken,
+        limit: ClaimLimit,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let token_text = token.to_string();
+        let groups_after = self.groups_after().clone();
+        let claim = Claim {
+            token: &token_text,
+            limit,
+            lease_micros: micros(lease),
+            groups_after: &groups_after,
+        };
+        let from = self.claim_cursor.start(Instant::now());
+        let claimed = self.connections.with(
+            Role::Claims,
+            "claiming messages",
+            |conn| with_backend!(conn.backend_connection(), c => c.claim(&claim, from)),
+        )?;
+        if let Some(first) = claimed.first {
+            self.claim_cursor.advance(first);
         }
-        let mut conn = self.connections.listener_connection()?;
-        execute_batch(&mut *conn.conn, "LISTEN outbox_message")
-            .map_err(|e| StoreError::new("listening for new messages", e))?;
-        Ok(Some(Box::new(NotificationListener {
-            conn,
-            listening: self.claim_cursor.listening(),
-            checked: Instant::now(),
-            last_notified: Instant::now(),
-        })))
+        if let Some(last_group) = claimed.last_group {
+            *self.groups_after() = last_group;
+        }
+        let (claimed, unreadable) = read_claimed(token, claimed.rows);
+        self.dead_letter_unreadable(Role::Claims, &unreadable)?;
+        Ok(claimed)
+    }
+
+    fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
+        self.keeping_cursor(makes_due(outcomes), || {
+            self.connections
+                .with(Role::Settlements, "settling processed messages", |conn| {
+                    with_backend!(conn.backend_connection(), c => {
+                        sql::settle(c, outcomes, self.keeping)
+                    })
+                })
+        })
+    }
+
+    fn settle_and_lease(
+        &self,
+        outcomes: &[Outcome],
+        successors: &SuccessorLease,
+    ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError> {
+        let token_text = successors.token.to_string();
+        let claim = Claim {
+            token: &token_text,
+            limit: ClaimLimit {
+                messages: outcomes.len(),
+                bytes: successors.max_bytes,
+                oversized_alone: false,
+            },
+            lease_micros: micros(successors.lease),
+            groups_after: "",
+        };
+        let (fenced, rows) = self.keeping_cursor(makes_due(outcomes), || {
+            self.connections
+                .with(Role::Settlements, "settling processed messages", |conn| {
+                    with_backend!(conn.backend_connection(), c => {
+                        sql::settle_leasing(c, outcomes, Some(&claim), self.keeping)
+                    })
+                })
+        })?;
+        let (mut leased, unreadable) = read_claimed(successors.token, rows);
+        leased.sort_by_key(|message| message.position);
+        self.dead_letter_unreadable(Role::Settlements, &unreadable)?;
+        Ok((fenced, leased))
+    }
+
+    fn extend_leases(
+        &self,
+        leases: &[(ClaimToken, i64)],
+        lease: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.connections.with(
+            Role::Settlements,
+            "renewing leases",
+            |conn| with_backend!(conn.backend_connection(), c => extend_leases(c, leases, lease)),
+        )
+    }
+
+    fn ping(&self) -> Result<(), StoreError> {
+        self.connections
+            .with(Role::Settlements, "checking the database", |conn| {
+                execute_batch(&mut **conn, "SELECT 1")
+            })
+    }
+
+    fn promote_stranded(&self) -> Result<usize, StoreError> {
+        self.keeping_cursor(true, || {
+            self.connections.with(
+                Role::Chores,
+                "promoting stranded ordering keys",
+                |conn| with_backend!(conn.backend_connection(), c => c.promote_stranded()),
+            )
+        })
+    }
+
+    fn prune(&self) -> Result<Pruned, StoreError> {
+        let mut cursor = self
+            .idempotency_sweep
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.connections
+            .with(Role::Chores, "pruning expired rows", |conn| {
+                with_backend!(conn.backend_connection(), c => {
+                    let mut pruned = self.retention.prune(c)?;
+                    pruned.idempotency_keys =
+                        idempotency::sweep(c, &mut cursor, self.idempotency_window)?;
+                    pruned.empty_groups = c.remove_empty_groups()?;
+                    Ok(pruned)
+                })
+            })
+    }
+
+    fn backlog(&self) -> Result<Option<Backlog>, StoreError> {
+        self.connections
+            .with(Role::Chores, "sampling the backlog", |conn| {
+                with_backend!(conn.backend_connection(), c => {
+                    let row = c.backlog()?;
+                    // A role that may not see other sessions still samples the backlog.
+                    let horizon = c.horizon().unwrap_or_default();
+                    Ok((row.oldest_due_at, backlog_of(&row, &horizon)))
+                })
+            })
+            .map(|(oldest_due_at, backlog)| {
+                // The claims' safety net: the oldest due message, read off their path.
+                if let Some(due_micros) = oldest_due_at {
+                    self.claim_cursor.rewind(due_micros);
+                }
+                Some(backlog)
+            })
     }
 
     fn connection_shortage(&self) -> Option<String> {
         self.connections.shortage_report()
     }
+}
 
+impl<M> SharedDestinations for DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Connection + Send,
+{
+    fn sync_destinations(
+        &self,
+        destinations: &[SyncedDestination<'_>],
+        reconcile: &mut dyn FnMut(&[StoredDestination]) -> Vec<DestinationReport>,
+    ) -> Result<(), StoreError> {
+        self.connections.with(
+            Role::Chores,
+            "sharing the destinations' health",
+            |conn| with_backend!(conn.backend_connection(), c => sql::sync_destinations(c, destinations, reconcile)),
+        )
+    }
+}
+
+impl<M> SharedTurns for DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Connection + Send,
+{
+    fn take_turn(
+        &self,
+        name: &str,
+        kind: &str,
+        take: &mut dyn FnMut(Option<Turns>, i64) -> Turns,
+    ) -> Result<(), StoreError> {
+        self.connections.with(
+            Role::Turns,
+            "taking a turn of a rate limit across processes",
+            |conn| with_backend!(conn.backend_connection(), c => sql::take_turn(c, name, kind, take)),
+        )
+    }
+}
+
+impl<M> Pauses for DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Connection + Send,
+{
+    fn paused(&self) -> Result<Paused, StoreError> {
+        let rows = self.connections.with(
+            Role::Chores,
+            "reading pauses",
+            |conn| with_backend!(conn.backend_connection(), c => c.pauses()),
+        )?;
+        Ok(paused_from_rows(rows))
+    }
+
+    fn release_paused(&self) -> Result<usize, StoreError> {
+        let released = self.connections.with(
+            Role::Chores,
+            "making resumed messages due again",
+            |conn| with_backend!(conn.backend_connection(), c => c.release_paused()),
+        )?;
+        // A resume makes its messages due at its transaction's clock, which claims may have
+        // passed since: the next claim reads from the start of the due index.
+        self.claim_cursor.rewind(0);
+        Ok(released)
+    }
+}
+
+impl<M> Subscriptions for DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Connection + Send,
+{
     fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
         let rows = self.connections.with(
             Role::Chores,
@@ -621,13 +563,109 @@ where
         self.claim_cursor.rewind(0);
         Ok(released)
     }
+}
 
+impl<M> Notifications for DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Connection + Send,
+{
     fn listens(&self) -> bool {
         matches!(self.connections.backend(), Ok(Backend::Postgres))
     }
 
+    fn listen(&self) -> Result<Option<Box<dyn Listener>>, StoreError> {
+        if self.connections.backend()? != Backend::Postgres {
+            return Ok(None);
+        }
+        let mut conn = self.connections.listener_connection()?;
+        execute_batch(&mut *conn.conn, "LISTEN outbox_message")
+            .map_err(|e| StoreError::new("listening for new messages", e))?;
+        Ok(Some(Box::new(NotificationListener {
+            conn,
+            listening: self.claim_cursor.listening(),
+            checked: Instant::now(),
+            last_notified: Instant::now(),
+        })))
+    }
+
     fn wants_local_wakeups(&self) -> bool {
         !self.listens()
+    }
+}
+
+impl<M> TransactionalSettlement for DieselStore<M>
+where
+    M: ManageConnection,
+    M::Connection: OutboxConnection + Connection + Send,
+{
+    type Connection = M::Connection;
+
+    fn settle_within(
+        &self,
+        message: &SettleTarget<'_>,
+        work: &mut dyn FnMut(&mut M::Connection) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessError> {
+        let lent = self.connections.transaction_connection().map_err(|error| {
+            ProcessError::retryable(format!(
+                "{error}; an exactly-once handler takes a connection of its own while it runs"
+            ))
+        })?;
+        let mut conn = lent.map_err(|shortage| {
+            // Not the message's failure: it waits for a connection without spending an attempt.
+            ProcessError::defer(
+                format!(
+                    "not processed: no connection for its exactly-once transaction ({shortage}); \
+                     an exactly-once handler takes a connection of its own while it runs, so \
+                     the pool needs one per handler thread beside the worker's own"
+                ),
+                SHORT_OF_CONNECTIONS_WAIT,
+            )
+        })?;
+        let claims = [(message.token.to_string(), vec![message.position])];
+        let keys: Vec<&str> = message.ordering_key.into_iter().collect();
+        let mut outcome = Ok(());
+        // The key's next message is promoted at the transaction's clock.
+        let promotes = message.ordering_key.is_some();
+        // Begun to write (`BEGIN IMMEDIATE` on SQLite): the work may read first, and a
+        // deferred transaction whose read the worker's commit made stale cannot write after.
+        let archive = self.keeping.archive;
+        let committed = self.keeping_cursor(promotes, || {
+            crate::write_transaction::<_, _, diesel::result::Error, _>(&mut *conn, |c| {
+                outcome = work(c);
+                if outcome.is_err() {
+                    return Err(diesel::result::Error::RollbackTransaction);
+                }
+                // Removed last, fenced by the claim: while the work runs, the transaction holds no
+                // lock on the message's row, so the worker's heartbeat and a watchdog's settlement
+                // of a hung attempt never wait on it; a claim that lost its lease meanwhile removes
+                // nothing, and its work rolls back.
+                let removed = with_backend!(c.backend_connection(), b => {
+                    if archive {
+                        sql::delivery_log::archive(b, &claims)?;
+                    }
+                    let removed = b.delete_done(&claims, &keys)?;
+                    b.keep_commit_durable()?;
+                    removed
+                });
+                if removed == 0 {
+                    outcome = Err(ProcessError::retryable(
+                        "the lease on this message passed to another claim while the handler \
+                     worked; its transaction rolled back, and the claim that holds the message \
+                     now does the work",
+                    ));
+                    return Err(diesel::result::Error::RollbackTransaction);
+                }
+                Ok(())
+            })
+        });
+        match committed {
+            Ok(()) => Ok(()),
+            Err(diesel::result::Error::RollbackTransaction) if outcome.is_err() => outcome,
+            Err(error) => Err(ProcessError::retryable(format!(
+                "the handler's transaction failed and rolled back: {error}"
+            ))),
+        }
     }
 }
 

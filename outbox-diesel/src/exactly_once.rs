@@ -70,14 +70,12 @@
 //!   with four threads). The victim rolls back and its attempt is retried like any failure: the
 //!   effect still happens once, but count on a few extra retries.
 
-use std::any::{type_name, Any};
-
 use outbox_core::{Context, ProcessError};
 
 /// Runs `work` on the worker's connection in one transaction that also removes this message
 /// from the outbox; see the [module documentation](self). `C` is the connection type of the
 /// pool given to [`DieselStore`](crate::DieselStore) (a mismatch is a permanent failure that
-/// names it).
+/// names both types).
 pub fn exactly_once<C, T>(
     ctx: &mut Context<'_>,
     work: impl FnOnce(&mut C) -> Result<T, ProcessError>,
@@ -87,14 +85,7 @@ where
 {
     let mut work = Some(work);
     let mut output = None;
-    ctx.settle_within(&mut |conn: &mut dyn Any| {
-        let conn = conn.downcast_mut::<C>().ok_or_else(|| {
-            ProcessError::permanent(format!(
-                "the handler asks for a `{}` connection, but the worker's store lends another \
-                 type; name the connection type of the pool given to DieselStore",
-                type_name::<C>()
-            ))
-        })?;
+    ctx.settle_within(&mut |conn: &mut C| {
         let work = work.take().ok_or_else(|| {
             ProcessError::permanent("the store ran a handler's transaction body twice")
         })?;

@@ -11,7 +11,7 @@ use outbox_diesel::admin::{self, ListOptions};
 use outbox_diesel::destination::Answer;
 use outbox_diesel::prelude::*;
 use outbox_diesel::store::{
-    ClaimLimit, ClaimToken, Exchange, Settlement, Store, SyncedDestination,
+    ClaimLimit, ClaimToken, Exchange, Settlement, SharedDestinations, Store, SyncedDestination,
 };
 use outbox_diesel::{
     outbox_handler, Context, DieselStore, EnqueueOptions, MessageId, ProcessError,

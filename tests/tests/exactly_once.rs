@@ -12,7 +12,7 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::{Integer, Text};
 use diesel::{QueryableByName, RunQueryDsl};
-use outbox_diesel::store::{ClaimLimit, ClaimToken, SettleTarget, Store};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, SettleTarget, Store, TransactionalSettlement};
 use outbox_diesel::{
     enqueue_all, DieselStore, MessageId, OutboxManager, ProcessError, Worker, WorkerHandle,
 };
@@ -125,9 +125,12 @@ fn settle_recording<C: TestConnection>(
     fail: bool,
 ) -> Result<(), ProcessError> {
     let backend = db.backend();
-    store.settle_within(target, &mut |conn| {
+    store.settle_within(target, &mut |conn: &mut C| {
         with_connection!(backend, D => {
-            let conn = conn.downcast_mut::<D>().expect("the store lends the pool's connection");
+            // The store lends its pool's connection, typed; the test names the backend's own.
+            let conn = (conn as &mut dyn std::any::Any)
+                .downcast_mut::<D>()
+                .expect("a test pool's connection is its backend's");
             diesel::sql_query(insert_effect(backend))
                 .bind::<Text, _>("settle_within")
                 .bind::<Integer, _>(n)
@@ -206,10 +209,7 @@ fn an_exactly_once_transaction_that_reads_first_is_not_failed_by_a_commit_in_bet
             enqueue_all(&mut pool.get().unwrap(), &[Effect::new(2)]).unwrap();
         }
     });
-    let settled = store.settle_within(&target, &mut |conn| {
-        let conn = conn
-            .downcast_mut::<diesel::SqliteConnection>()
-            .expect("the pool's connection");
+    let settled = store.settle_within(&target, &mut |conn: &mut diesel::SqliteConnection| {
         diesel::sql_query("SELECT message_id, n FROM test_effect")
             .load::<EffectRow>(conn)
             .map_err(ProcessError::retryable)?;

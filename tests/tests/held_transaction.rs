@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::{SimpleConnection, TransactionManager};
 use diesel::prelude::*;
 use outbox_diesel::admin;
-use outbox_diesel::store::{ClaimLimit, ClaimToken, Settlement, Store};
+use outbox_diesel::store::{ClaimLimit, ClaimToken, Notifications, Settlement, Store};
 use outbox_diesel::{enqueue_all, DieselStore, Enqueue, EnqueueOptions, Message, OutboxManager};
 use outbox_testkit::outbox::outcome;
 use outbox_testkit::{Backend, TestConnection, TestDb, TestPool};

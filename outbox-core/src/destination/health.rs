@@ -22,7 +22,7 @@
 //!
 //! The state lives in the worker, one per named destination. The worker shares it through its
 //! store every few seconds
-//! ([`Store::sync_destinations`](crate::store::Store::sync_destinations)): a disable recorded
+//! ([`SharedDestinations::sync_destinations`](crate::store::SharedDestinations::sync_destinations)): a disable recorded
 //! there (another worker's `410 Gone`, an earlier run's, an operator's) is adopted, before the
 //! worker's first claim when it starts, and an operator's enable is followed. Pauses and holds
 //! stay per process: each worker learns of an outage, and of its end, by itself.

@@ -8,14 +8,17 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 
 use super::health::{adopt, Adopt, Gate, Health, Observed, Transition};
-use super::pace::{Pace, Pacer, RateLimit, SharedTurns};
+use super::pace::{Pace, Pacer, RateLimit, TurnsOf};
 use super::{
     Answer, Delivery, DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope,
 };
 use crate::error::{FailureKind, ProcessError};
 use crate::metrics;
 use crate::priority::Priority;
-use crate::store::{DestinationReport, Exchange, Store, StoredDestination, SyncedDestination};
+use crate::store::{
+    DestinationReport, Exchange, SharedDestinations, SharedTurns, StoredDestination,
+    SyncedDestination, WorkerStore,
+};
 
 /// How long a message waits when its turn under a rate limit across processes could not be
 /// taken from the store.
@@ -85,7 +88,7 @@ pub(crate) struct Registered {
     pacer: Pacer,
     /// The store, which keeps the turns of a rate limit across processes (the worker's; none
     /// in a destination's own tests).
-    turns: Option<Arc<dyn Store>>,
+    turns: Option<Arc<dyn SharedTurns>>,
     /// Why an operator paused it, while paused (read from the store every few seconds).
     operator_pause: Mutex<Option<String>>,
 }
@@ -268,7 +271,7 @@ impl Registered {
     /// the turn when it is far (without counting an attempt).
     fn take_turn(&self, priority: Priority) -> Result<(), ProcessError> {
         let name = &self.name;
-        let shared = SharedTurns {
+        let shared = TurnsOf {
             store: self.turns.as_deref(),
             name,
             kind: self.kind(),
@@ -433,9 +436,9 @@ impl Destinations {
 
     /// The same destinations, taking the turns of their rate limits across processes from
     /// `store`.
-    pub fn keeping_turns_in(mut self, store: &Arc<dyn Store>) -> Self {
+    pub fn keeping_turns_in(mut self, store: &Arc<dyn WorkerStore>) -> Self {
         for registered in self.by_name.values_mut() {
-            registered.turns = Some(Arc::clone(store));
+            registered.turns = Some(Arc::clone(store) as Arc<dyn SharedTurns>);
         }
         self
     }
@@ -481,12 +484,12 @@ impl Destinations {
     }
 }
 
-/// Shares the health of `destinations` through the store (see [`Store::sync_destinations`]);
+/// Shares the health of `destinations` through the store (see [`SharedDestinations::sync_destinations`](crate::store::SharedDestinations::sync_destinations));
 /// `enables_seen` is the operator's count of enables of each destination when this worker last
 /// read it.
 pub(crate) fn sync_health(
     destinations: &[&Registered],
-    store: &dyn crate::store::Store,
+    store: &dyn SharedDestinations,
     enables_seen: &mut HashMap<String, i64>,
 ) -> Result<(), crate::store::StoreError> {
     if destinations.is_empty() {
@@ -759,7 +762,7 @@ mod tests {
     #[test]
     fn a_turn_the_store_cannot_give_defers_the_message_and_calls_nothing() {
         let memory = crate::testing::MemoryStore::new();
-        let store: Arc<dyn Store> = Arc::new(memory.clone());
+        let store: Arc<dyn WorkerStore> = Arc::new(memory.clone());
         let scripted = Arc::new(Scripted::default());
         let limit = RateLimit::per_second(100).across_processes();
         let destinations = Destinations::new(vec![(

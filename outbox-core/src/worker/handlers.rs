@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::Sender;
 
-use crate::context::{Context, SettleWithin};
+use crate::context::{Context, SettleWithin, Settlements};
 use crate::destination::pace::LONGEST_PACING_WAIT;
 use crate::destination::{Delivery, Exchanges, Registered, DESTINATION_TARGET_PREFIX};
 use crate::error::{FailureKind, ProcessError};
@@ -210,10 +210,7 @@ struct JobSettle<'a> {
 }
 
 impl SettleWithin for JobSettle<'_> {
-    fn settle_within(
-        &self,
-        work: &mut dyn FnMut(&mut dyn std::any::Any) -> Result<(), ProcessError>,
-    ) -> Result<(), ProcessError> {
+    fn target(&self) -> Result<SettleTarget<'_>, ProcessError> {
         let token = self
             .shared
             .held
@@ -224,12 +221,15 @@ impl SettleWithin for JobSettle<'_> {
                      settles nothing; a later attempt does the work",
                 )
             })?;
-        let target = SettleTarget {
+        Ok(SettleTarget {
             token,
             position: self.position,
             ordering_key: self.ordering_key,
-        };
-        self.shared.store.settle_within(&target, work)
+        })
+    }
+
+    fn settlements(&self) -> &Settlements {
+        &self.shared.settlements
     }
 }
 

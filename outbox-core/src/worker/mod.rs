@@ -58,9 +58,10 @@ use std::sync::Arc;
 
 use crossbeam_channel::bounded;
 
+use crate::context::Settlements;
 use crate::destination::Destinations;
 use crate::registry::Registry;
-use crate::store::Store;
+use crate::store::{TransactionalSettlement, WorkerStore};
 
 pub use config::{WorkerBuilder, WorkerError};
 pub use handle::{Stopper, WorkerHandle};
@@ -87,12 +88,12 @@ impl Worker {
     /// while the handlers keep up, at most 32 MiB of payload held, a 30 s handler timeout, a
     /// 60 s lease (renewed while a message is held), a 1 s safety-net poll, wake-ups on, unknown
     /// types retried for 15 minutes, and the default [`RetryPolicy`](crate::RetryPolicy).
-    pub fn builder<S: Store>(store: S) -> WorkerBuilder<S> {
+    pub fn builder<S: WorkerStore + TransactionalSettlement>(store: S) -> WorkerBuilder<S> {
         WorkerBuilder::new(store)
     }
 }
 
-impl<S: Store> WorkerBuilder<S> {
+impl<S: WorkerStore + TransactionalSettlement> WorkerBuilder<S> {
     /// Checks the configuration, the destinations, the store and the handler registry, and
     /// starts the threads.
     ///
@@ -176,11 +177,14 @@ impl<S: Store> WorkerBuilder<S> {
             (listens && self.store.wants_local_wakeups()).then(|| wake::subscribe(wake_tx.clone()));
 
         let handler_threads = config.handler_threads;
-        let store: Arc<dyn Store> = Arc::new(self.store);
+        let store = Arc::new(self.store);
+        let settlements = Settlements::of(Arc::clone(&store));
+        let store: Arc<dyn WorkerStore> = store;
         let parts = Parts {
             config,
             destinations: destinations.keeping_turns_in(&store),
             store,
+            settlements,
             registry,
             resources: self.resources,
             subscribers,

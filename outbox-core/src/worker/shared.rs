@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::context::Resources;
+use crate::context::{Resources, Settlements};
 use crate::destination::Destinations;
 use crate::registry::Registry;
-use crate::store::Store;
+use crate::store::WorkerStore;
 
 use super::config::Config;
 use super::held::Held;
@@ -23,7 +23,9 @@ use super::vitals::{Counters, Vitals};
 /// The state every role of one worker reads.
 pub(crate) struct Shared {
     pub config: Config,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn WorkerStore>,
+    /// The store's transactional settlement, for exactly-once handlers.
+    pub settlements: Settlements,
     pub registry: Registry,
     pub resources: Resources,
     pub destinations: Destinations,
@@ -53,7 +55,8 @@ pub(crate) struct Shared {
 /// What a worker is made of, besides its threads' channels.
 pub(crate) struct Parts {
     pub config: Config,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn WorkerStore>,
+    pub settlements: Settlements,
     pub registry: Registry,
     pub resources: Resources,
     pub destinations: Destinations,
@@ -70,6 +73,7 @@ impl Shared {
         let Parts {
             config,
             store,
+            settlements,
             registry,
             resources,
             destinations,
@@ -78,6 +82,7 @@ impl Shared {
         Shared {
             config,
             store,
+            settlements,
             registry,
             resources,
             destinations,

@@ -86,9 +86,11 @@ impl SimWorker {
         let (_, unused_jobs) = super::jobs::channel(1);
         let (queued, jobs) = super::jobs::channel(config.max_in_flight);
         let (outcomes, _) = bounded(1);
+        let store = Arc::new(store.clone());
         let parts = Parts {
             config: config.clone(),
-            store: Arc::new(store.clone()),
+            settlements: crate::context::Settlements::of(Arc::clone(&store)),
+            store,
             registry,
             resources: Resources::new(),
             destinations: Destinations::default(),

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::destination::{DestinationOptions, Registered};
-use crate::store::{Store, StoreError};
+use crate::store::{StoreError, Subscriptions};
 use crate::subscription::{destination_name, Subscription, SubscriptionTransport};
 
 /// How often a handler thread that met a subscription this worker does not know may read the
@@ -97,7 +97,7 @@ impl Subscribers {
     pub fn get_or_read(
         &self,
         id: &str,
-        store: &dyn Store,
+        store: &dyn Subscriptions,
     ) -> Result<Option<Arc<Known>>, StoreError> {
         if let Some(known) = self.get(id) {
             return Ok(Some(known));

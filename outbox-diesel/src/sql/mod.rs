@@ -442,7 +442,7 @@ impl TurnsRow {
 }
 
 /// Takes a turn of destination `name`'s rate limit across processes
-/// ([`Store::take_turn`](outbox_core::store::Store::take_turn)): its row locked (added first if
+/// ([`SharedTurns::take_turn`](outbox_core::store::SharedTurns::take_turn)): its row locked (added first if
 /// no worker of this destination synced it yet), its turns handed to `take` with the
 /// database's clock, and what `take` returns written back, in one short transaction.
 pub(crate) fn take_turn<C: Statements>(
@@ -1011,7 +1011,7 @@ pub(crate) struct PauseRow {
     pub(crate) paused_at: i64,
 }
 
-/// One sync of a worker's destinations ([`Store::sync_destinations`](outbox_core::store::Store::sync_destinations)):
+/// One sync of a worker's destinations ([`SharedDestinations::sync_destinations`](outbox_core::store::SharedDestinations::sync_destinations)):
 /// in one transaction, the unknown ones recorded, all read locked (in name order, so that two
 /// workers lock them in one order), handed to `reconcile`, its reports written.
 pub(crate) fn sync_destinations<C: Statements>(

@@ -186,7 +186,7 @@ pub(crate) fn delivery_key(subscription: &str, key: Option<&str>) -> Option<Stri
     Some(format!("{subscription}:#{hex}"))
 }
 
-/// Fans the event at `position` out, as [`Store::fan_out`](outbox_core::store::Store::fan_out)
+/// Fans the event at `position` out, as [`Subscriptions::fan_out`](outbox_core::store::Subscriptions::fan_out)
 /// says: `None` if the claim `token` no longer holds it. Runs inside the caller's transaction.
 /// With `archive`, the event is kept in the archive as it leaves.
 pub(crate) fn fan_out<C: SubscriptionStatements + DeliveryLogStatements>(
