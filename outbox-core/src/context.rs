@@ -342,9 +342,7 @@ mod tests {
         let exchanges = Exchanges::default();
         let mut ctx = Context::in_worker(&delivery, &resources, &destinations, &exchanges, &held);
 
-        let wrong = ctx
-            .settle_within(&mut |_: &mut String| Ok(()))
-            .unwrap_err();
+        let wrong = ctx.settle_within(&mut |_: &mut String| Ok(())).unwrap_err();
         assert_eq!(wrong.kind(), crate::FailureKind::Permanent);
         assert!(
             wrong.reason().contains("alloc::string::String")

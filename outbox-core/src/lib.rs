@@ -48,6 +48,7 @@
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod answer;
 mod context;
 pub mod destination;
 mod error;

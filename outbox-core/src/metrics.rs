@@ -258,10 +258,15 @@ pub(crate) fn destination_duration(destination: &str, duration: Duration) {
     });
 }
 
-/// Records that destination `destination` is in `state` (and in no other).
-pub(crate) fn destination_state(destination: &str, kind: &'static str, state: &'static str) {
+/// Records that destination `destination` is in `state` and in none of the other `states`.
+pub(crate) fn destination_state(
+    destination: &str,
+    kind: &'static str,
+    state: &'static str,
+    states: &[&'static str],
+) {
     record(|| {
-        for each in crate::destination::DestinationState::NAMES {
+        for &each in states {
             let value = if each == state { 1.0 } else { 0.0 };
             ::metrics::gauge!(
                 DESTINATION_STATE,

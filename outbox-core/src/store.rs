@@ -8,12 +8,19 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use crate::destination::Answer;
+use crate::answer::Answer;
 use crate::error::ProcessError;
 use crate::headers::Headers;
 use crate::message_id::MessageId;
 use crate::priority::Priority;
 use crate::subscription::Subscription;
+
+/// What a message that is a delivery to one of the workers' destinations (a replay or a
+/// resend) carries where a subscription's delivery carries the subscription's id
+/// ([`ClaimedMessage::subscription_id`](ClaimedMessage::subscription_id)):
+/// `destination:<name>`. Its payload goes to that destination as it is, without the type's
+/// handler.
+pub const DESTINATION_TARGET_PREFIX: &str = "destination:";
 
 /// A paced destination's turns: a bucket of them, and the line of messages deferred to one.
 /// Times are microseconds on one clock: the process's own for a limit of one process, the
@@ -148,7 +155,7 @@ pub struct ClaimedMessage {
     pub headers: Headers,
     /// The subscription this message is a delivery for ([`crate::subscription`]), if it is
     /// one; or, for a replay or a resend to one of the workers' destinations,
-    /// `destination:<name>` ([`DESTINATION_TARGET_PREFIX`](crate::destination::DESTINATION_TARGET_PREFIX)).
+    /// `destination:<name>` ([`DESTINATION_TARGET_PREFIX`](DESTINATION_TARGET_PREFIX)).
     pub subscription_id: Option<String>,
     /// Its priority: how soon it was claimed against other due messages, and whether a paced
     /// destination lets it ahead of the turns it gave the backlog.
@@ -289,9 +296,10 @@ impl Outcome {
     /// The same outcome keeping `exchanges` in the delivery log (none: nothing to keep).
     pub fn logging(mut self, message: &ClaimedMessage, exchanges: Vec<Exchange>) -> Outcome {
         if !exchanges.is_empty() {
-            let subscription_id = message.subscription_id.clone().filter(|target| {
-                !target.starts_with(crate::destination::DESTINATION_TARGET_PREFIX)
-            });
+            let subscription_id = message
+                .subscription_id
+                .clone()
+                .filter(|target| !target.starts_with(DESTINATION_TARGET_PREFIX));
             self.log = Some(Box::new(AttemptLog {
                 message_type: message.message_type.clone(),
                 attempt: message.attempt,

@@ -13,7 +13,7 @@
 //! subscription, with its own attempts, backoff, dead letter and re-queue, and per-key order
 //! within that subscription (its ordering key is the event's, prefixed by the subscription).
 //! Each subscription is a destination of its own too, built by the worker's
-//! [`SubscriptionTransport`] (a signed webhook, with `outbox-webhook`), with its own health
+//! [`SubscriptionTransport`](crate::destination::SubscriptionTransport) (a signed webhook, with `outbox-webhook`), with its own health
 //! (paused after failures, probed, disabled by a `410`), rate limit, learned rate and metrics
 //! (under the destination name `subscription:<id>`). So a subscriber that fails or is slow
 //! spends only its own deliveries' attempts and never re-delivers to another.
@@ -22,10 +22,6 @@
 //! seconds, and at once when it claims a delivery for one it does not know yet.
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
-
-use crate::destination::Destination;
 
 /// The destination name that routes a message type to the subscriptions:
 /// `#[outbox_handler("invoice.paid", deliver_to = "subscribers")]`. A worker with
@@ -156,23 +152,6 @@ impl fmt::Debug for Subscription {
             .field("allow_http", &self.allow_http)
             .field("enabled", &self.enabled)
             .finish()
-    }
-}
-
-/// How a worker delivers to subscriptions: the destination it builds for each one, anew
-/// whenever the subscription changes. `outbox-webhook`'s `SubscriptionWebhooks` builds signed
-/// webhooks; any [`Destination`] will do.
-pub trait SubscriptionTransport: Send + Sync + 'static {
-    /// The destination for `subscription`, or why there can be none (a URL the address guard
-    /// refuses, a secret that cannot be decrypted): its deliveries then wait, without spending
-    /// attempts, until it changes.
-    fn destination(&self, subscription: &Subscription) -> Result<Arc<dyn Destination>, String>;
-
-    /// The longest one delivery through a destination it builds takes before it gives up by
-    /// itself (see [`Destination::timeout`]): the worker's handler timeout is raised to cover
-    /// it.
-    fn timeout(&self) -> Duration {
-        Duration::ZERO
     }
 }
 

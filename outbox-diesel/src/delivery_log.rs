@@ -59,38 +59,15 @@ use crate::sql::codec::{micros_from_time, parse_message_id, time_from_micros};
 use crate::sql::delivery_log::{
     self as statements, ArchiveQuery, ArchivedRow, AttemptRow, DeliveryLogStatements as _,
 };
-use crate::sql::{delete_in_batches, PRUNE_ROUNDS};
+use crate::sql::{delete_in_batches, Statements as _, PRUNE_ROUNDS};
+
+pub use crate::sql::delivery_log::{AttemptFilter, DeliveryLog};
 
 /// How long the delivery log keeps an attempt by default.
 pub const DEFAULT_DELIVERY_LOG_AGE: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// How many attempts the delivery log keeps at most by default.
 pub const DEFAULT_DELIVERY_LOG_ROWS: usize = 1_000_000;
-
-/// What the delivery log keeps.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DeliveryLog {
-    /// Every exchange with a destination.
-    #[default]
-    All,
-    /// Only the exchanges that did not deliver (failed, rejected, pushed back): the evidence of
-    /// trouble, at a fraction of the writes.
-    Failures,
-    /// Nothing.
-    Off,
-}
-
-impl DeliveryLog {
-    /// Whether an exchange that went `outcome` is kept.
-    pub(crate) fn keeps(self, outcome: &str) -> bool {
-        match self {
-            DeliveryLog::All => true,
-            DeliveryLog::Failures => outcome != "delivered",
-            DeliveryLog::Off => false,
-        }
-    }
-}
 
 /// How long, and how much, the delivery log keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,71 +84,6 @@ impl Default for DeliveryLogRetention {
             max_age: Some(DEFAULT_DELIVERY_LOG_AGE),
             max_rows: Some(DEFAULT_DELIVERY_LOG_ROWS),
         }
-    }
-}
-
-/// Which logged attempts to read. Every field narrows; the default reads the newest 100.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttemptFilter {
-    /// Only this message's attempts.
-    pub message_id: Option<MessageId>,
-    /// Only those to this destination (`subscription:<id>` for a subscription's).
-    pub destination: Option<String>,
-    /// Only those of deliveries for this subscription.
-    pub subscription_id: Option<String>,
-    /// Only those of messages of this type.
-    pub message_type: Option<String>,
-    /// Only those that did not deliver.
-    pub failures_only: bool,
-    /// Only those that started at or after this time.
-    pub since: Option<SystemTime>,
-    /// Only those that started before this time.
-    pub until: Option<SystemTime>,
-    /// Only those logged before the attempt with this id: the next page after it.
-    pub before: Option<i64>,
-    /// At most this many, newest first.
-    pub limit: u32,
-}
-
-impl Default for AttemptFilter {
-    fn default() -> Self {
-        AttemptFilter {
-            message_id: None,
-            destination: None,
-            subscription_id: None,
-            message_type: None,
-            failures_only: false,
-            since: None,
-            until: None,
-            before: None,
-            limit: 100,
-        }
-    }
-}
-
-impl AttemptFilter {
-    /// Only message `id`'s attempts.
-    pub fn message(mut self, id: MessageId) -> Self {
-        self.message_id = Some(id);
-        self
-    }
-
-    /// Only those to destination `name`.
-    pub fn destination(mut self, name: impl Into<String>) -> Self {
-        self.destination = Some(name.into());
-        self
-    }
-
-    /// Only those of deliveries for subscription `id`.
-    pub fn subscription(mut self, id: impl Into<String>) -> Self {
-        self.subscription_id = Some(id.into());
-        self
-    }
-
-    /// Only those that did not deliver.
-    pub fn failures_only(mut self) -> Self {
-        self.failures_only = true;
-        self
     }
 }
 
@@ -530,7 +442,7 @@ fn check_destination<C: OutboxConnection>(conn: &mut C, name: &str) -> Result<()
             ),
         });
     }
-    let known: Vec<String> = crate::admin::destinations(conn)?
+    let known: Vec<String> = with_backend!(conn.backend_connection(), c => c.destinations())?
         .into_iter()
         .map(|destination| destination.name)
         .collect();

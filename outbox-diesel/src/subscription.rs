@@ -83,9 +83,8 @@ use base64::Engine as _;
 use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
-pub use outbox_core::subscription::{
-    filter_takes, Subscription, SubscriptionTransport, SUBSCRIBERS,
-};
+pub use outbox_core::destination::SubscriptionTransport;
+pub use outbox_core::subscription::{filter_takes, Subscription, SUBSCRIBERS};
 pub use outbox_core::SubscriptionDelivery;
 
 use crate::connection::{with_backend, OutboxConnection};
@@ -591,7 +590,7 @@ impl SubscriptionWebhooks {
 }
 
 #[cfg(feature = "webhook")]
-impl outbox_core::subscription::SubscriptionTransport for SubscriptionWebhooks {
+impl SubscriptionTransport for SubscriptionWebhooks {
     fn destination(
         &self,
         subscription: &outbox_core::subscription::Subscription,

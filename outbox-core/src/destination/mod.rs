@@ -56,17 +56,22 @@ mod named;
 pub mod pace;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{FailureKind, ProcessError};
 use crate::headers::Headers;
 use crate::message_id::MessageId;
 use crate::priority::Priority;
+use crate::subscription::Subscription;
 
 pub use health::{DestinationState, HealthPolicy};
 pub(crate) use named::{sync_health, Destinations, Exchanges, Registered};
 pub use named::{DestinationOptions, DestinationRef, NameError, MAX_DESTINATION_NAME};
 pub use pace::RateLimit;
+
+pub use crate::answer::{Answer, MAX_ANSWER_BYTES};
+pub use crate::store::DESTINATION_TARGET_PREFIX;
 
 /// The header carrying a message's id on transports that carry headers, the same on every
 /// attempt: consumers drop duplicates by it.
@@ -75,13 +80,6 @@ pub const MESSAGE_ID_HEADER: &str = "outbox-message-id";
 pub const MESSAGE_TYPE_HEADER: &str = "outbox-message-type";
 /// The header carrying a message's ordering key, if it has one.
 pub const ORDERING_KEY_HEADER: &str = "outbox-ordering-key";
-
-/// What a message that is a delivery to one of the workers' destinations (a replay or a
-/// resend) carries where a subscription's delivery carries the subscription's id
-/// ([`ClaimedMessage::subscription_id`](crate::store::ClaimedMessage::subscription_id)):
-/// `destination:<name>`. Its payload goes to that destination as it is, without the type's
-/// handler.
-pub const DESTINATION_TARGET_PREFIX: &str = "destination:";
 
 /// The content type of a JSON body, an envelope's default.
 pub const JSON: &str = "application/json";
@@ -137,51 +135,20 @@ impl<D: Destination + ?Sized> Destination for Box<D> {
     }
 }
 
-/// The most of an answer the delivery log keeps, in bytes: enough for an error's message, not
-/// a page of HTML.
-pub const MAX_ANSWER_BYTES: usize = 512;
+/// How a worker delivers to subscriptions: the destination it builds for each one, anew
+/// whenever the subscription changes. `outbox-webhook`'s `SubscriptionWebhooks` builds signed
+/// webhooks; any [`Destination`] will do.
+pub trait SubscriptionTransport: Send + Sync + 'static {
+    /// The destination for `subscription`, or why there can be none (a URL the address guard
+    /// refuses, a secret that cannot be decrypted): its deliveries then wait, without spending
+    /// attempts, until it changes.
+    fn destination(&self, subscription: &Subscription) -> Result<Arc<dyn Destination>, String>;
 
-/// What the other side of a delivery answered: an HTTP status and the start of the response
-/// body, a broker's acknowledgement. Kept in the delivery log beside the attempt, so it must
-/// not contain secrets.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Answer {
-    status: Option<u16>,
-    text: String,
-}
-
-impl Answer {
-    /// An answer with a status code (HTTP's) and text, cut to [`MAX_ANSWER_BYTES`] at a
-    /// character boundary, NUL characters replaced (text columns refuse them).
-    pub fn new(status: Option<u16>, text: impl Into<String>) -> Self {
-        let mut text = text.into();
-        if text.contains('\0') {
-            text = text.replace('\0', "\u{FFFD}");
-        }
-        if text.len() > MAX_ANSWER_BYTES {
-            let mut end = MAX_ANSWER_BYTES;
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            text.truncate(end);
-        }
-        Answer { status, text }
-    }
-
-    /// An HTTP answer: its status, and its body decoded lossily.
-    pub fn http(status: u16, body: &[u8]) -> Self {
-        let body = &body[..body.len().min(MAX_ANSWER_BYTES)];
-        Answer::new(Some(status), String::from_utf8_lossy(body))
-    }
-
-    /// The status code, where the transport has one.
-    pub fn status(&self) -> Option<u16> {
-        self.status
-    }
-
-    /// The start of what the other side answered.
-    pub fn text(&self) -> &str {
-        &self.text
+    /// The longest one delivery through a destination it builds takes before it gives up by
+    /// itself (see [`Destination::timeout`]): the worker's handler timeout is raised to cover
+    /// it.
+    fn timeout(&self) -> Duration {
+        Duration::ZERO
     }
 }
 
@@ -500,19 +467,7 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_is_cut_to_its_bound_at_a_character_boundary() {
-        let long = "é".repeat(MAX_ANSWER_BYTES);
-        let answer = Answer::new(Some(500), long);
-        assert!(answer.text().len() <= MAX_ANSWER_BYTES);
-        assert!(answer.text().len() > MAX_ANSWER_BYTES - 2);
-        assert!(answer.text().chars().all(|c| c == 'é'));
-        let http = Answer::http(404, &[b'x'; 4 * MAX_ANSWER_BYTES]);
-        assert_eq!(
-            (http.status(), http.text().len()),
-            (Some(404), MAX_ANSWER_BYTES)
-        );
-        let binary = Answer::http(200, b"ok\0\0");
-        assert_eq!(binary.text(), "ok\u{FFFD}\u{FFFD}");
+    fn a_failure_carries_what_the_other_side_answered() {
         let failed = DeliveryError::unavailable("503").with_answer(Answer::http(503, b"busy"));
         assert_eq!(failed.answer().map(Answer::text), Some("busy"));
     }

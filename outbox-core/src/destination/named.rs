@@ -329,7 +329,17 @@ impl Registered {
                  messages are dead-lettered until an operator enables it again"
             ),
         }
-        metrics::destination_state(name, self.kind(), self.state().name());
+        self.publish_state();
+    }
+
+    /// Sets this destination's state gauge.
+    fn publish_state(&self) {
+        metrics::destination_state(
+            self.name(),
+            self.kind(),
+            self.state().name(),
+            &DestinationState::NAMES,
+        );
     }
 
     /// Applies what the store says about this destination, given the operator's count of
@@ -467,11 +477,7 @@ impl Destinations {
     /// ran out shows as healthy again.
     pub fn publish_states(&self) {
         for registered in self.iter() {
-            metrics::destination_state(
-                registered.name(),
-                registered.kind(),
-                registered.state().name(),
-            );
+            registered.publish_state();
         }
     }
 
@@ -513,11 +519,7 @@ pub(crate) fn sync_health(
         destinations.iter().map(|d| d.store_report()).collect()
     })?;
     for registered in destinations {
-        metrics::destination_state(
-            registered.name(),
-            registered.kind(),
-            registered.state().name(),
-        );
+        registered.publish_state();
     }
     Ok(())
 }

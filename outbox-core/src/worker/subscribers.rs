@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::destination::SubscriptionTransport;
 use crate::destination::{DestinationOptions, Registered};
 use crate::store::{StoreError, Subscriptions};
-use crate::subscription::{destination_name, Subscription, SubscriptionTransport};
+use crate::subscription::{destination_name, Subscription};
 
 /// How often a handler thread that met a subscription this worker does not know may read the
 /// subscriptions again itself (the housekeeper reads them every few seconds anyway).

@@ -3,14 +3,16 @@
 //! message id, a time and an insert that skips taken keys ([`DeliveryLogStatements`], in its
 //! own file), and the statements are built here.
 
+use std::time::SystemTime;
+
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::QueryResult;
 use outbox_core::store::{AttemptLog, Exchange, Outcome};
+use outbox_core::MessageId;
 
 use super::bind::{Bind, Placeholders};
 use super::codec::micros_from_time;
 use super::{micros, to_i64, Statements};
-use crate::delivery_log::{AttemptFilter, DeliveryLog};
 
 /// The columns an exchange is written to, in the order of [`LoggedRow::binds`].
 pub(crate) const COLUMNS: &str =
@@ -22,6 +24,98 @@ const BINDS: usize = 11;
 
 /// Rows written by one statement: far below every backend's bind limit.
 const ROWS_PER_STATEMENT: usize = 500;
+
+// The log's settings and filter are the SQL layer's input; `crate::delivery_log` publishes them.
+
+/// What the delivery log keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliveryLog {
+    /// Every exchange with a destination.
+    #[default]
+    All,
+    /// Only the exchanges that did not deliver (failed, rejected, pushed back): the evidence of
+    /// trouble, at a fraction of the writes.
+    Failures,
+    /// Nothing.
+    Off,
+}
+
+impl DeliveryLog {
+    /// Whether an exchange that went `outcome` is kept.
+    pub(crate) fn keeps(self, outcome: &str) -> bool {
+        match self {
+            DeliveryLog::All => true,
+            DeliveryLog::Failures => outcome != "delivered",
+            DeliveryLog::Off => false,
+        }
+    }
+}
+
+/// Which logged attempts to read. Every field narrows; the default reads the newest 100.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptFilter {
+    /// Only this message's attempts.
+    pub message_id: Option<MessageId>,
+    /// Only those to this destination (`subscription:<id>` for a subscription's).
+    pub destination: Option<String>,
+    /// Only those of deliveries for this subscription.
+    pub subscription_id: Option<String>,
+    /// Only those of messages of this type.
+    pub message_type: Option<String>,
+    /// Only those that did not deliver.
+    pub failures_only: bool,
+    /// Only those that started at or after this time.
+    pub since: Option<SystemTime>,
+    /// Only those that started before this time.
+    pub until: Option<SystemTime>,
+    /// Only those logged before the attempt with this id: the next page after it.
+    pub before: Option<i64>,
+    /// At most this many, newest first.
+    pub limit: u32,
+}
+
+impl Default for AttemptFilter {
+    fn default() -> Self {
+        AttemptFilter {
+            message_id: None,
+            destination: None,
+            subscription_id: None,
+            message_type: None,
+            failures_only: false,
+            since: None,
+            until: None,
+            before: None,
+            limit: 100,
+        }
+    }
+}
+
+impl AttemptFilter {
+    /// Only message `id`'s attempts.
+    pub fn message(mut self, id: MessageId) -> Self {
+        self.message_id = Some(id);
+        self
+    }
+
+    /// Only those to destination `name`.
+    pub fn destination(mut self, name: impl Into<String>) -> Self {
+        self.destination = Some(name.into());
+        self
+    }
+
+    /// Only those of deliveries for subscription `id`.
+    pub fn subscription(mut self, id: impl Into<String>) -> Self {
+        self.subscription_id = Some(id.into());
+        self
+    }
+
+    /// Only those that did not deliver.
+    pub fn failures_only(mut self) -> Self {
+        self.failures_only = true;
+        self
+    }
+}
 
 /// What each backend says of how it writes the delivery log's statements.
 pub(crate) trait DeliveryLogStatements: Statements {

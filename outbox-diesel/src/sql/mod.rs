@@ -255,10 +255,8 @@ use outbox_core::store::{
 };
 
 use bind::Bind;
-use delivery_log::DeliveryLogStatements;
+use delivery_log::{DeliveryLog, DeliveryLogStatements};
 use new_message::NewMessage;
-
-use crate::delivery_log::DeliveryLog;
 
 /// The columns every reading of a message row selects: claims, listings, dead letters.
 #[derive(QueryableByName, Debug)]
