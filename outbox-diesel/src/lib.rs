@@ -187,13 +187,13 @@ pub mod __private {
     /// The claim's statements, for the benchmarks' `EXPLAIN`: read, never copied.
     pub mod claim_sql {
         pub use crate::held::CLAIMS_IN_ORDER as POSTGRES_CLAIMER_SESSION;
-        pub use crate::sql::candidates;
         #[cfg(feature = "mysql")]
         pub use crate::sql::mysql::CANDIDATES as MYSQL_CANDIDATES;
         #[cfg(feature = "postgres")]
         pub use crate::sql::postgres::CLAIM as POSTGRES_CLAIM;
         #[cfg(feature = "sqlite")]
         pub use crate::sql::sqlite::CANDIDATES as SQLITE_CANDIDATES;
+        pub use crate::sql::statements::candidates;
     }
     pub use crate::connection::sealed::Sealed;
     pub use crate::connection::BackendConnection;

@@ -8,6 +8,7 @@
 use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
+use outbox_core::store::{DestinationReport, Turns};
 
 use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
@@ -19,9 +20,8 @@ use super::subscription::{
 };
 use super::{
     micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, CountRow, Cursor, DeadLetterRow,
-    DestinationReport, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow,
-    MessageRow, PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, Turns,
-    TurnsRow,
+    DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, MessageRow, PauseRow,
+    PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, TurnsRow,
 };
 use crate::sql::new_message::NewMessage;
 

@@ -8,6 +8,7 @@ use std::cmp::Reverse;
 
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{Connection, QueryResult, RunQueryDsl};
+use outbox_core::store::{DestinationReport, Turns};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
@@ -19,9 +20,8 @@ use super::subscription::{
 };
 use super::{
     micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, CountRow, Cursor,
-    DeadLetterRow, DestinationReport, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow,
-    PauseRow, PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, Turns, TurnsRow,
-    ID_CHUNK,
+    DeadLetterRow, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow, PauseRow, PendingRow,
+    Selection, Statements, StatsRow, StoredDestinationRow, TurnsRow, ID_CHUNK,
 };
 use crate::sql::new_message::NewMessage;
 
