@@ -7,7 +7,7 @@ use outbox_diesel::delivery_log::{self, AttemptFilter, Replay, ReplayTarget, Rep
 use outbox_diesel::{MessageId, OutboxConnection};
 use serde_json::json;
 
-use super::Output;
+use super::output::Output;
 use crate::cli::{AttemptsArgs, ReplayTargetArgs};
 use crate::error::CliError;
 use crate::format;

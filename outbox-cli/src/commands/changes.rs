@@ -7,7 +7,7 @@ use outbox_diesel::OutboxConnection;
 use serde_json::json;
 
 use super::listing::dead_table;
-use super::Output;
+use super::output::Output;
 use crate::cli::{CancelTarget, Selector};
 use crate::error::CliError;
 

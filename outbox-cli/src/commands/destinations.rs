@@ -7,7 +7,7 @@ use outbox_diesel::admin;
 use outbox_diesel::OutboxConnection;
 use serde_json::json;
 
-use super::Output;
+use super::output::Output;
 use crate::error::CliError;
 use crate::format;
 use crate::table::{self, Align, Table};

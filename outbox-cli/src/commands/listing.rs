@@ -7,7 +7,7 @@ use outbox_diesel::admin::{self, DeadLetter, FoundMessage, ListOptions, PendingM
 use outbox_diesel::{Headers, MessageId, OutboxConnection};
 use serde_json::json;
 
-use super::Output;
+use super::output::Output;
 use crate::cli::ListArgs;
 use crate::error::CliError;
 use crate::format;

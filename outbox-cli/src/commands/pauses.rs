@@ -7,7 +7,7 @@ use outbox_diesel::admin::{self, PauseKind};
 use outbox_diesel::OutboxConnection;
 use serde_json::json;
 
-use super::Output;
+use super::output::Output;
 use crate::cli::PauseTarget;
 use crate::error::CliError;
 use crate::format;

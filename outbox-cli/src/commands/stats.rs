@@ -6,7 +6,7 @@ use outbox_diesel::admin::{self, TypeStats};
 use outbox_diesel::OutboxConnection;
 use serde_json::{json, Value};
 
-use super::Output;
+use super::output::Output;
 use crate::error::CliError;
 use crate::format;
 use crate::table::{Align, Table};

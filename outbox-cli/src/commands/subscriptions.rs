@@ -8,7 +8,7 @@ use outbox_diesel::subscription::{self, NewSubscription, SubscriptionInfo, Subsc
 use outbox_diesel::OutboxConnection;
 use serde_json::json;
 
-use super::Output;
+use super::output::Output;
 use crate::cli::AddSubscription;
 use crate::error::CliError;
 use crate::format;
