@@ -444,3 +444,27 @@ fn the_storage_layers_import_nothing_above_them() {
         store.difference(&vocabulary).collect::<Vec<_>>()
     );
 }
+
+/// Every module of the published crates says what it is for.
+#[test]
+fn every_library_module_has_a_module_doc() {
+    let libraries = [
+        "outbox-core",
+        "outbox-macros",
+        "outbox-diesel",
+        "outbox-webhook",
+        "outbox-relay",
+        "outbox-admin",
+        "outbox-cli",
+    ];
+    let mut undocumented = Vec::new();
+    for krate in libraries {
+        for file in modules(&workspace().join(krate).join("src")).values() {
+            let text = fs::read_to_string(file).expect("a readable module");
+            if !text.trim_start().starts_with("//!") {
+                undocumented.push(file.display().to_string());
+            }
+        }
+    }
+    assert!(undocumented.is_empty(), "modules without a `//!` doc: {undocumented:?}");
+}
