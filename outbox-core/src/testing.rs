@@ -32,6 +32,8 @@
 //! # Ok::<(), outbox_core::store::StoreError>(())
 //! ```
 
+pub mod store_kit;
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

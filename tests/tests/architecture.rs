@@ -466,5 +466,8 @@ fn every_library_module_has_a_module_doc() {
             }
         }
     }
-    assert!(undocumented.is_empty(), "modules without a `//!` doc: {undocumented:?}");
+    assert!(
+        undocumented.is_empty(),
+        "modules without a `//!` doc: {undocumented:?}"
+    );
 }
