@@ -32,6 +32,7 @@
 //! # Ok::<(), outbox_core::store::StoreError>(())
 //! ```
 
+pub mod destination_kit;
 pub mod store_kit;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};

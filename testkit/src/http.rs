@@ -149,6 +149,8 @@ struct State {
     record_times: AtomicBool,
     delay_us: AtomicU64,
     stop: AtomicBool,
+    /// Bumped by [`Receiver::restart`]: connections opened before it close.
+    generation: AtomicU64,
 }
 
 impl State {
@@ -201,6 +203,7 @@ impl Receiver {
             record_times: AtomicBool::new(false),
             delay_us: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         });
         let accept_state = Arc::clone(&state);
         let accept = std::thread::Builder::new()
@@ -223,6 +226,13 @@ impl Receiver {
             state,
             accept: Some(accept),
         }
+    }
+
+    /// Closes every open connection, as a receiver that restarts does, and goes on accepting
+    /// new ones: a client's pooled keep-alive connections go stale. Returns once they closed.
+    pub fn restart(&self) {
+        self.state.generation.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(STOP_CHECK * 2);
     }
 
     /// Changes how later requests are answered.
@@ -393,6 +403,7 @@ fn full_request(head: &[u8], body: &[u8], at: Instant) -> Request {
 }
 
 fn serve(mut stream: TcpStream, state: &State) {
+    let generation = state.generation.load(Ordering::SeqCst);
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(STOP_CHECK));
     let mut buf = vec![0u8; 16 * 1024];
@@ -434,7 +445,9 @@ fn serve(mut stream: TcpStream, state: &State) {
             Ok(0) => return,
             Ok(n) => filled += n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                if state.stop.load(Ordering::SeqCst) {
+                if state.stop.load(Ordering::SeqCst)
+                    || state.generation.load(Ordering::SeqCst) != generation
+                {
                     return;
                 }
             }

@@ -1,0 +1,242 @@
+//! The destination conformance kit: what the worker counts on from every [`Destination`], as
+//! checks a destination of any kind runs against a [`DestinationHarness`] of its own (a real
+//! receiver it can read back, stop answering and restart). A destination that passes them
+//! classifies its failures the way the worker's health, retries and push-back expect.
+//!
+//! [`destination_conformance!`](crate::destination_conformance) writes one test per check;
+//! `examples/redis-destination` is a destination outside the workspace's crates that runs it.
+
+// The checks are tests: a broken contract panics with what broke, as an assertion does.
+#![allow(clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use crate::destination::{Destination, Envelope, Scope};
+use crate::error::FailureKind;
+use crate::headers::Headers;
+use crate::message_id::MessageId;
+
+/// What the checks need besides the destination: a receiver to deliver to and read back,
+/// and ways to make it misbehave. Each check gets a harness of its own.
+pub trait DestinationHarness {
+    /// The destination under test.
+    type Destination: Destination;
+
+    /// A destination that delivers to the harness's receiver.
+    fn destination(&self) -> Self::Destination;
+
+    /// A destination of the same kind whose other side nothing answers (a loopback port
+    /// nothing listens on).
+    fn unreachable(&self) -> Self::Destination;
+
+    /// What the receiver got so far, in order of arrival, decoded from the transport.
+    fn received(&self) -> Vec<Received>;
+
+    /// Makes the receiver ask the next delivery to wait `wait` (an HTTP `429` with
+    /// `Retry-After`, a broker's flow control); `false` if the transport has no way to.
+    fn push_back(&self, wait: Duration) -> bool;
+
+    /// Restarts the receiver: every connection a destination holds to it goes stale, and it
+    /// answers again once this returns.
+    fn restart(&self);
+}
+
+/// A delivery as the receiver got it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The message id the transport carried.
+    pub message_id: String,
+    /// The message type the transport carried.
+    pub message_type: String,
+    /// The message's body, as the envelope had it.
+    pub body: Vec<u8>,
+    /// The message's own headers the transport carried (names lowercased).
+    pub headers: Vec<(String, String)>,
+}
+
+/// Writes one `#[test]` per check of the [destination kit](crate::testing::destination_kit),
+/// each on the harness `$harness` evaluates to (once per test). With `optional`, `$harness` is
+/// an `Option`: `None` skips the check (a harness whose receiver cannot be reached says why).
+#[macro_export]
+macro_rules! destination_conformance {
+    (optional $harness:expr) => {
+        $crate::destination_conformance!(@checks $harness;
+            the_kind_names_the_transport,
+            a_delivery_arrives_whole_with_its_metadata,
+            an_unreachable_receiver_fails_the_destination_within_its_timeout,
+            a_receiver_that_pushes_back_defers_without_an_attempt,
+            deliveries_go_on_after_the_receiver_restarts,
+        );
+    };
+    ($harness:expr) => {
+        $crate::destination_conformance!(optional Some($harness));
+    };
+    (@checks $harness:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $check() {
+                if let Some(harness) = $harness {
+                    $crate::testing::destination_kit::$check(&harness);
+                }
+            }
+        )*
+    };
+}
+
+/// How long a receiver may take to show a delivery it acknowledged.
+const ARRIVAL: Duration = Duration::from_secs(10);
+
+/// The longest an unreachable receiver's failure may take beyond the destination's timeout.
+const SLACK: Duration = Duration::from_secs(2);
+
+/// Message `n`: JSON body `{"n":n}` and one header of the message's own.
+fn envelope(n: u32) -> Envelope {
+    let mut headers = Headers::new();
+    headers
+        .insert("kit-trace", &format!("trace-{n}"))
+        .expect("a valid header");
+    let mut envelope = Envelope::new(
+        MessageId::new(),
+        "kit.message",
+        format!(r#"{{"n":{n}}}"#).into_bytes(),
+    );
+    envelope.headers = headers;
+    envelope
+}
+
+/// Waits until the receiver got `count` deliveries.
+fn wait_received(h: &impl DestinationHarness, count: usize) -> Vec<Received> {
+    let deadline = Instant::now() + ARRIVAL;
+    loop {
+        let received = h.received();
+        if received.len() >= count || Instant::now() >= deadline {
+            return received;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A destination names its kind: what operators see beside its name, and the delivery log's
+/// and the metrics' label.
+pub fn the_kind_names_the_transport(h: &impl DestinationHarness) {
+    let kind = h.destination().kind();
+    assert!(
+        !kind.is_empty()
+            && kind
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_'),
+        "a kind is a short lowercase word, not `{kind}`"
+    );
+}
+
+/// A delivery the destination acknowledges has arrived, with the message's id, type, body
+/// and own headers: receivers drop duplicates by the id.
+pub fn a_delivery_arrives_whole_with_its_metadata(h: &impl DestinationHarness) {
+    let destination = h.destination();
+    let sent = envelope(1);
+    destination
+        .deliver_answered(&sent)
+        .expect("a receiver that answers takes the delivery");
+    let received = wait_received(h, 1);
+    assert_eq!(
+        received.len(),
+        1,
+        "exactly one delivery arrived: {received:?}"
+    );
+    let got = &received[0];
+    assert_eq!(got.message_id, sent.message_id.to_string());
+    assert_eq!(got.message_type, sent.message_type);
+    assert_eq!(
+        String::from_utf8_lossy(&got.body),
+        String::from_utf8_lossy(&sent.body)
+    );
+    assert!(
+        got.headers
+            .iter()
+            .any(|(name, value)| name == "kit-trace" && value == "trace-1"),
+        "the message's own header travels with it: {:?}",
+        got.headers
+    );
+}
+
+/// A receiver nothing answers for is the destination's failure (retryable, so that enough in a
+/// row pause it), and the attempt ends within the destination's own timeout: the worker's
+/// watchdog is set from it.
+pub fn an_unreachable_receiver_fails_the_destination_within_its_timeout(
+    h: &impl DestinationHarness,
+) {
+    let destination = h.unreachable();
+    let bound = match destination.timeout() {
+        Duration::ZERO => Duration::from_secs(30),
+        timeout => timeout + SLACK,
+    };
+    let started = Instant::now();
+    let error = destination
+        .deliver(&envelope(1))
+        .expect_err("nothing answers");
+    let took = started.elapsed();
+    assert_eq!(error.kind(), FailureKind::Retryable, "{}", error.reason());
+    assert_eq!(error.scope(), Scope::Destination, "{}", error.reason());
+    assert!(
+        took <= bound,
+        "the attempt took {took:?}, more than its destination's timeout allows ({bound:?})"
+    );
+    assert!(h.received().is_empty());
+}
+
+/// A receiver that asks for time holds the whole destination for that time, and the attempt is
+/// not counted (a deferral, not a failure); the next delivery goes through.
+pub fn a_receiver_that_pushes_back_defers_without_an_attempt(h: &impl DestinationHarness) {
+    let wait = Duration::from_secs(3);
+    if !h.push_back(wait) {
+        return;
+    }
+    let destination = h.destination();
+    let error = destination
+        .deliver(&envelope(1))
+        .expect_err("the receiver pushed back");
+    assert_eq!(error.kind(), FailureKind::Deferred, "{}", error.reason());
+    assert_eq!(error.scope(), Scope::Destination, "{}", error.reason());
+    let delay = error.delay().expect("a push-back says how long");
+    assert!(
+        delay >= Duration::from_secs(1) && delay <= wait,
+        "asked to wait {wait:?}, the destination says {delay:?}"
+    );
+    destination
+        .deliver(&envelope(2))
+        .expect("the receiver answers again");
+}
+
+/// After the receiver restarts, deliveries go on through the same destination: a connection
+/// that went stale is reconnected, and a failure meanwhile is retryable, never the message's
+/// end.
+pub fn deliveries_go_on_after_the_receiver_restarts(h: &impl DestinationHarness) {
+    let destination = h.destination();
+    destination
+        .deliver(&envelope(1))
+        .expect("the receiver answers");
+    h.restart();
+    let deadline = Instant::now() + ARRIVAL;
+    let mut failures = Vec::new();
+    loop {
+        match destination.deliver(&envelope(2)) {
+            Ok(()) => break,
+            Err(error) => {
+                assert_ne!(
+                    error.kind(),
+                    FailureKind::Permanent,
+                    "a restart is no reason to give a message up: {}",
+                    error.reason()
+                );
+                failures.push(error.reason().to_owned());
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no delivery went through after the restart: {failures:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let received = wait_received(h, 2);
+    assert!(received.len() >= 2, "{received:?}");
+}
