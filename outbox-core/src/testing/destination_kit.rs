@@ -104,12 +104,15 @@ fn envelope(n: u32) -> Envelope {
     envelope
 }
 
-/// Waits until the receiver got `count` deliveries.
-fn wait_received(h: &impl DestinationHarness, count: usize) -> Vec<Received> {
+/// Waits until what the receiver got is `enough`; what it got by then.
+fn wait_received(
+    h: &impl DestinationHarness,
+    enough: impl Fn(&[Received]) -> bool,
+) -> Vec<Received> {
     let deadline = Instant::now() + ARRIVAL;
     loop {
         let received = h.received();
-        if received.len() >= count || Instant::now() >= deadline {
+        if enough(&received) || Instant::now() >= deadline {
             return received;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -137,7 +140,7 @@ pub fn a_delivery_arrives_whole_with_its_metadata(h: &impl DestinationHarness) {
     destination
         .deliver_answered(&sent)
         .expect("a receiver that answers takes the delivery");
-    let received = wait_received(h, 1);
+    let received = wait_received(h, |received| !received.is_empty());
     assert_eq!(
         received.len(),
         1,
@@ -218,8 +221,9 @@ pub fn deliveries_go_on_after_the_receiver_restarts(h: &impl DestinationHarness)
     h.restart();
     let deadline = Instant::now() + ARRIVAL;
     let mut failures = Vec::new();
+    let after = envelope(2);
     loop {
-        match destination.deliver(&envelope(2)) {
+        match destination.deliver(&after) {
             Ok(()) => break,
             Err(error) => {
                 assert_ne!(
@@ -237,6 +241,11 @@ pub fn deliveries_go_on_after_the_receiver_restarts(h: &impl DestinationHarness)
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let received = wait_received(h, 2);
-    assert!(received.len() >= 2, "{received:?}");
+    // A receiver may forget what it had before its restart (a broker keeping it in memory).
+    let id = after.message_id.to_string();
+    let received = wait_received(h, |received| received.iter().any(|r| r.message_id == id));
+    assert!(
+        received.iter().any(|r| r.message_id == id),
+        "the delivery after the restart did not arrive: {received:?}"
+    );
 }
