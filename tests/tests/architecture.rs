@@ -23,6 +23,7 @@ const CRATES: &[&str] = &[
     "tests",
     "benches",
     "examples/blog",
+    "examples/redis-destination",
 ];
 
 fn workspace() -> PathBuf {
