@@ -8,7 +8,6 @@ use std::cmp::Reverse;
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
-use outbox_core::store::{DestinationReport, Turns};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
@@ -19,9 +18,8 @@ use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
 use super::{
-    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, Claimed, CountRow, Cursor,
-    DeadLetterRow, DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, PauseRow,
-    PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, TurnsRow, ID_CHUNK,
+    placeholders, Claim, Claimed, CountRow, Cursor, DeadLetterRow, Dialect, Filter, HorizonRow,
+    IdRow, LoadFixed, PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
 };
 use crate::sql::new_message::NewMessage;
 
@@ -364,23 +362,6 @@ pub(crate) const PENDING_BY_KEY: &str = concat!(
      AND id >= ? ORDER BY ordering_key, id LIMIT ?"
 );
 
-/// A pending message by its message id: the outbox table has no index on it (every enqueue
-/// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
-/// characters of its payload to read, id.
-pub(crate) const PENDING_BY_MESSAGE_ID: &str = concat!(pending_columns!(), "WHERE message_id = ?");
-
-/// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
-/// them, soonest retry first; with how many wait behind each (one probe of the ordering index
-/// per key). Binds: limit.
-pub(crate) const BLOCKED_KEYS: &str = "SELECT h.ordering_key, h.id, h.message_id, \
-         h.message_type, h.attempts, h.last_error, \
-         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', h.next_attempt_at) AS next_attempt_at, \
-         (SELECT COUNT(*) FROM outbox_message w \
-          WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
-     FROM outbox_message h \
-     WHERE h.parked = 0 AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
-     ORDER BY h.next_attempt_at, h.id LIMIT ?";
-
 /// The columns of a dead letter as listed.
 macro_rules! dead_letter_columns {
     () => {
@@ -400,14 +381,6 @@ pub(crate) const DEAD_LETTERS: &str = concat!(
     "WHERE message_type = COALESCE(?, message_type) \
      AND (? IS NULL OR ordering_key = ?) AND id >= ? ORDER BY id LIMIT ?"
 );
-
-/// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
-pub(crate) const DEAD_BY_MESSAGE_ID: &str = concat!(dead_letter_columns!(), "WHERE message_id = ?");
-
-/// The positions of the dead letters of a type (NULL: every one), without their payloads.
-/// Binds: type.
-pub(crate) const DEAD_POSITIONS: &str = "SELECT id FROM outbox_failure \
-     WHERE message_type = COALESCE(?, message_type) ORDER BY id";
 
 /// The dead letters of a selection, locked for the move. Binds: type (NULL: every one).
 pub(crate) const SELECT_DEAD_FOR_UPDATE: &str = "SELECT id FROM outbox_failure \
@@ -507,62 +480,6 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
          COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL AS oldest \
      FROM outbox_failure GROUP BY message_type";
 
-/// A received webhook id recorded unless recorded. Binds: id.
-pub(crate) const INBOX_RECORD: &str =
-    "INSERT IGNORE INTO outbox_inbox (webhook_id, received_at) VALUES (?, UTC_TIMESTAMP(6))";
-
-/// An admin session ended by a sign-out, until it would have expired. Binds: session id,
-/// expiry (Unix seconds).
-pub(crate) const REVOKE_SESSION: &str =
-    "INSERT IGNORE INTO outbox_admin_revoked (session_id, expires_at) VALUES (?, ?)";
-
-/// Whether an admin session signed out (1) or not (0). Binds: session id.
-pub(crate) const SESSION_REVOKED: &str =
-    "SELECT COUNT(*) AS found FROM outbox_admin_revoked WHERE session_id = ?";
-
-/// Revoked admin sessions that have expired anyway, forgotten. Binds: now (Unix seconds).
-pub(crate) const FORGET_REVOKED: &str = "DELETE FROM outbox_admin_revoked WHERE expires_at < ?";
-
-/// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
-pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox \
-     WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) LIMIT ?";
-
-/// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
-/// (the `failed_at` index bounds the read). Binds: age µs, limit.
-pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure \
-     WHERE failed_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) ORDER BY failed_at LIMIT ?";
-
-/// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
-/// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
-/// end, so they are not due). The second is the first entry of the due index's unparked part.
-pub(crate) const BACKLOG: &str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
-     TIMESTAMPDIFF(MICROSECOND, d.due, UTC_TIMESTAMP(6)) AS oldest_due_micros, \
-     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', d.due) AS oldest_due_at \
-     FROM (SELECT MIN(next_attempt_at) AS due FROM outbox_message \
-           WHERE parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6)) d";
-
-/// An idempotency key recorded for a message unless recorded: an enqueue in another
-/// transaction with the same key waits on the primary key until the first one ends. (IGNORE
-/// would also turn a too-long key into a warning; the enqueue checks lengths first.) Binds:
-/// key, message id.
-pub(crate) const RESERVE_KEY: &str = "INSERT IGNORE INTO outbox_idempotency \
-     (idempotency_key, message_id, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))";
-
-/// The message an idempotency key was recorded for, read as committed: a locking read, since
-/// under REPEATABLE READ a plain one would read the transaction's older snapshot, where the
-/// key the reservation waited for is missing. Binds: key.
-pub(crate) const KEYED_MESSAGE: &str = "SELECT message_id FROM outbox_idempotency \
-     WHERE idempotency_key = ? LOCK IN SHARE MODE";
-
-/// The position of the message this session inserted last, stored with its key. Binds: key.
-pub(crate) const SET_KEY_POSITION: &str = "UPDATE outbox_idempotency \
-     SET message_position = LAST_INSERT_ID() WHERE idempotency_key = ?";
-
-/// Keys not stamped settled, by their message's position, from a position on. Binds: after,
-/// limit.
-pub(crate) const UNSETTLED_KEYS: &str = "SELECT message_position AS id FROM outbox_idempotency \
-     WHERE settled_at IS NULL AND message_position > ? ORDER BY message_position LIMIT ?";
-
 /// Keys stamped settled whose message has left the outbox and the dead letters (a dead letter
 /// may still be re-queued). Binds: positions.
 fn settle_keys(n: usize) -> String {
@@ -574,92 +491,6 @@ fn settle_keys(n: usize) -> String {
         placeholders(n)
     )
 }
-
-/// Keys settled longer ago than the window deleted, at most a batch. Binds: window µs, limit.
-pub(crate) const EXPIRE_KEYS: &str = "DELETE FROM outbox_idempotency \
-     WHERE settled_at <= TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) LIMIT ?";
-
-/// A destination recorded as healthy unless it is known (not `INSERT IGNORE`, which would
-/// store a name too long for the column cut short). Binds: name.
-pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination \
-         (name, kind, state, reported_at) \
-     VALUES (?, ?, 'healthy', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE name = name";
-
-/// A destination as the store keeps it, locked until the transaction ends. Binds: name.
-pub(crate) const LOCK_DESTINATION: &str = "SELECT name, state, disabled_reason, enables \
-     FROM outbox_destination WHERE name = ? FOR UPDATE";
-
-/// A destination's turns under a rate limit across processes, with the database's clock in
-/// µs, locked until the transaction ends. Binds: name.
-pub(crate) const LOCK_TURNS: &str = concat!(
-    "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
-    "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))",
-    " AS now FROM outbox_destination WHERE name = ? FOR UPDATE"
-);
-
-/// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
-/// µs (NULL: nobody in line), last turn µs, name.
-pub(crate) const WRITE_TURNS: &str = "UPDATE outbox_destination \
-     SET turn_tokens = ?, turns_refilled = ?, turns_booked_until = ?, \
-         last_turn = ? \
-     WHERE name = ?";
-
-/// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
-/// last error, µs until the next probe (NULL: none), why it is disabled, name.
-pub(crate) const REPORT_DESTINATION: &str = "UPDATE outbox_destination \
-     SET kind = ?, state = ?, consecutive_failures = ?, last_error = ?, \
-         next_probe_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), disabled_reason = ?, \
-         reported_at = UTC_TIMESTAMP(6) \
-     WHERE name = ?";
-
-/// Every destination, by name.
-pub(crate) const DESTINATIONS: &str =
-    "SELECT name, kind, state, consecutive_failures, last_error, \
-         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_probe_at) AS next_probe_at, \
-         disabled_reason, \
-         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', reported_at) AS reported_at \
-     FROM outbox_destination ORDER BY name";
-
-/// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
-/// name.
-pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
-     SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
-         disabled_reason = NULL, enables = enables + 1 \
-     WHERE name = ?";
-
-/// An operator's disable, which the workers adopt. Binds: reason, name.
-pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
-     SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
-
-/// One message found paused by its worker: given back without counting the attempt, marked
-/// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
-/// reason, id, token.
-pub(crate) const PAUSE_MESSAGE: &str = "UPDATE outbox_message \
-     SET locked_by = NULL, paused = TRUE, \
-         next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
-         last_error = ?, attempts = attempts - 1 \
-     WHERE id = ? AND locked_by = ?";
-
-/// Every paused message whose type is not paused (any more) due at once, from the paused rows'
-/// own index.
-pub(crate) const RELEASE_PAUSED: &str = "UPDATE outbox_message \
-     FORCE INDEX (outbox_message_paused) \
-     SET paused = FALSE, next_attempt_at = UTC_TIMESTAMP(6), resumed_at = UTC_TIMESTAMP(6) \
-     WHERE paused = TRUE AND locked_by IS NULL \
-       AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')";
-
-/// An operator's pause, unless that one is paused already (names are checked before, so
-/// `IGNORE` only skips the duplicate). Binds: kind, name, reason.
-pub(crate) const PAUSE: &str = "INSERT IGNORE INTO outbox_pause (kind, name, reason, paused_at) \
-     VALUES (?, ?, ?, UTC_TIMESTAMP(6))";
-
-/// An operator's resume. Binds: kind, name.
-pub(crate) const RESUME: &str = "DELETE FROM outbox_pause WHERE kind = ? AND name = ?";
-
-/// Every pause, by kind and name.
-pub(crate) const PAUSES: &str = "SELECT kind, name, reason, \
-         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', paused_at) AS paused_at \
-     FROM outbox_pause ORDER BY kind, name";
 
 /// One claim in its own transaction, reading from `from`: what it leased, how many messages it
 /// parked, and where its first candidate stood.
@@ -1130,6 +961,182 @@ impl SubscriptionStatements for MysqlConnection {
     }
 }
 
+impl Dialect for MysqlConnection {
+    /// A destination recorded as healthy unless it is known (not `INSERT IGNORE`, which would
+    /// store a name too long for the column cut short). Binds: name.
+    const ADD_DESTINATION: &'static str = "INSERT INTO outbox_destination \
+             (name, kind, state, reported_at) \
+         VALUES (?, ?, 'healthy', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE name = name";
+
+    /// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
+    /// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
+    /// end, so they are not due). The second is the first entry of the due index's unparked part.
+    const BACKLOG: &'static str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
+         TIMESTAMPDIFF(MICROSECOND, d.due, UTC_TIMESTAMP(6)) AS oldest_due_micros, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', d.due) AS oldest_due_at \
+         FROM (SELECT MIN(next_attempt_at) AS due FROM outbox_message \
+               WHERE parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6)) d";
+
+    /// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
+    /// them, soonest retry first; with how many wait behind each (one probe of the ordering index
+    /// per key). Binds: limit.
+    const BLOCKED_KEYS: &'static str = "SELECT h.ordering_key, h.id, h.message_id, \
+             h.message_type, h.attempts, h.last_error, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', h.next_attempt_at) AS next_attempt_at, \
+             (SELECT COUNT(*) FROM outbox_message w \
+              WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
+         FROM outbox_message h \
+         WHERE h.parked = 0 AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
+         ORDER BY h.next_attempt_at, h.id LIMIT ?";
+
+    /// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
+    const DEAD_BY_MESSAGE_ID: &'static str =
+        concat!(dead_letter_columns!(), "WHERE message_id = ?");
+
+    /// The positions of the dead letters of a type (NULL: every one), without their payloads.
+    /// Binds: type.
+    const DEAD_POSITIONS: &'static str = "SELECT id FROM outbox_failure \
+         WHERE message_type = COALESCE(?, message_type) ORDER BY id";
+
+    /// Every destination, by name.
+    const DESTINATIONS: &'static str =
+        "SELECT name, kind, state, consecutive_failures, last_error, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', next_probe_at) AS next_probe_at, \
+             disabled_reason, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', reported_at) AS reported_at \
+         FROM outbox_destination ORDER BY name";
+
+    /// An operator's disable, which the workers adopt. Binds: reason, name.
+    const DISABLE_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
+
+    /// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
+    /// name.
+    const ENABLE_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
+             disabled_reason = NULL, enables = enables + 1 \
+         WHERE name = ?";
+
+    /// Keys settled longer ago than the window deleted, at most a batch. Binds: window µs, limit.
+    const EXPIRE_KEYS: &'static str = "DELETE FROM outbox_idempotency \
+         WHERE settled_at <= TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) LIMIT ?";
+
+    /// Revoked admin sessions that have expired anyway, forgotten. Binds: now (Unix seconds).
+    const FORGET_REVOKED: &'static str = "DELETE FROM outbox_admin_revoked WHERE expires_at < ?";
+
+    /// A received webhook id recorded unless recorded. Binds: id.
+    const INBOX_RECORD: &'static str =
+        "INSERT IGNORE INTO outbox_inbox (webhook_id, received_at) VALUES (?, UTC_TIMESTAMP(6))";
+
+    /// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
+    const INBOX_SWEEP: &'static str = "DELETE FROM outbox_inbox \
+         WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) LIMIT ?";
+
+    /// The message an idempotency key was recorded for, read as committed: a locking read, since
+    /// under REPEATABLE READ a plain one would read the transaction's older snapshot, where the
+    /// key the reservation waited for is missing. Binds: key.
+    const KEYED_MESSAGE: &'static str = "SELECT message_id FROM outbox_idempotency \
+         WHERE idempotency_key = ? LOCK IN SHARE MODE";
+
+    /// A destination as the store keeps it, locked until the transaction ends. Binds: name.
+    const LOCK_DESTINATION: &'static str = "SELECT name, state, disabled_reason, enables \
+         FROM outbox_destination WHERE name = ? FOR UPDATE";
+
+    /// A destination's turns under a rate limit across processes, with the database's clock in
+    /// µs, locked until the transaction ends. Binds: name.
+    const LOCK_TURNS: &'static str = concat!(
+        "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
+        "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))",
+        " AS now FROM outbox_destination WHERE name = ? FOR UPDATE"
+    );
+
+    /// An operator's pause, unless that one is paused already (names are checked before, so
+    /// `IGNORE` only skips the duplicate). Binds: kind, name, reason.
+    const PAUSE: &'static str = "INSERT IGNORE INTO outbox_pause (kind, name, reason, paused_at) \
+         VALUES (?, ?, ?, UTC_TIMESTAMP(6))";
+
+    /// Every pause, by kind and name.
+    const PAUSES: &'static str = "SELECT kind, name, reason, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', paused_at) AS paused_at \
+         FROM outbox_pause ORDER BY kind, name";
+
+    /// One message found paused by its worker: given back without counting the attempt, marked
+    /// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
+    /// reason, id, token.
+    const PAUSE_MESSAGE: &'static str = "UPDATE outbox_message \
+         SET locked_by = NULL, paused = TRUE, \
+             next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
+             last_error = ?, attempts = attempts - 1 \
+         WHERE id = ? AND locked_by = ?";
+
+    /// A pending message by its message id: the outbox table has no index on it (every enqueue
+    /// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
+    /// characters of its payload to read, id.
+    const PENDING_BY_MESSAGE_ID: &'static str = concat!(pending_columns!(), "WHERE message_id = ?");
+
+    /// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
+    /// (the `failed_at` index bounds the read). Binds: age µs, limit.
+    const PRUNE_DEAD_LETTERS: &'static str = "DELETE FROM outbox_failure \
+         WHERE failed_at < TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(6)) ORDER BY failed_at LIMIT ?";
+
+    /// Every paused message whose type is not paused (any more) due at once, from the paused rows'
+    /// own index.
+    const RELEASE_PAUSED: &'static str = "UPDATE outbox_message \
+         FORCE INDEX (outbox_message_paused) \
+         SET paused = FALSE, next_attempt_at = UTC_TIMESTAMP(6), resumed_at = UTC_TIMESTAMP(6) \
+         WHERE paused = TRUE AND locked_by IS NULL \
+           AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')";
+
+    /// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
+    /// last error, µs until the next probe (NULL: none), why it is disabled, name.
+    const REPORT_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET kind = ?, state = ?, consecutive_failures = ?, last_error = ?, \
+             next_probe_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), disabled_reason = ?, \
+             reported_at = UTC_TIMESTAMP(6) \
+         WHERE name = ?";
+
+    /// An idempotency key recorded for a message unless recorded: an enqueue in another
+    /// transaction with the same key waits on the primary key until the first one ends. (IGNORE
+    /// would also turn a too-long key into a warning; the enqueue checks lengths first.) Binds:
+    /// key, message id.
+    const RESERVE_KEY: &'static str = "INSERT IGNORE INTO outbox_idempotency \
+         (idempotency_key, message_id, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))";
+
+    /// An operator's resume. Binds: kind, name.
+    const RESUME: &'static str = "DELETE FROM outbox_pause WHERE kind = ? AND name = ?";
+
+    /// An admin session ended by a sign-out, until it would have expired. Binds: session id,
+    /// expiry (Unix seconds).
+    const REVOKE_SESSION: &'static str =
+        "INSERT IGNORE INTO outbox_admin_revoked (session_id, expires_at) VALUES (?, ?)";
+
+    /// Whether an admin session signed out (1) or not (0). Binds: session id.
+    const SESSION_REVOKED: &'static str =
+        "SELECT COUNT(*) AS found FROM outbox_admin_revoked WHERE session_id = ?";
+
+    /// The position of the message this session inserted last, stored with its key. Binds: key.
+    const SET_KEY_POSITION: &'static str = "UPDATE outbox_idempotency \
+         SET message_position = LAST_INSERT_ID() WHERE idempotency_key = ?";
+
+    /// Keys not stamped settled, by their message's position, from a position on. Binds: after,
+    /// limit.
+    const UNSETTLED_KEYS: &'static str = "SELECT message_position AS id FROM outbox_idempotency \
+         WHERE settled_at IS NULL AND message_position > ? ORDER BY message_position LIMIT ?";
+
+    /// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
+    /// µs (NULL: nobody in line), last turn µs, name.
+    const WRITE_TURNS: &'static str = "UPDATE outbox_destination \
+         SET turn_tokens = ?, turns_refilled = ?, turns_booked_until = ?, \
+             last_turn = ? \
+         WHERE name = ?";
+}
+
+impl<R: QueryableByName<Mysql> + 'static> LoadFixed<R> for MysqlConnection {
+    fn load_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<Vec<R>> {
+        Prepared::new(sql, STYLE, binds).load(self)
+    }
+}
+
 impl Statements for MysqlConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
         const BINDS: usize = NewMessage::BINDS;
@@ -1377,7 +1384,9 @@ impl Statements for MysqlConnection {
         dynamic::<Mysql>(&settle_keys(positions.len()), &ids_bound(positions)).execute(self)
     }
 
-    fixed_statement_methods!();
+    fn run_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+        run(self, sql, binds)
+    }
 }
 
 impl DeliveryLogStatements for MysqlConnection {
@@ -1482,37 +1491,37 @@ mod tests {
             (DELETE_ONE, 1),
             (PENDING, 6),
             (PENDING_BY_KEY, 7),
-            (PENDING_BY_MESSAGE_ID, 2),
-            (DEAD_BY_MESSAGE_ID, 2),
-            (DEAD_POSITIONS, 1),
-            (BLOCKED_KEYS, 1),
+            (<MysqlConnection as Dialect>::PENDING_BY_MESSAGE_ID, 2),
+            (<MysqlConnection as Dialect>::DEAD_BY_MESSAGE_ID, 2),
+            (<MysqlConnection as Dialect>::DEAD_POSITIONS, 1),
+            (<MysqlConnection as Dialect>::BLOCKED_KEYS, 1),
             (DEAD_LETTERS, 6),
             (PURGE, 1),
-            (INBOX_RECORD, 1),
-            (REVOKE_SESSION, 2),
-            (SESSION_REVOKED, 1),
-            (FORGET_REVOKED, 1),
-            (INBOX_SWEEP, 2),
-            (PRUNE_DEAD_LETTERS, 2),
-            (BACKLOG, 0),
-            (RESERVE_KEY, 2),
-            (KEYED_MESSAGE, 1),
-            (SET_KEY_POSITION, 1),
-            (UNSETTLED_KEYS, 2),
-            (EXPIRE_KEYS, 2),
-            (ADD_DESTINATION, 2),
-            (LOCK_DESTINATION, 1),
-            (LOCK_TURNS, 1),
-            (WRITE_TURNS, 5),
-            (REPORT_DESTINATION, 7),
-            (DESTINATIONS, 0),
-            (ENABLE_DESTINATION, 1),
-            (DISABLE_DESTINATION, 2),
-            (PAUSE_MESSAGE, 4),
-            (RELEASE_PAUSED, 0),
-            (PAUSE, 3),
-            (RESUME, 2),
-            (PAUSES, 0),
+            (<MysqlConnection as Dialect>::INBOX_RECORD, 1),
+            (<MysqlConnection as Dialect>::REVOKE_SESSION, 2),
+            (<MysqlConnection as Dialect>::SESSION_REVOKED, 1),
+            (<MysqlConnection as Dialect>::FORGET_REVOKED, 1),
+            (<MysqlConnection as Dialect>::INBOX_SWEEP, 2),
+            (<MysqlConnection as Dialect>::PRUNE_DEAD_LETTERS, 2),
+            (<MysqlConnection as Dialect>::BACKLOG, 0),
+            (<MysqlConnection as Dialect>::RESERVE_KEY, 2),
+            (<MysqlConnection as Dialect>::KEYED_MESSAGE, 1),
+            (<MysqlConnection as Dialect>::SET_KEY_POSITION, 1),
+            (<MysqlConnection as Dialect>::UNSETTLED_KEYS, 2),
+            (<MysqlConnection as Dialect>::EXPIRE_KEYS, 2),
+            (<MysqlConnection as Dialect>::ADD_DESTINATION, 2),
+            (<MysqlConnection as Dialect>::LOCK_DESTINATION, 1),
+            (<MysqlConnection as Dialect>::LOCK_TURNS, 1),
+            (<MysqlConnection as Dialect>::WRITE_TURNS, 5),
+            (<MysqlConnection as Dialect>::REPORT_DESTINATION, 7),
+            (<MysqlConnection as Dialect>::DESTINATIONS, 0),
+            (<MysqlConnection as Dialect>::ENABLE_DESTINATION, 1),
+            (<MysqlConnection as Dialect>::DISABLE_DESTINATION, 2),
+            (<MysqlConnection as Dialect>::PAUSE_MESSAGE, 4),
+            (<MysqlConnection as Dialect>::RELEASE_PAUSED, 0),
+            (<MysqlConnection as Dialect>::PAUSE, 3),
+            (<MysqlConnection as Dialect>::RESUME, 2),
+            (<MysqlConnection as Dialect>::PAUSES, 0),
         ] {
             assert_eq!(sql.matches('?').count(), binds, "{sql}");
         }

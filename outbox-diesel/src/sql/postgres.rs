@@ -8,7 +8,6 @@
 use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
-use outbox_core::store::{DestinationReport, Turns};
 
 use super::bind::{dynamic, Bind, PgBind, Placeholders, Prepared, PreparedPg};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
@@ -19,9 +18,8 @@ use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
 use super::{
-    micros, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, CountRow, Cursor, DeadLetterRow,
-    DestinationRow, Filter, FoundRow, HorizonRow, IdRow, MessageIdRow, MessageRow, PauseRow,
-    PendingRow, Selection, Statements, StatsRow, StoredDestinationRow, TurnsRow,
+    Claim, ClaimRow, Claimed, CountRow, Cursor, DeadLetterRow, Dialect, Filter, HorizonRow, IdRow,
+    LoadFixed, MessageRow, PendingRow, Selection, Statements, StatsRow,
 };
 use crate::sql::new_message::NewMessage;
 
@@ -458,25 +456,6 @@ pub(crate) const PENDING_BY_KEY: &str = concat!(
      AND id >= $6 ORDER BY ordering_key, id LIMIT $7"
 );
 
-/// A pending message by its message id: the outbox table has no index on it (every enqueue
-/// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
-/// characters of its payload to read, id.
-pub(crate) const PENDING_BY_MESSAGE_ID: &str =
-    concat!(pending_columns!(), "WHERE message_id = $2::uuid");
-
-/// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
-/// them, soonest retry first; with how many wait behind each (one probe of the ordering index
-/// per key). Binds: limit.
-pub(crate) const BLOCKED_KEYS: &str = "SELECT h.ordering_key, h.id, \
-         h.message_id::text AS message_id, h.message_type, h.attempts, h.last_error, \
-         (EXTRACT(EPOCH FROM GREATEST(h.next_attempt_at, h.leased_until)) * 1000000)::BIGINT \
-             AS next_attempt_at, \
-         (SELECT COUNT(*) FROM outbox_message w \
-          WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
-     FROM outbox_message h \
-     WHERE NOT h.parked AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
-     ORDER BY GREATEST(h.next_attempt_at, h.leased_until), h.id LIMIT $1";
-
 /// The columns of a dead letter as listed.
 macro_rules! dead_letter_columns {
     () => {
@@ -495,15 +474,6 @@ pub(crate) const DEAD_LETTERS: &str = concat!(
     "WHERE message_type = COALESCE($2::text, message_type) \
      AND ($3::text IS NULL OR ordering_key = $4::text) AND id >= $5 ORDER BY id LIMIT $6"
 );
-
-/// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
-pub(crate) const DEAD_BY_MESSAGE_ID: &str =
-    concat!(dead_letter_columns!(), "WHERE message_id = $2::uuid");
-
-/// The positions of the dead letters of a type (NULL: every one), without their payloads.
-/// Binds: type.
-pub(crate) const DEAD_POSITIONS: &str = "SELECT id FROM outbox_failure \
-     WHERE message_type = COALESCE($1::text, message_type) ORDER BY id";
 
 /// The dead letters of a selection, locked for the move. Binds: type (NULL: every one).
 pub(crate) const SELECT_DEAD_FOR_UPDATE: &str = "SELECT id FROM outbox_failure \
@@ -550,45 +520,6 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
          COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL::bigint AS oldest \
      FROM outbox_failure GROUP BY message_type";
 
-/// A received webhook id recorded unless recorded. Binds: id.
-pub(crate) const INBOX_RECORD: &str =
-    "INSERT INTO outbox_inbox (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING";
-
-/// An admin session ended by a sign-out, until it would have expired. Binds: session id,
-/// expiry (Unix seconds).
-pub(crate) const REVOKE_SESSION: &str =
-    "INSERT INTO outbox_admin_revoked (session_id, expires_at) \
-     VALUES ($1, $2) ON CONFLICT DO NOTHING";
-
-/// Whether an admin session signed out (1) or not (0). Binds: session id.
-pub(crate) const SESSION_REVOKED: &str =
-    "SELECT COUNT(*) AS found FROM outbox_admin_revoked WHERE session_id = $1";
-
-/// Revoked admin sessions that have expired anyway, forgotten. Binds: now (Unix seconds).
-pub(crate) const FORGET_REVOKED: &str = "DELETE FROM outbox_admin_revoked WHERE expires_at < $1";
-
-/// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
-pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox WHERE webhook_id IN (\
-     SELECT webhook_id FROM outbox_inbox \
-     WHERE received_at < now() - $1 * INTERVAL '1 microsecond' LIMIT $2)";
-
-/// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
-/// (the `failed_at` index bounds the read). Binds: age µs, limit.
-pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure WHERE id IN (\
-     SELECT id FROM outbox_failure \
-     WHERE failed_at < now() - $1 * INTERVAL '1 microsecond' ORDER BY failed_at LIMIT $2)";
-
-/// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
-/// due, unheld message has waited (NULL: none waits; a message whose lease runs is not due, and
-/// one whose lease ran out counts from its due time, which a claim does not move). The second is
-/// the first entry of the due index, past the messages whose leases run.
-pub(crate) const BACKLOG: &str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
-     (EXTRACT(EPOCH FROM now() - d.due) * 1000000)::BIGINT AS oldest_due_micros, \
-     (EXTRACT(EPOCH FROM d.due) * 1000000)::BIGINT AS oldest_due_at \
-     FROM (SELECT MIN(next_attempt_at) AS due FROM outbox_message \
-           WHERE NOT parked AND next_attempt_at <= now() \
-               AND (leased_until IS NULL OR leased_until <= now())) d";
-
 /// The oldest transaction in this database that holds back the xmin horizon (and so vacuum),
 /// other than this session, and the dead tuples of the outbox table as the statistics count
 /// them. Sessions of other roles show no start time without `pg_read_all_stats`.
@@ -600,117 +531,12 @@ pub(crate) const HORIZON: &str = "SELECT \
      (SELECT n_dead_tup FROM pg_stat_user_tables \
       WHERE relid = 'outbox_message'::regclass) AS dead_rows";
 
-/// An idempotency key recorded for a message unless recorded: an enqueue in another
-/// transaction with the same key waits on the primary key until the first one ends. Binds:
-/// key, message id.
-pub(crate) const RESERVE_KEY: &str =
-    "INSERT INTO outbox_idempotency (idempotency_key, message_id) \
-     VALUES ($1, $2::uuid) ON CONFLICT DO NOTHING";
-
-/// The message an idempotency key was recorded for: READ COMMITTED takes a new snapshot per
-/// statement, so the row the reservation waited for is seen (REPEATABLE READ and SERIALIZABLE
-/// fail the reservation with a serialization error instead). Binds: key.
-pub(crate) const KEYED_MESSAGE: &str = "SELECT message_id::text AS message_id \
-     FROM outbox_idempotency WHERE idempotency_key = $1";
-
-/// The position of the message this session inserted last, stored with its key. Binds: key.
-pub(crate) const SET_KEY_POSITION: &str = "UPDATE outbox_idempotency \
-     SET message_position = currval(pg_get_serial_sequence('outbox_message', 'id')) \
-     WHERE idempotency_key = $1";
-
-/// Keys not stamped settled, by their message's position, from a position on. Binds: after,
-/// limit.
-pub(crate) const UNSETTLED_KEYS: &str = "SELECT message_position AS id FROM outbox_idempotency \
-     WHERE settled_at IS NULL AND message_position > $1 ORDER BY message_position LIMIT $2";
-
 /// Keys stamped settled whose message has left the outbox and the dead letters (a dead letter
 /// may still be re-queued). Binds: positions.
 pub(crate) const SETTLE_KEYS: &str = "UPDATE outbox_idempotency k SET settled_at = now() \
      WHERE settled_at IS NULL AND message_position = ANY($1) \
      AND NOT EXISTS (SELECT 1 FROM outbox_message m WHERE m.id = k.message_position) \
      AND NOT EXISTS (SELECT 1 FROM outbox_failure f WHERE f.id = k.message_position)";
-
-/// Keys settled longer ago than the window deleted, at most a batch. Binds: window µs, limit.
-pub(crate) const EXPIRE_KEYS: &str = "DELETE FROM outbox_idempotency WHERE idempotency_key IN (\
-     SELECT idempotency_key FROM outbox_idempotency \
-     WHERE settled_at <= now() - $1 * INTERVAL '1 microsecond' LIMIT $2)";
-
-/// A destination recorded as healthy unless it is known. Binds: name, kind.
-pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination (name, kind, state) \
-     VALUES ($1, $2, 'healthy') ON CONFLICT (name) DO NOTHING";
-
-/// A destination as the store keeps it, locked until the transaction ends. Binds: name.
-pub(crate) const LOCK_DESTINATION: &str = "SELECT name, state, disabled_reason, enables \
-     FROM outbox_destination WHERE name = $1 FOR UPDATE";
-
-/// A destination's turns under a rate limit across processes, with the database's clock in
-/// µs, locked until the transaction ends. Binds: name.
-pub(crate) const LOCK_TURNS: &str = concat!(
-    "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
-    "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT",
-    " AS now FROM outbox_destination WHERE name = $1 FOR UPDATE"
-);
-
-/// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
-/// µs (NULL: nobody in line), last turn µs, name.
-pub(crate) const WRITE_TURNS: &str = "UPDATE outbox_destination \
-     SET turn_tokens = $1, turns_refilled = $2, turns_booked_until = $3, \
-         last_turn = $4 \
-     WHERE name = $5";
-
-/// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
-/// last error, µs until the next probe (NULL: none), why it is disabled, name.
-pub(crate) const REPORT_DESTINATION: &str = "UPDATE outbox_destination \
-     SET kind = $1, state = $2, consecutive_failures = $3, last_error = $4, \
-         next_probe_at = now() + $5 * INTERVAL '1 microsecond', disabled_reason = $6, \
-         reported_at = now() \
-     WHERE name = $7";
-
-/// Every destination, by name.
-pub(crate) const DESTINATIONS: &str =
-    "SELECT name, kind, state, consecutive_failures, last_error, \
-         (EXTRACT(EPOCH FROM next_probe_at) * 1000000)::BIGINT AS next_probe_at, \
-         disabled_reason, \
-         (EXTRACT(EPOCH FROM reported_at) * 1000000)::BIGINT AS reported_at \
-     FROM outbox_destination ORDER BY name";
-
-/// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
-/// name.
-pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
-     SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
-         disabled_reason = NULL, enables = enables + 1 \
-     WHERE name = $1";
-
-/// An operator's disable, which the workers adopt. Binds: reason, name.
-pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
-     SET state = 'disabled', next_probe_at = NULL, disabled_reason = $1 WHERE name = $2";
-
-/// One message found paused by its worker: given back without counting the attempt, marked
-/// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
-/// reason, id, token.
-pub(crate) const PAUSE_MESSAGE: &str = "UPDATE outbox_message \
-     SET locked_by = NULL, leased_until = NULL, paused = TRUE, next_attempt_at = now() + $1 * INTERVAL '1 microsecond', \
-         last_error = $2, attempts = attempts - 1 \
-     WHERE id = $3 AND locked_by = $4::uuid";
-
-/// Every paused message whose type is not paused (any more) due at once, from the paused rows'
-/// own index.
-pub(crate) const RELEASE_PAUSED: &str = "UPDATE outbox_message \
-     SET paused = FALSE, next_attempt_at = now(), resumed_at = now() \
-     WHERE paused AND locked_by IS NULL \
-       AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')";
-
-/// An operator's pause, unless that one is paused already. Binds: kind, name, reason.
-pub(crate) const PAUSE: &str = "INSERT INTO outbox_pause (kind, name, reason) \
-     VALUES ($1, $2, $3) ON CONFLICT (kind, name) DO NOTHING";
-
-/// An operator's resume. Binds: kind, name.
-pub(crate) const RESUME: &str = "DELETE FROM outbox_pause WHERE kind = $1 AND name = $2";
-
-/// Every pause, by kind and name.
-pub(crate) const PAUSES: &str = "SELECT kind, name, reason, \
-         (EXTRACT(EPOCH FROM paused_at) * 1000000)::BIGINT AS paused_at \
-     FROM outbox_pause ORDER BY kind, name";
 
 /// Claims' ids as two arrays of one length: the n-th id was leased under the n-th token.
 fn pairs(claims: &[(String, Vec<i64>)]) -> (Vec<&str>, Vec<i64>) {
@@ -1056,6 +882,186 @@ impl SubscriptionStatements for PgConnection {
     }
 }
 
+impl Dialect for PgConnection {
+    /// A destination recorded as healthy unless it is known. Binds: name, kind.
+    const ADD_DESTINATION: &'static str = "INSERT INTO outbox_destination (name, kind, state) \
+         VALUES ($1, $2, 'healthy') ON CONFLICT (name) DO NOTHING";
+
+    /// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
+    /// due, unheld message has waited (NULL: none waits; a message whose lease runs is not due, and
+    /// one whose lease ran out counts from its due time, which a claim does not move). The second is
+    /// the first entry of the due index, past the messages whose leases run.
+    const BACKLOG: &'static str = "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, \
+         (EXTRACT(EPOCH FROM now() - d.due) * 1000000)::BIGINT AS oldest_due_micros, \
+         (EXTRACT(EPOCH FROM d.due) * 1000000)::BIGINT AS oldest_due_at \
+         FROM (SELECT MIN(next_attempt_at) AS due FROM outbox_message \
+               WHERE NOT parked AND next_attempt_at <= now() \
+                   AND (leased_until IS NULL OR leased_until <= now())) d";
+
+    /// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
+    /// them, soonest retry first; with how many wait behind each (one probe of the ordering index
+    /// per key). Binds: limit.
+    const BLOCKED_KEYS: &'static str = "SELECT h.ordering_key, h.id, \
+             h.message_id::text AS message_id, h.message_type, h.attempts, h.last_error, \
+             (EXTRACT(EPOCH FROM GREATEST(h.next_attempt_at, h.leased_until)) * 1000000)::BIGINT \
+                 AS next_attempt_at, \
+             (SELECT COUNT(*) FROM outbox_message w \
+              WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
+         FROM outbox_message h \
+         WHERE NOT h.parked AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
+         ORDER BY GREATEST(h.next_attempt_at, h.leased_until), h.id LIMIT $1";
+
+    /// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
+    const DEAD_BY_MESSAGE_ID: &'static str =
+        concat!(dead_letter_columns!(), "WHERE message_id = $2::uuid");
+
+    /// The positions of the dead letters of a type (NULL: every one), without their payloads.
+    /// Binds: type.
+    const DEAD_POSITIONS: &'static str = "SELECT id FROM outbox_failure \
+         WHERE message_type = COALESCE($1::text, message_type) ORDER BY id";
+
+    /// Every destination, by name.
+    const DESTINATIONS: &'static str =
+        "SELECT name, kind, state, consecutive_failures, last_error, \
+             (EXTRACT(EPOCH FROM next_probe_at) * 1000000)::BIGINT AS next_probe_at, \
+             disabled_reason, \
+             (EXTRACT(EPOCH FROM reported_at) * 1000000)::BIGINT AS reported_at \
+         FROM outbox_destination ORDER BY name";
+
+    /// An operator's disable, which the workers adopt. Binds: reason, name.
+    const DISABLE_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET state = 'disabled', next_probe_at = NULL, disabled_reason = $1 WHERE name = $2";
+
+    /// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
+    /// name.
+    const ENABLE_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
+             disabled_reason = NULL, enables = enables + 1 \
+         WHERE name = $1";
+
+    /// Keys settled longer ago than the window deleted, at most a batch. Binds: window µs, limit.
+    const EXPIRE_KEYS: &'static str = "DELETE FROM outbox_idempotency WHERE idempotency_key IN (\
+         SELECT idempotency_key FROM outbox_idempotency \
+         WHERE settled_at <= now() - $1 * INTERVAL '1 microsecond' LIMIT $2)";
+
+    /// Revoked admin sessions that have expired anyway, forgotten. Binds: now (Unix seconds).
+    const FORGET_REVOKED: &'static str = "DELETE FROM outbox_admin_revoked WHERE expires_at < $1";
+
+    /// A received webhook id recorded unless recorded. Binds: id.
+    const INBOX_RECORD: &'static str =
+        "INSERT INTO outbox_inbox (webhook_id) VALUES ($1) ON CONFLICT DO NOTHING";
+
+    /// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
+    const INBOX_SWEEP: &'static str = "DELETE FROM outbox_inbox WHERE webhook_id IN (\
+         SELECT webhook_id FROM outbox_inbox \
+         WHERE received_at < now() - $1 * INTERVAL '1 microsecond' LIMIT $2)";
+
+    /// The message an idempotency key was recorded for: READ COMMITTED takes a new snapshot per
+    /// statement, so the row the reservation waited for is seen (REPEATABLE READ and SERIALIZABLE
+    /// fail the reservation with a serialization error instead). Binds: key.
+    const KEYED_MESSAGE: &'static str = "SELECT message_id::text AS message_id \
+         FROM outbox_idempotency WHERE idempotency_key = $1";
+
+    /// A destination as the store keeps it, locked until the transaction ends. Binds: name.
+    const LOCK_DESTINATION: &'static str = "SELECT name, state, disabled_reason, enables \
+         FROM outbox_destination WHERE name = $1 FOR UPDATE";
+
+    /// A destination's turns under a rate limit across processes, with the database's clock in
+    /// µs, locked until the transaction ends. Binds: name.
+    const LOCK_TURNS: &'static str = concat!(
+        "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
+        "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT",
+        " AS now FROM outbox_destination WHERE name = $1 FOR UPDATE"
+    );
+
+    /// An operator's pause, unless that one is paused already. Binds: kind, name, reason.
+    const PAUSE: &'static str = "INSERT INTO outbox_pause (kind, name, reason) \
+         VALUES ($1, $2, $3) ON CONFLICT (kind, name) DO NOTHING";
+
+    /// Every pause, by kind and name.
+    const PAUSES: &'static str = "SELECT kind, name, reason, \
+             (EXTRACT(EPOCH FROM paused_at) * 1000000)::BIGINT AS paused_at \
+         FROM outbox_pause ORDER BY kind, name";
+
+    /// One message found paused by its worker: given back without counting the attempt, marked
+    /// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
+    /// reason, id, token.
+    const PAUSE_MESSAGE: &'static str = "UPDATE outbox_message \
+         SET locked_by = NULL, leased_until = NULL, paused = TRUE, next_attempt_at = now() + $1 * INTERVAL '1 microsecond', \
+             last_error = $2, attempts = attempts - 1 \
+         WHERE id = $3 AND locked_by = $4::uuid";
+
+    /// A pending message by its message id: the outbox table has no index on it (every enqueue
+    /// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
+    /// characters of its payload to read, id.
+    const PENDING_BY_MESSAGE_ID: &'static str =
+        concat!(pending_columns!(), "WHERE message_id = $2::uuid");
+
+    /// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
+    /// (the `failed_at` index bounds the read). Binds: age µs, limit.
+    const PRUNE_DEAD_LETTERS: &'static str = "DELETE FROM outbox_failure WHERE id IN (\
+         SELECT id FROM outbox_failure \
+         WHERE failed_at < now() - $1 * INTERVAL '1 microsecond' ORDER BY failed_at LIMIT $2)";
+
+    /// Every paused message whose type is not paused (any more) due at once, from the paused rows'
+    /// own index.
+    const RELEASE_PAUSED: &'static str = "UPDATE outbox_message \
+         SET paused = FALSE, next_attempt_at = now(), resumed_at = now() \
+         WHERE paused AND locked_by IS NULL \
+           AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')";
+
+    /// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
+    /// last error, µs until the next probe (NULL: none), why it is disabled, name.
+    const REPORT_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET kind = $1, state = $2, consecutive_failures = $3, last_error = $4, \
+             next_probe_at = now() + $5 * INTERVAL '1 microsecond', disabled_reason = $6, \
+             reported_at = now() \
+         WHERE name = $7";
+
+    /// An idempotency key recorded for a message unless recorded: an enqueue in another
+    /// transaction with the same key waits on the primary key until the first one ends. Binds:
+    /// key, message id.
+    const RESERVE_KEY: &'static str =
+        "INSERT INTO outbox_idempotency (idempotency_key, message_id) \
+         VALUES ($1, $2::uuid) ON CONFLICT DO NOTHING";
+
+    /// An operator's resume. Binds: kind, name.
+    const RESUME: &'static str = "DELETE FROM outbox_pause WHERE kind = $1 AND name = $2";
+
+    /// An admin session ended by a sign-out, until it would have expired. Binds: session id,
+    /// expiry (Unix seconds).
+    const REVOKE_SESSION: &'static str =
+        "INSERT INTO outbox_admin_revoked (session_id, expires_at) \
+         VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+    /// Whether an admin session signed out (1) or not (0). Binds: session id.
+    const SESSION_REVOKED: &'static str =
+        "SELECT COUNT(*) AS found FROM outbox_admin_revoked WHERE session_id = $1";
+
+    /// The position of the message this session inserted last, stored with its key. Binds: key.
+    const SET_KEY_POSITION: &'static str = "UPDATE outbox_idempotency \
+         SET message_position = currval(pg_get_serial_sequence('outbox_message', 'id')) \
+         WHERE idempotency_key = $1";
+
+    /// Keys not stamped settled, by their message's position, from a position on. Binds: after,
+    /// limit.
+    const UNSETTLED_KEYS: &'static str = "SELECT message_position AS id FROM outbox_idempotency \
+         WHERE settled_at IS NULL AND message_position > $1 ORDER BY message_position LIMIT $2";
+
+    /// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
+    /// µs (NULL: nobody in line), last turn µs, name.
+    const WRITE_TURNS: &'static str = "UPDATE outbox_destination \
+         SET turn_tokens = $1, turns_refilled = $2, turns_booked_until = $3, \
+             last_turn = $4 \
+         WHERE name = $5";
+}
+
+impl<R: QueryableByName<Pg> + 'static> LoadFixed<R> for PgConnection {
+    fn load_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<Vec<R>> {
+        Prepared::new(sql, STYLE, binds).load(self)
+    }
+}
+
 impl Statements for PgConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
         const BINDS: usize = NewMessage::BINDS + 1;
@@ -1322,7 +1328,9 @@ impl Statements for PgConnection {
             .execute(self)
     }
 
-    fixed_statement_methods!();
+    fn run_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+        run(self, sql, binds)
+    }
 }
 
 impl DeliveryLogStatements for PgConnection {
@@ -1452,37 +1460,37 @@ mod tests {
             DEAD_LETTERS,
             REQUEUE,
             PURGE,
-            INBOX_RECORD,
-            REVOKE_SESSION,
-            SESSION_REVOKED,
-            FORGET_REVOKED,
-            INBOX_SWEEP,
-            PRUNE_DEAD_LETTERS,
-            BACKLOG,
+            <PgConnection as Dialect>::INBOX_RECORD,
+            <PgConnection as Dialect>::REVOKE_SESSION,
+            <PgConnection as Dialect>::SESSION_REVOKED,
+            <PgConnection as Dialect>::FORGET_REVOKED,
+            <PgConnection as Dialect>::INBOX_SWEEP,
+            <PgConnection as Dialect>::PRUNE_DEAD_LETTERS,
+            <PgConnection as Dialect>::BACKLOG,
             HORIZON,
-            PENDING_BY_MESSAGE_ID,
-            DEAD_BY_MESSAGE_ID,
-            DEAD_POSITIONS,
-            BLOCKED_KEYS,
-            RESERVE_KEY,
-            KEYED_MESSAGE,
-            SET_KEY_POSITION,
-            UNSETTLED_KEYS,
+            <PgConnection as Dialect>::PENDING_BY_MESSAGE_ID,
+            <PgConnection as Dialect>::DEAD_BY_MESSAGE_ID,
+            <PgConnection as Dialect>::DEAD_POSITIONS,
+            <PgConnection as Dialect>::BLOCKED_KEYS,
+            <PgConnection as Dialect>::RESERVE_KEY,
+            <PgConnection as Dialect>::KEYED_MESSAGE,
+            <PgConnection as Dialect>::SET_KEY_POSITION,
+            <PgConnection as Dialect>::UNSETTLED_KEYS,
             SETTLE_KEYS,
-            EXPIRE_KEYS,
-            ADD_DESTINATION,
-            LOCK_DESTINATION,
-            LOCK_TURNS,
-            WRITE_TURNS,
-            REPORT_DESTINATION,
-            DESTINATIONS,
-            ENABLE_DESTINATION,
-            DISABLE_DESTINATION,
-            PAUSE_MESSAGE,
-            RELEASE_PAUSED,
-            PAUSE,
-            RESUME,
-            PAUSES,
+            <PgConnection as Dialect>::EXPIRE_KEYS,
+            <PgConnection as Dialect>::ADD_DESTINATION,
+            <PgConnection as Dialect>::LOCK_DESTINATION,
+            <PgConnection as Dialect>::LOCK_TURNS,
+            <PgConnection as Dialect>::WRITE_TURNS,
+            <PgConnection as Dialect>::REPORT_DESTINATION,
+            <PgConnection as Dialect>::DESTINATIONS,
+            <PgConnection as Dialect>::ENABLE_DESTINATION,
+            <PgConnection as Dialect>::DISABLE_DESTINATION,
+            <PgConnection as Dialect>::PAUSE_MESSAGE,
+            <PgConnection as Dialect>::RELEASE_PAUSED,
+            <PgConnection as Dialect>::PAUSE,
+            <PgConnection as Dialect>::RESUME,
+            <PgConnection as Dialect>::PAUSES,
         ] {
             let mut expected = 1;
             let mut rest = sql;

@@ -7,8 +7,7 @@
 use std::cmp::Reverse;
 
 use diesel::sqlite::{Sqlite, SqliteConnection};
-use diesel::{Connection, QueryResult, RunQueryDsl};
-use outbox_core::store::{DestinationReport, Turns};
+use diesel::{Connection, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::bind::{dynamic, Bind, Placeholders, Prepared};
 use super::cancel::{CancelRows, CancelStatements, KeyedRow};
@@ -19,9 +18,8 @@ use super::subscription::{
     CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
 };
 use super::{
-    micros, placeholders, BacklogRow, BlockedKeyRow, Claim, ClaimRow, Claimed, CountRow, Cursor,
-    DeadLetterRow, DestinationRow, Filter, FoundRow, IdRow, MessageIdRow, PauseRow, PendingRow,
-    Selection, Statements, StatsRow, StoredDestinationRow, TurnsRow, ID_CHUNK,
+    placeholders, Claim, ClaimRow, Claimed, CountRow, Cursor, DeadLetterRow, Dialect, Filter,
+    IdRow, LoadFixed, PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
 };
 use crate::sql::new_message::NewMessage;
 
@@ -289,25 +287,6 @@ pub(crate) const PENDING_BY_KEY: &str = concat!(
      AND id >= ? ORDER BY ordering_key, id LIMIT ?"
 );
 
-/// A pending message by its message id: the outbox table has no index on it (every enqueue
-/// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
-/// characters of its payload to read, id.
-pub(crate) const PENDING_BY_MESSAGE_ID: &str = concat!(pending_columns!(), "WHERE message_id = ?");
-
-/// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
-/// them, soonest retry first; with how many wait behind each (one probe of the ordering index
-/// per key). Binds: limit.
-pub(crate) const BLOCKED_KEYS: &str = concat!(
-    "SELECT h.ordering_key, h.id, h.message_id, h.message_type, h.attempts, h.last_error, ",
-    micros_of!("h.next_attempt_at"),
-    " AS next_attempt_at, \
-     (SELECT COUNT(*) FROM outbox_message w \
-      WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
-     FROM outbox_message h \
-     WHERE h.parked = 0 AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
-     ORDER BY h.next_attempt_at, h.id LIMIT ?"
-);
-
 /// One attempt into the delivery log. Binds: see `LoggedRow::binds`.
 pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO outbox_attempt \
      (message_id, message_type, destination, subscription_id, attempt, outcome, status, answer, \
@@ -335,13 +314,6 @@ pub(crate) const DEAD_LETTERS: &str = concat!(
     "WHERE message_type = COALESCE(?, message_type) \
      AND (? IS NULL OR ordering_key = ?) AND id >= ? ORDER BY id LIMIT ?"
 );
-
-/// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
-pub(crate) const DEAD_BY_MESSAGE_ID: &str = concat!(dead_letter_columns!(), "WHERE message_id = ?");
-
-/// The positions of the dead letters of a type (NULL: every one), without their payloads.
-/// Binds: type.
-pub(crate) const DEAD_POSITIONS: &str = SELECT_DEAD;
 
 /// The dead letters of a selection (the write transaction holds them). Binds: type (NULL:
 /// every one).
@@ -431,65 +403,6 @@ pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
          COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL AS oldest \
      FROM outbox_failure GROUP BY message_type";
 
-/// A received webhook id recorded unless recorded. Binds: id.
-pub(crate) const INBOX_RECORD: &str = "INSERT OR IGNORE INTO outbox_inbox (webhook_id) VALUES (?)";
-
-/// An admin session ended by a sign-out, until it would have expired. Binds: session id,
-/// expiry (Unix seconds).
-pub(crate) const REVOKE_SESSION: &str =
-    "INSERT OR IGNORE INTO outbox_admin_revoked (session_id, expires_at) VALUES (?, ?)";
-
-/// Whether an admin session signed out (1) or not (0). Binds: session id.
-pub(crate) const SESSION_REVOKED: &str =
-    "SELECT COUNT(*) AS found FROM outbox_admin_revoked WHERE session_id = ?";
-
-/// Revoked admin sessions that have expired anyway, forgotten. Binds: now (Unix seconds).
-pub(crate) const FORGET_REVOKED: &str = "DELETE FROM outbox_admin_revoked WHERE expires_at < ?";
-
-/// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
-pub(crate) const INBOX_SWEEP: &str = "DELETE FROM outbox_inbox WHERE rowid IN (\
-     SELECT rowid FROM outbox_inbox WHERE received_at < \
-     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) LIMIT ?)";
-
-/// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
-/// (the `failed_at` index bounds the read). Binds: age µs, limit.
-pub(crate) const PRUNE_DEAD_LETTERS: &str = "DELETE FROM outbox_failure WHERE id IN (\
-     SELECT id FROM outbox_failure WHERE failed_at < \
-     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) \
-     ORDER BY failed_at LIMIT ?)";
-
-/// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
-/// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
-/// end, so they are not due). The second is the first entry of the due index.
-pub(crate) const BACKLOG: &str = concat!(
-    "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, (SELECT ",
-    micros_of!("'now'"),
-    " - ",
-    micros_of!("MIN(next_attempt_at)"),
-    " FROM outbox_message WHERE NOT parked AND next_attempt_at <= ",
-    now!(),
-    ") AS oldest_due_micros, NULL AS oldest_due_at"
-);
-
-/// An idempotency key recorded for a message unless recorded (one writer at a time: another
-/// transaction with the same key has committed or rolled back). Binds: key, message id.
-pub(crate) const RESERVE_KEY: &str =
-    "INSERT OR IGNORE INTO outbox_idempotency (idempotency_key, message_id) VALUES (?, ?)";
-
-/// The message an idempotency key was recorded for. Binds: key.
-pub(crate) const KEYED_MESSAGE: &str =
-    "SELECT message_id FROM outbox_idempotency WHERE idempotency_key = ?";
-
-/// The position of the message this connection inserted last, stored with its key. Binds:
-/// key.
-pub(crate) const SET_KEY_POSITION: &str = "UPDATE outbox_idempotency \
-     SET message_position = last_insert_rowid() WHERE idempotency_key = ?";
-
-/// Keys not stamped settled, by their message's position, from a position on. Binds: after,
-/// limit.
-pub(crate) const UNSETTLED_KEYS: &str = "SELECT message_position AS id FROM outbox_idempotency \
-     WHERE settled_at IS NULL AND message_position > ? ORDER BY message_position LIMIT ?";
-
 /// Keys stamped settled whose message has left the outbox and the dead letters (a dead letter
 /// may still be re-queued). Binds: positions.
 fn settle_keys(n: usize) -> String {
@@ -504,98 +417,6 @@ fn settle_keys(n: usize) -> String {
         placeholders(n)
     )
 }
-
-/// Keys settled longer ago than the window deleted, at most a batch. Binds: window µs, limit.
-pub(crate) const EXPIRE_KEYS: &str = "DELETE FROM outbox_idempotency WHERE rowid IN (\
-     SELECT rowid FROM outbox_idempotency WHERE settled_at <= \
-     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) LIMIT ?)";
-
-/// A destination recorded as healthy unless it is known. Binds: name.
-pub(crate) const ADD_DESTINATION: &str = "INSERT INTO outbox_destination (name, kind, state) \
-     VALUES (?, ?, 'healthy') ON CONFLICT (name) DO NOTHING";
-
-/// A destination as the store keeps it (the transaction is a write transaction already, so
-/// nobody changes it meanwhile). Binds: name.
-pub(crate) const LOCK_DESTINATION: &str =
-    "SELECT name, state, disabled_reason, enables FROM outbox_destination WHERE name = ?";
-
-/// A destination's turns under a rate limit across processes, with the database's clock in
-/// µs, (the transaction is a write transaction already, so nobody takes one meanwhile). Binds: name.
-pub(crate) const LOCK_TURNS: &str = concat!(
-    "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
-    micros_of!("'now'"),
-    " AS now FROM outbox_destination WHERE name = ?"
-);
-
-/// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
-/// µs (NULL: nobody in line), last turn µs, name.
-pub(crate) const WRITE_TURNS: &str = "UPDATE outbox_destination \
-     SET turn_tokens = ?, turns_refilled = ?, turns_booked_until = ?, \
-         last_turn = ? \
-     WHERE name = ?";
-
-/// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
-/// last error, µs until the next probe (NULL: none; a NULL modifier makes `strftime` NULL),
-/// why it is disabled, name.
-pub(crate) const REPORT_DESTINATION: &str = "UPDATE outbox_destination \
-     SET kind = ?, state = ?, consecutive_failures = ?, last_error = ?, \
-         next_probe_at = strftime('%Y-%m-%d %H:%M:%f', 'now', (? / 1000000.0) || ' seconds'), \
-         disabled_reason = ?, reported_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
-     WHERE name = ?";
-
-/// Every destination, by name.
-pub(crate) const DESTINATIONS: &str = concat!(
-    "SELECT name, kind, state, consecutive_failures, last_error, ",
-    micros_of!("next_probe_at"),
-    " AS next_probe_at, disabled_reason, ",
-    micros_of!("reported_at"),
-    " AS reported_at FROM outbox_destination ORDER BY name"
-);
-
-/// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
-/// name.
-pub(crate) const ENABLE_DESTINATION: &str = "UPDATE outbox_destination \
-     SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
-         disabled_reason = NULL, enables = enables + 1 \
-     WHERE name = ?";
-
-/// An operator's disable, which the workers adopt. Binds: reason, name.
-pub(crate) const DISABLE_DESTINATION: &str = "UPDATE outbox_destination \
-     SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
-
-/// One message found paused by its worker: given back without counting the attempt, marked
-/// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
-/// reason, id, token.
-pub(crate) const PAUSE_MESSAGE: &str = concat!(
-    "UPDATE outbox_message SET locked_by = NULL, paused = 1, next_attempt_at = ",
-    now_plus_bind!(),
-    ", last_error = ?, attempts = attempts - 1 WHERE id = ? AND locked_by = ?"
-);
-
-/// Every paused message whose type is not paused (any more) due at once, from the paused rows'
-/// own index.
-pub(crate) const RELEASE_PAUSED: &str = concat!(
-    "UPDATE outbox_message SET paused = 0, next_attempt_at = ",
-    now!(),
-    ", resumed_at = ",
-    now!(),
-    " WHERE paused = 1 AND locked_by IS NULL \
-       AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')"
-);
-
-/// An operator's pause, unless that one is paused already. Binds: kind, name, reason.
-pub(crate) const PAUSE: &str =
-    "INSERT OR IGNORE INTO outbox_pause (kind, name, reason) VALUES (?, ?, ?)";
-
-/// An operator's resume. Binds: kind, name.
-pub(crate) const RESUME: &str = "DELETE FROM outbox_pause WHERE kind = ? AND name = ?";
-
-/// Every pause, by kind and name.
-pub(crate) const PAUSES: &str = concat!(
-    "SELECT kind, name, reason, ",
-    micros_of!("paused_at"),
-    " AS paused_at FROM outbox_pause ORDER BY kind, name"
-);
 
 /// The groups a claim visits, in turn.
 fn groups_to_visit(c: &mut SqliteConnection, claim: &Claim<'_>) -> QueryResult<Vec<String>> {
@@ -962,6 +783,192 @@ impl SubscriptionStatements for SqliteConnection {
     }
 }
 
+impl Dialect for SqliteConnection {
+    /// A destination recorded as healthy unless it is known. Binds: name.
+    const ADD_DESTINATION: &'static str = "INSERT INTO outbox_destination (name, kind, state) \
+         VALUES (?, ?, 'healthy') ON CONFLICT (name) DO NOTHING";
+
+    /// The backlog for the worker's gauges: messages in the outbox, and the microseconds the oldest
+    /// due, unheld message has waited (NULL: none waits; held messages are due at their lease's
+    /// end, so they are not due). The second is the first entry of the due index.
+    const BACKLOG: &'static str = concat!(
+        "SELECT (SELECT COUNT(*) FROM outbox_message) AS pending, (SELECT ",
+        micros_of!("'now'"),
+        " - ",
+        micros_of!("MIN(next_attempt_at)"),
+        " FROM outbox_message WHERE NOT parked AND next_attempt_at <= ",
+        now!(),
+        ") AS oldest_due_micros, NULL AS oldest_due_at"
+    );
+
+    /// Heads of ordering keys that failed and wait for a retry, holding up the messages behind
+    /// them, soonest retry first; with how many wait behind each (one probe of the ordering index
+    /// per key). Binds: limit.
+    const BLOCKED_KEYS: &'static str = concat!(
+        "SELECT h.ordering_key, h.id, h.message_id, h.message_type, h.attempts, h.last_error, ",
+        micros_of!("h.next_attempt_at"),
+        " AS next_attempt_at, \
+         (SELECT COUNT(*) FROM outbox_message w \
+          WHERE w.ordering_key = h.ordering_key AND w.id > h.id) AS waiting \
+         FROM outbox_message h \
+         WHERE h.parked = 0 AND h.ordering_key IS NOT NULL AND h.last_error IS NOT NULL \
+         ORDER BY h.next_attempt_at, h.id LIMIT ?"
+    );
+
+    /// A dead letter by its message id (indexed). Binds: characters of its payload to read, id.
+    const DEAD_BY_MESSAGE_ID: &'static str =
+        concat!(dead_letter_columns!(), "WHERE message_id = ?");
+
+    /// The positions of the dead letters of a type (NULL: every one), without their payloads.
+    /// Binds: type.
+    const DEAD_POSITIONS: &'static str = SELECT_DEAD;
+
+    /// Every destination, by name.
+    const DESTINATIONS: &'static str = concat!(
+        "SELECT name, kind, state, consecutive_failures, last_error, ",
+        micros_of!("next_probe_at"),
+        " AS next_probe_at, disabled_reason, ",
+        micros_of!("reported_at"),
+        " AS reported_at FROM outbox_destination ORDER BY name"
+    );
+
+    /// An operator's disable, which the workers adopt. Binds: reason, name.
+    const DISABLE_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET state = 'disabled', next_probe_at = NULL, disabled_reason = ? WHERE name = ?";
+
+    /// An operator's enable: healthy again, and one more enable for the workers to follow. Binds:
+    /// name.
+    const ENABLE_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET state = 'healthy', consecutive_failures = 0, last_error = NULL, next_probe_at = NULL, \
+             disabled_reason = NULL, enables = enables + 1 \
+         WHERE name = ?";
+
+    /// Keys settled longer ago than the window deleted, at most a batch. Binds: window µs, limit.
+    const EXPIRE_KEYS: &'static str = "DELETE FROM outbox_idempotency WHERE rowid IN (\
+         SELECT rowid FROM outbox_idempotency WHERE settled_at <= \
+         strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) LIMIT ?)";
+
+    /// Revoked admin sessions that have expired anyway, forgotten. Binds: now (Unix seconds).
+    const FORGET_REVOKED: &'static str = "DELETE FROM outbox_admin_revoked WHERE expires_at < ?";
+
+    /// A received webhook id recorded unless recorded. Binds: id.
+    const INBOX_RECORD: &'static str = "INSERT OR IGNORE INTO outbox_inbox (webhook_id) VALUES (?)";
+
+    /// Inbox ids older than some age deleted, a batch at a time. Binds: age µs, limit.
+    const INBOX_SWEEP: &'static str = "DELETE FROM outbox_inbox WHERE rowid IN (\
+         SELECT rowid FROM outbox_inbox WHERE received_at < \
+         strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) LIMIT ?)";
+
+    /// The message an idempotency key was recorded for. Binds: key.
+    const KEYED_MESSAGE: &'static str =
+        "SELECT message_id FROM outbox_idempotency WHERE idempotency_key = ?";
+
+    /// A destination as the store keeps it (the transaction is a write transaction already, so
+    /// nobody changes it meanwhile). Binds: name.
+    const LOCK_DESTINATION: &'static str =
+        "SELECT name, state, disabled_reason, enables FROM outbox_destination WHERE name = ?";
+
+    /// A destination's turns under a rate limit across processes, with the database's clock in
+    /// µs, (the transaction is a write transaction already, so nobody takes one meanwhile). Binds: name.
+    const LOCK_TURNS: &'static str = concat!(
+        "SELECT turn_tokens, turns_refilled, turns_booked_until, last_turn, ",
+        micros_of!("'now'"),
+        " AS now FROM outbox_destination WHERE name = ?"
+    );
+
+    /// An operator's pause, unless that one is paused already. Binds: kind, name, reason.
+    const PAUSE: &'static str =
+        "INSERT OR IGNORE INTO outbox_pause (kind, name, reason) VALUES (?, ?, ?)";
+
+    /// Every pause, by kind and name.
+    const PAUSES: &'static str = concat!(
+        "SELECT kind, name, reason, ",
+        micros_of!("paused_at"),
+        " AS paused_at FROM outbox_pause ORDER BY kind, name"
+    );
+
+    /// One message found paused by its worker: given back without counting the attempt, marked
+    /// paused, and due too far ahead for any claim until a resume releases it. Binds: delay µs,
+    /// reason, id, token.
+    const PAUSE_MESSAGE: &'static str = concat!(
+        "UPDATE outbox_message SET locked_by = NULL, paused = 1, next_attempt_at = ",
+        now_plus_bind!(),
+        ", last_error = ?, attempts = attempts - 1 WHERE id = ? AND locked_by = ?"
+    );
+
+    /// A pending message by its message id: the outbox table has no index on it (every enqueue
+    /// would pay for one), so this reads the table, as only an operator's lookup does. Binds:
+    /// characters of its payload to read, id.
+    const PENDING_BY_MESSAGE_ID: &'static str = concat!(pending_columns!(), "WHERE message_id = ?");
+
+    /// Dead letters that failed longer ago than some age deleted, oldest first, a batch at a time
+    /// (the `failed_at` index bounds the read). Binds: age µs, limit.
+    const PRUNE_DEAD_LETTERS: &'static str = "DELETE FROM outbox_failure WHERE id IN (\
+         SELECT id FROM outbox_failure WHERE failed_at < \
+         strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.6f seconds', ? / 1000000.0)) \
+         ORDER BY failed_at LIMIT ?)";
+
+    /// Every paused message whose type is not paused (any more) due at once, from the paused rows'
+    /// own index.
+    const RELEASE_PAUSED: &'static str = concat!(
+        "UPDATE outbox_message SET paused = 0, next_attempt_at = ",
+        now!(),
+        ", resumed_at = ",
+        now!(),
+        " WHERE paused = 1 AND locked_by IS NULL \
+           AND message_type NOT IN (SELECT name FROM outbox_pause WHERE kind = 'type')"
+    );
+
+    /// A worker's report of a destination's health. Binds: kind, state, consecutive failures,
+    /// last error, µs until the next probe (NULL: none; a NULL modifier makes `strftime` NULL),
+    /// why it is disabled, name.
+    const REPORT_DESTINATION: &'static str = "UPDATE outbox_destination \
+         SET kind = ?, state = ?, consecutive_failures = ?, last_error = ?, \
+             next_probe_at = strftime('%Y-%m-%d %H:%M:%f', 'now', (? / 1000000.0) || ' seconds'), \
+             disabled_reason = ?, reported_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+         WHERE name = ?";
+
+    /// An idempotency key recorded for a message unless recorded (one writer at a time: another
+    /// transaction with the same key has committed or rolled back). Binds: key, message id.
+    const RESERVE_KEY: &'static str =
+        "INSERT OR IGNORE INTO outbox_idempotency (idempotency_key, message_id) VALUES (?, ?)";
+
+    /// An operator's resume. Binds: kind, name.
+    const RESUME: &'static str = "DELETE FROM outbox_pause WHERE kind = ? AND name = ?";
+
+    /// An admin session ended by a sign-out, until it would have expired. Binds: session id,
+    /// expiry (Unix seconds).
+    const REVOKE_SESSION: &'static str =
+        "INSERT OR IGNORE INTO outbox_admin_revoked (session_id, expires_at) VALUES (?, ?)";
+
+    /// Whether an admin session signed out (1) or not (0). Binds: session id.
+    const SESSION_REVOKED: &'static str =
+        "SELECT COUNT(*) AS found FROM outbox_admin_revoked WHERE session_id = ?";
+
+    /// The position of the message this connection inserted last, stored with its key. Binds:
+    /// key.
+    const SET_KEY_POSITION: &'static str = "UPDATE outbox_idempotency \
+         SET message_position = last_insert_rowid() WHERE idempotency_key = ?";
+
+    /// Keys not stamped settled, by their message's position, from a position on. Binds: after,
+    /// limit.
+    const UNSETTLED_KEYS: &'static str = "SELECT message_position AS id FROM outbox_idempotency \
+         WHERE settled_at IS NULL AND message_position > ? ORDER BY message_position LIMIT ?";
+
+    /// A destination's turns written back. Binds: tokens in millionths, refilled µs, booked-until
+    /// µs (NULL: nobody in line), last turn µs, name.
+    const WRITE_TURNS: &'static str = "UPDATE outbox_destination \
+         SET turn_tokens = ?, turns_refilled = ?, turns_booked_until = ?, \
+             last_turn = ? \
+         WHERE name = ?";
+}
+
+impl<R: QueryableByName<Sqlite> + 'static> LoadFixed<R> for SqliteConnection {
+    fn load_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<Vec<R>> {
+        Prepared::new(sql, STYLE, binds).load(self)
+    }
+}
+
 impl Statements for SqliteConnection {
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()> {
         const BINDS: usize = NewMessage::BINDS + 1;
@@ -1214,7 +1221,9 @@ impl Statements for SqliteConnection {
         dynamic::<Sqlite>(&settle_keys(positions.len()), &ids_bound(positions)).execute(self)
     }
 
-    fixed_statement_methods!();
+    fn run_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize> {
+        run(self, sql, binds)
+    }
 }
 
 impl DeliveryLogStatements for SqliteConnection {
@@ -1321,10 +1330,10 @@ mod tests {
     fn fixed_statements_take_as_many_binds_as_they_say() {
         for (sql, binds) in [
             (INSERT_MESSAGE, NewMessage::BINDS + 1),
-            (PENDING_BY_MESSAGE_ID, 2),
-            (DEAD_BY_MESSAGE_ID, 2),
-            (DEAD_POSITIONS, 1),
-            (BLOCKED_KEYS, 1),
+            (<SqliteConnection as Dialect>::PENDING_BY_MESSAGE_ID, 2),
+            (<SqliteConnection as Dialect>::DEAD_BY_MESSAGE_ID, 2),
+            (<SqliteConnection as Dialect>::DEAD_POSITIONS, 1),
+            (<SqliteConnection as Dialect>::BLOCKED_KEYS, 1),
             (CANDIDATES, 2),
             (GROUPS, 2),
             (GROUP_SHARE, 2),
@@ -1337,31 +1346,31 @@ mod tests {
             (PENDING_BY_KEY, 7),
             (DEAD_LETTERS, 6),
             (PURGE, 1),
-            (INBOX_RECORD, 1),
-            (REVOKE_SESSION, 2),
-            (SESSION_REVOKED, 1),
-            (FORGET_REVOKED, 1),
-            (INBOX_SWEEP, 2),
-            (PRUNE_DEAD_LETTERS, 2),
-            (BACKLOG, 0),
-            (RESERVE_KEY, 2),
-            (KEYED_MESSAGE, 1),
-            (SET_KEY_POSITION, 1),
-            (UNSETTLED_KEYS, 2),
-            (EXPIRE_KEYS, 2),
-            (ADD_DESTINATION, 2),
-            (LOCK_DESTINATION, 1),
-            (LOCK_TURNS, 1),
-            (WRITE_TURNS, 5),
-            (REPORT_DESTINATION, 7),
-            (DESTINATIONS, 0),
-            (ENABLE_DESTINATION, 1),
-            (DISABLE_DESTINATION, 2),
-            (PAUSE_MESSAGE, 4),
-            (RELEASE_PAUSED, 0),
-            (PAUSE, 3),
-            (RESUME, 2),
-            (PAUSES, 0),
+            (<SqliteConnection as Dialect>::INBOX_RECORD, 1),
+            (<SqliteConnection as Dialect>::REVOKE_SESSION, 2),
+            (<SqliteConnection as Dialect>::SESSION_REVOKED, 1),
+            (<SqliteConnection as Dialect>::FORGET_REVOKED, 1),
+            (<SqliteConnection as Dialect>::INBOX_SWEEP, 2),
+            (<SqliteConnection as Dialect>::PRUNE_DEAD_LETTERS, 2),
+            (<SqliteConnection as Dialect>::BACKLOG, 0),
+            (<SqliteConnection as Dialect>::RESERVE_KEY, 2),
+            (<SqliteConnection as Dialect>::KEYED_MESSAGE, 1),
+            (<SqliteConnection as Dialect>::SET_KEY_POSITION, 1),
+            (<SqliteConnection as Dialect>::UNSETTLED_KEYS, 2),
+            (<SqliteConnection as Dialect>::EXPIRE_KEYS, 2),
+            (<SqliteConnection as Dialect>::ADD_DESTINATION, 2),
+            (<SqliteConnection as Dialect>::LOCK_DESTINATION, 1),
+            (<SqliteConnection as Dialect>::LOCK_TURNS, 1),
+            (<SqliteConnection as Dialect>::WRITE_TURNS, 5),
+            (<SqliteConnection as Dialect>::REPORT_DESTINATION, 7),
+            (<SqliteConnection as Dialect>::DESTINATIONS, 0),
+            (<SqliteConnection as Dialect>::ENABLE_DESTINATION, 1),
+            (<SqliteConnection as Dialect>::DISABLE_DESTINATION, 2),
+            (<SqliteConnection as Dialect>::PAUSE_MESSAGE, 4),
+            (<SqliteConnection as Dialect>::RELEASE_PAUSED, 0),
+            (<SqliteConnection as Dialect>::PAUSE, 3),
+            (<SqliteConnection as Dialect>::RESUME, 2),
+            (<SqliteConnection as Dialect>::PAUSES, 0),
         ] {
             assert_eq!(sql.matches('?').count(), binds, "{sql}");
         }

@@ -271,10 +271,98 @@ impl Cursor {
     };
 }
 
+/// Reads rows of type `R` with one of the [`Dialect`]'s statements: each backend implements it
+/// for every row its Diesel backend can load, and [`Statements`] asks for each row type its
+/// provided methods read.
+pub(crate) trait LoadFixed<R> {
+    /// Runs `sql` with `binds`; the rows it read.
+    fn load_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<Vec<R>>;
+}
+
+/// The text of the statements every backend runs the same way but for their text: each
+/// backend's file gives them (`impl Dialect for PgConnection` in `postgres.rs`, and so on), with
+/// what each binds, and the provided methods of [`Statements`] run them.
+pub(crate) trait Dialect {
+    /// The statement of [`Statements::add_destination`].
+    const ADD_DESTINATION: &'static str;
+    /// The statement of [`Statements::backlog`].
+    const BACKLOG: &'static str;
+    /// The statement of [`Statements::blocked_keys`].
+    const BLOCKED_KEYS: &'static str;
+    /// The statement of [`Statements::dead_by_message_id`].
+    const DEAD_BY_MESSAGE_ID: &'static str;
+    /// The statement of [`Statements::dead_positions`].
+    const DEAD_POSITIONS: &'static str;
+    /// The statement of [`Statements::destinations`].
+    const DESTINATIONS: &'static str;
+    /// The statement of [`Statements::disable_destination`].
+    const DISABLE_DESTINATION: &'static str;
+    /// The statement of [`Statements::enable_destination`].
+    const ENABLE_DESTINATION: &'static str;
+    /// The statement of [`Statements::settle_idempotency_keys`].
+    const EXPIRE_KEYS: &'static str;
+    /// The statement of [`Statements::forget_revoked_sessions`].
+    const FORGET_REVOKED: &'static str;
+    /// The statement of [`Statements::inbox_record`].
+    const INBOX_RECORD: &'static str;
+    /// The statement of [`Statements::inbox_sweep`].
+    const INBOX_SWEEP: &'static str;
+    /// The statement of [`Statements::idempotent_message`].
+    const KEYED_MESSAGE: &'static str;
+    /// The statement of [`Statements::lock_destination`].
+    const LOCK_DESTINATION: &'static str;
+    /// The statement of [`Statements::lock_turns`].
+    const LOCK_TURNS: &'static str;
+    /// The statement of [`Statements::pause`].
+    const PAUSE: &'static str;
+    /// The statement of [`Statements::pauses`].
+    const PAUSES: &'static str;
+    /// The statement of [`Statements::pause_message`].
+    const PAUSE_MESSAGE: &'static str;
+    /// The statement of [`Statements::pending_by_message_id`].
+    const PENDING_BY_MESSAGE_ID: &'static str;
+    /// The statement of [`Statements::prune_dead_letters`].
+    const PRUNE_DEAD_LETTERS: &'static str;
+    /// The statement of [`Statements::release_paused`].
+    const RELEASE_PAUSED: &'static str;
+    /// The statement of [`Statements::report_destination`].
+    const REPORT_DESTINATION: &'static str;
+    /// The statement of [`Statements::reserve_idempotency_key`].
+    const RESERVE_KEY: &'static str;
+    /// The statement of [`Statements::resume`].
+    const RESUME: &'static str;
+    /// The statement of [`Statements::revoke_session`].
+    const REVOKE_SESSION: &'static str;
+    /// The statement of [`Statements::session_revoked`].
+    const SESSION_REVOKED: &'static str;
+    /// The statement of [`Statements::set_idempotency_position`].
+    const SET_KEY_POSITION: &'static str;
+    /// The statement of [`Statements::unsettled_idempotency_keys`].
+    const UNSETTLED_KEYS: &'static str;
+    /// The statement of [`Statements::write_turns`].
+    const WRITE_TURNS: &'static str;
+}
+
 /// What a backend's statements do; each backend implements it in its own file.
 pub(crate) trait Statements:
-    Sized + diesel::Connection<TransactionManager = AnsiTransactionManager>
+    Dialect
+    + Sized
+    + diesel::Connection<TransactionManager = AnsiTransactionManager>
+    + LoadFixed<MessageIdRow>
+    + LoadFixed<IdRow>
+    + LoadFixed<FoundRow>
+    + LoadFixed<PendingRow>
+    + LoadFixed<DeadLetterRow>
+    + LoadFixed<BlockedKeyRow>
+    + LoadFixed<StoredDestinationRow>
+    + LoadFixed<TurnsRow>
+    + LoadFixed<DestinationRow>
+    + LoadFixed<PauseRow>
+    + LoadFixed<BacklogRow>
 {
+    /// Runs `sql`, one of the [`Dialect`]'s statements, with `binds`; how many rows it changed.
+    fn run_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize>;
+
     /// Inserts messages (one statement for up to the backend's bind limit).
     fn insert_messages(&mut self, rows: &[NewMessage]) -> QueryResult<()>;
 
@@ -392,17 +480,32 @@ pub(crate) trait Statements:
 
     /// Records `key` for the message `message_id` unless recorded; whether it was new. An
     /// enqueue in another transaction with the same key waits until this one ends.
-    fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool>;
+    fn reserve_idempotency_key(&mut self, key: &str, message_id: &str) -> QueryResult<bool> {
+        Ok(self.run_fixed(
+            Self::RESERVE_KEY,
+            &[Bind::Text(key), Bind::Text(message_id)],
+        )? == 1)
+    }
 
     /// The message id recorded with `key`, as committed (whatever snapshot the transaction
     /// holds, where the backend allows).
-    fn idempotent_message(&mut self, key: &str) -> QueryResult<Option<String>>;
+    fn idempotent_message(&mut self, key: &str) -> QueryResult<Option<String>> {
+        let rows: Vec<MessageIdRow> = self.load_fixed(Self::KEYED_MESSAGE, &[Bind::Text(key)])?;
+        Ok(rows.into_iter().next().map(|row| row.message_id))
+    }
 
     /// Stores with `key` the position of the message this connection inserted last.
-    fn set_idempotency_position(&mut self, key: &str) -> QueryResult<()>;
+    fn set_idempotency_position(&mut self, key: &str) -> QueryResult<()> {
+        self.run_fixed(Self::SET_KEY_POSITION, &[Bind::Text(key)])
+            .map(drop)
+    }
 
     /// The positions of up to `limit` keys not stamped settled, after `after`, in order.
-    fn unsettled_idempotency_keys(&mut self, after: i64, limit: i64) -> QueryResult<Vec<i64>>;
+    fn unsettled_idempotency_keys(&mut self, after: i64, limit: i64) -> QueryResult<Vec<i64>> {
+        let binds = [Bind::BigInt(after), Bind::BigInt(limit)];
+        let rows: Vec<IdRow> = self.load_fixed(Self::UNSETTLED_KEYS, &binds)?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
+    }
 
     /// Stamps settled the keys at `positions` whose message has left the outbox and the dead
     /// letters (at most [`ID_CHUNK`] positions); returns how many.
@@ -410,84 +513,176 @@ pub(crate) trait Statements:
 
     /// Deletes up to `limit` keys stamped settled more than `window_micros` ago; returns how
     /// many.
-    fn expire_idempotency_keys(&mut self, window_micros: i64, limit: i64) -> QueryResult<usize>;
+    fn expire_idempotency_keys(&mut self, window_micros: i64, limit: i64) -> QueryResult<usize> {
+        let binds = [Bind::BigInt(window_micros), Bind::BigInt(limit)];
+        self.run_fixed(Self::EXPIRE_KEYS, &binds)
+    }
 
     /// Records a received webhook id unless recorded; whether it was new.
     #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
-    fn inbox_record(&mut self, id: &str) -> QueryResult<bool>;
+    fn inbox_record(&mut self, id: &str) -> QueryResult<bool> {
+        Ok(self.run_fixed(Self::INBOX_RECORD, &[Bind::Text(id)])? == 1)
+    }
 
     /// Records an admin session as signed out until `expires_unix`.
-    fn revoke_session(&mut self, session_id: &str, expires_unix: i64) -> QueryResult<()>;
+    fn revoke_session(&mut self, session_id: &str, expires_unix: i64) -> QueryResult<()> {
+        let binds = [Bind::Text(session_id), Bind::BigInt(expires_unix)];
+        self.run_fixed(Self::REVOKE_SESSION, &binds).map(drop)
+    }
 
     /// Whether an admin session signed out.
-    fn session_revoked(&mut self, session_id: &str) -> QueryResult<bool>;
+    fn session_revoked(&mut self, session_id: &str) -> QueryResult<bool> {
+        let rows: Vec<FoundRow> =
+            self.load_fixed(Self::SESSION_REVOKED, &[Bind::Text(session_id)])?;
+        Ok(rows.first().is_some_and(|row| row.found > 0))
+    }
 
     /// Forgets signed-out sessions that expired before `now_unix`; returns how many.
-    fn forget_revoked_sessions(&mut self, now_unix: i64) -> QueryResult<usize>;
+    fn forget_revoked_sessions(&mut self, now_unix: i64) -> QueryResult<usize> {
+        self.run_fixed(Self::FORGET_REVOKED, &[Bind::BigInt(now_unix)])
+    }
 
     /// Deletes up to `limit` inbox ids received more than `older_than_micros` ago; returns
     /// how many.
-    fn inbox_sweep(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize>;
+    fn inbox_sweep(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize> {
+        let binds = [Bind::BigInt(older_than_micros), Bind::BigInt(limit)];
+        self.run_fixed(Self::INBOX_SWEEP, &binds)
+    }
 
     /// Deletes up to `limit` dead letters, oldest first, that failed more than
     /// `older_than_micros` ago; returns how many.
-    fn prune_dead_letters(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize>;
+    fn prune_dead_letters(&mut self, older_than_micros: i64, limit: i64) -> QueryResult<usize> {
+        let binds = [Bind::BigInt(older_than_micros), Bind::BigInt(limit)];
+        self.run_fixed(Self::PRUNE_DEAD_LETTERS, &binds)
+    }
 
     /// Messages in the outbox and how long the oldest due one has waited.
-    fn backlog(&mut self) -> QueryResult<BacklogRow>;
+    fn backlog(&mut self) -> QueryResult<BacklogRow> {
+        let rows: Vec<BacklogRow> = self.load_fixed(Self::BACKLOG, &[])?;
+        rows.into_iter()
+            .next()
+            .ok_or(diesel::result::Error::NotFound)
+    }
 
     /// The pending message with this message id (at most one row).
-    fn pending_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<PendingRow>>;
+    fn pending_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<PendingRow>> {
+        let binds = [Bind::BigInt(WHOLE_PAYLOAD), Bind::Text(message_id)];
+        self.load_fixed(Self::PENDING_BY_MESSAGE_ID, &binds)
+    }
 
     /// The dead letter with this message id (at most one row).
-    fn dead_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<DeadLetterRow>>;
+    fn dead_by_message_id(&mut self, message_id: &str) -> QueryResult<Vec<DeadLetterRow>> {
+        let binds = [Bind::BigInt(WHOLE_PAYLOAD), Bind::Text(message_id)];
+        self.load_fixed(Self::DEAD_BY_MESSAGE_ID, &binds)
+    }
 
     /// The positions of the dead letters of a type (`None`: every one), in order.
-    fn dead_positions(&mut self, message_type: Option<&str>) -> QueryResult<Vec<i64>>;
+    fn dead_positions(&mut self, message_type: Option<&str>) -> QueryResult<Vec<i64>> {
+        let binds = [Bind::NullableText(message_type)];
+        let rows: Vec<IdRow> = self.load_fixed(Self::DEAD_POSITIONS, &binds)?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
+    }
 
     /// Heads of ordering keys waiting for a retry, at most `limit`, soonest retry first.
-    fn blocked_keys(&mut self, limit: i64) -> QueryResult<Vec<BlockedKeyRow>>;
+    fn blocked_keys(&mut self, limit: i64) -> QueryResult<Vec<BlockedKeyRow>> {
+        self.load_fixed(Self::BLOCKED_KEYS, &[Bind::BigInt(limit)])
+    }
 
     /// Records a destination as healthy unless it is known.
-    fn add_destination(&mut self, name: &str, kind: &str) -> QueryResult<()>;
+    fn add_destination(&mut self, name: &str, kind: &str) -> QueryResult<()> {
+        self.run_fixed(Self::ADD_DESTINATION, &[Bind::Text(name), Bind::Text(kind)])
+            .map(drop)
+    }
 
     /// A destination, locked until the transaction ends (no row: unknown).
-    fn lock_destination(&mut self, name: &str) -> QueryResult<Vec<StoredDestinationRow>>;
+    fn lock_destination(&mut self, name: &str) -> QueryResult<Vec<StoredDestinationRow>> {
+        self.load_fixed(Self::LOCK_DESTINATION, &[Bind::Text(name)])
+    }
 
     /// A destination's turns under a rate limit across processes, locked until the
     /// transaction ends (no row: unknown).
-    fn lock_turns(&mut self, name: &str) -> QueryResult<Vec<TurnsRow>>;
+    fn lock_turns(&mut self, name: &str) -> QueryResult<Vec<TurnsRow>> {
+        self.load_fixed(Self::LOCK_TURNS, &[Bind::Text(name)])
+    }
 
     /// Writes a destination's turns back.
-    fn write_turns(&mut self, name: &str, turns: &Turns) -> QueryResult<()>;
+    fn write_turns(&mut self, name: &str, turns: &Turns) -> QueryResult<()> {
+        let binds = [
+            Bind::BigInt(TurnsRow::millionths(turns.tokens)),
+            Bind::BigInt(turns.refilled),
+            Bind::NullableBigInt(turns.booked_until),
+            Bind::BigInt(turns.last_turn),
+            Bind::Text(name),
+        ];
+        self.run_fixed(Self::WRITE_TURNS, &binds).map(drop)
+    }
 
     /// Writes a worker's report of a destination.
-    fn report_destination(&mut self, report: &DestinationReport) -> QueryResult<()>;
+    fn report_destination(&mut self, report: &DestinationReport) -> QueryResult<()> {
+        let binds = [
+            Bind::Text(report.kind),
+            Bind::Text(report.state),
+            Bind::BigInt(i64::from(report.consecutive_failures)),
+            Bind::NullableText(report.last_error.as_deref()),
+            Bind::NullableBigInt(report.probe_in.map(micros)),
+            Bind::NullableText(report.disabled_reason.as_deref()),
+            Bind::Text(&report.name),
+        ];
+        self.run_fixed(Self::REPORT_DESTINATION, &binds).map(drop)
+    }
 
     /// Every destination, by name.
-    fn destinations(&mut self) -> QueryResult<Vec<DestinationRow>>;
+    fn destinations(&mut self) -> QueryResult<Vec<DestinationRow>> {
+        self.load_fixed(Self::DESTINATIONS, &[])
+    }
 
     /// An operator's enable; how many destinations it changed (0: unknown name).
-    fn enable_destination(&mut self, name: &str) -> QueryResult<usize>;
+    fn enable_destination(&mut self, name: &str) -> QueryResult<usize> {
+        self.run_fixed(Self::ENABLE_DESTINATION, &[Bind::Text(name)])
+    }
 
     /// An operator's disable; how many destinations it changed (0: unknown name).
-    fn disable_destination(&mut self, name: &str, reason: &str) -> QueryResult<usize>;
+    fn disable_destination(&mut self, name: &str, reason: &str) -> QueryResult<usize> {
+        self.run_fixed(
+            Self::DISABLE_DESTINATION,
+            &[Bind::Text(reason), Bind::Text(name)],
+        )
+    }
 
     /// A message its worker found paused, given back marked paused and due [`PAUSED_FOR`]
     /// from now, the attempt not counted; whether its claim still held it.
-    fn pause_message(&mut self, token: &str, id: i64, reason: &str) -> QueryResult<bool>;
+    fn pause_message(&mut self, token: &str, id: i64, reason: &str) -> QueryResult<bool> {
+        let binds = [
+            Bind::BigInt(micros(PAUSED_FOR)),
+            Bind::Text(reason),
+            Bind::BigInt(id),
+            Bind::Text(token),
+        ];
+        Ok(self.run_fixed(Self::PAUSE_MESSAGE, &binds)? == 1)
+    }
 
     /// Every paused message whose type is not paused made due now; how many.
-    fn release_paused(&mut self) -> QueryResult<usize>;
+    fn release_paused(&mut self) -> QueryResult<usize> {
+        self.run_fixed(Self::RELEASE_PAUSED, &[])
+    }
 
     /// An operator's pause of a `type` or `destination`; 0 if it was paused already.
-    fn pause(&mut self, kind: &str, name: &str, reason: &str) -> QueryResult<usize>;
+    fn pause(&mut self, kind: &str, name: &str, reason: &str) -> QueryResult<usize> {
+        self.run_fixed(
+            Self::PAUSE,
+            &[Bind::Text(kind), Bind::Text(name), Bind::Text(reason)],
+        )
+    }
 
     /// An operator's resume; 0 if it was not paused.
-    fn resume(&mut self, kind: &str, name: &str) -> QueryResult<usize>;
+    fn resume(&mut self, kind: &str, name: &str) -> QueryResult<usize> {
+        self.run_fixed(Self::RESUME, &[Bind::Text(kind), Bind::Text(name)])
+    }
 
     /// Every pause, by kind and name.
-    fn pauses(&mut self) -> QueryResult<Vec<PauseRow>>;
+    fn pauses(&mut self) -> QueryResult<Vec<PauseRow>> {
+        self.load_fixed(Self::PAUSES, &[])
+    }
 }
 
 /// How far ahead a paused message is due: out of every claim's way (claims read due rows
