@@ -14,12 +14,10 @@ use super::cancel::{CancelRows, CancelStatements, KeyedRow};
 use super::delivery_log::{
     ArchivedRow, AttemptRow, DeliveryLogStatements, LastIdRow, LAST_ATTEMPT_ID,
 };
-use super::subscription::{
-    CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
-};
+use super::subscription::{SubscriptionDialect, SubscriptionStatements};
 use super::{
-    placeholders, Claim, Claimed, CountRow, Cursor, DeadLetterRow, Dialect, Filter, HorizonRow,
-    IdRow, LoadFixed, PendingRow, Selection, Statements, StatsRow, ID_CHUNK,
+    placeholders, Claim, Claimed, CountRow, Cursor, Dialect, HorizonRow, IdRow, LoadFixed,
+    Selection, Statements, ID_CHUNK,
 };
 use crate::sql::new_message::NewMessage;
 
@@ -225,13 +223,6 @@ fn release(n: usize) -> String {
     )
 }
 
-/// One message scheduled for later with its last error. Binds: delay µs, text, attempts to
-/// take back (0 or 1), id, token.
-pub(crate) const RESCHEDULE: &str = "UPDATE outbox_message \
-     SET locked_by = NULL, next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
-         last_error = ?, attempts = attempts - ? \
-     WHERE id = ? AND locked_by = ?";
-
 /// A message about to be dead-lettered, locked if its claim still holds it: the copy and the
 /// delete that follow then move it whole. Binds: id, token.
 pub(crate) const LOCK_OWNED: &str =
@@ -342,26 +333,6 @@ macro_rules! pending_columns {
     };
 }
 
-/// Pending messages, by position: a page reads the primary key from its first position on,
-/// however deep it is (a type or attempts filter walks it until the page is full). Binds:
-/// characters of each payload to read, type (NULL: any), least attempts, due only (0/1), from
-/// position, limit.
-pub(crate) const PENDING: &str = concat!(
-    pending_columns!(),
-    "WHERE message_type = COALESCE(?, message_type) AND attempts >= ? \
-     AND (? = 0 OR (NOT parked AND next_attempt_at <= UTC_TIMESTAMP(6))) \
-     AND id >= ? ORDER BY id LIMIT ?"
-);
-
-/// The pending messages of one ordering key, by position: the ordering index gives them in
-/// order. Binds: characters of each payload to read, key, then as [`PENDING`].
-pub(crate) const PENDING_BY_KEY: &str = concat!(
-    pending_columns!(),
-    "WHERE ordering_key = ? AND message_type = COALESCE(?, message_type) AND attempts >= ? \
-     AND (? = 0 OR (NOT parked AND next_attempt_at <= UTC_TIMESTAMP(6))) \
-     AND id >= ? ORDER BY ordering_key, id LIMIT ?"
-);
-
 /// The columns of a dead letter as listed.
 macro_rules! dead_letter_columns {
     () => {
@@ -373,14 +344,6 @@ macro_rules! dead_letter_columns {
          FROM outbox_failure "
     };
 }
-
-/// Dead letters, by position. Binds: characters of each payload to read, type (NULL: any), key
-/// twice (NULL: any), from position, limit.
-pub(crate) const DEAD_LETTERS: &str = concat!(
-    dead_letter_columns!(),
-    "WHERE message_type = COALESCE(?, message_type) \
-     AND (? IS NULL OR ordering_key = ?) AND id >= ? ORDER BY id LIMIT ?"
-);
 
 /// The dead letters of a selection, locked for the move. Binds: type (NULL: every one).
 pub(crate) const SELECT_DEAD_FOR_UPDATE: &str = "SELECT id FROM outbox_failure \
@@ -466,19 +429,6 @@ fn purge_at(n: usize) -> String {
 /// Dead letters of a type deleted (NULL: every one). Binds: type.
 pub(crate) const PURGE: &str =
     "DELETE FROM outbox_failure WHERE message_type = COALESCE(?, message_type)";
-
-/// Pending and in-flight counts and the oldest enqueue time, by type.
-pub(crate) const STATS_PENDING: &str = "SELECT message_type, COUNT(*) AS total, \
-         COUNT(CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 END) \
-             AS in_flight, \
-         TIMESTAMPDIFF(MICROSECOND, '1970-01-01', MIN(created_at)) AS oldest \
-     FROM outbox_message GROUP BY message_type";
-
-/// Dead-letter counts by type (COUNT of nothing is the BIGINT zero the row type wants; MySQL
-/// cannot CAST to BIGINT).
-pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
-         COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL AS oldest \
-     FROM outbox_failure GROUP BY message_type";
 
 /// Keys stamped settled whose message has left the outbox and the dead letters (a dead letter
 /// may still be re-queued). Binds: positions.
@@ -643,64 +593,6 @@ macro_rules! subscription_columns {
     };
 }
 
-/// Every subscription, oldest first.
-pub(crate) const SUBSCRIPTIONS: &str = concat!(subscription_columns!(), "ORDER BY created_at, id");
-
-/// One owner's subscriptions, oldest first. Binds: owner (NULL: those without an owner).
-pub(crate) const SUBSCRIPTIONS_OF: &str = concat!(
-    subscription_columns!(),
-    "WHERE owner <=> ? ORDER BY created_at, id"
-);
-
-/// One subscription. Binds: id.
-pub(crate) const SUBSCRIPTION: &str = concat!(subscription_columns!(), "WHERE id = ?");
-
-/// A new subscription. Binds: id, owner, URL, filters (JSON), secret, rate limit, whether
-/// `http` is allowed, description, metadata (JSON), enabled.
-pub(crate) const INSERT_SUBSCRIPTION: &str = "INSERT INTO outbox_subscription \
-     (id, owner, url, event_types, secret, rate_limit, allow_http, description, metadata, \
-      enabled, created_at, updated_at) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
-
-/// A subscription enabled or disabled. Binds: enabled, id.
-pub(crate) const SET_SUBSCRIPTION_ENABLED: &str =
-    "UPDATE outbox_subscription SET enabled = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
-
-/// A subscription's new secret; the old one stays the previous secret for the overlap. Binds:
-/// secret, overlap µs, id.
-pub(crate) const ROTATE_SUBSCRIPTION_SECRET: &str = "UPDATE outbox_subscription \
-     SET previous_secret = secret, secret = ?, \
-         previous_secret_until = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
-         updated_at = UTC_TIMESTAMP(6) \
-     WHERE id = ?";
-
-/// A subscription's stored secrets rewritten. Binds: secret, previous secret, id.
-pub(crate) const RESEAL_SUBSCRIPTION_SECRETS: &str =
-    "UPDATE outbox_subscription SET secret = ?, previous_secret = ? WHERE id = ?";
-
-/// A subscription removed. Binds: id.
-pub(crate) const DELETE_SUBSCRIPTION: &str = "DELETE FROM outbox_subscription WHERE id = ?";
-
-/// A removed subscription's pending deliveries that no claim holds, removed. Binds: id.
-pub(crate) const DELETE_SUBSCRIPTION_DELIVERIES: &str = "DELETE FROM outbox_message \
-     WHERE subscription_id = ? AND (locked_by IS NULL OR next_attempt_at <= UTC_TIMESTAMP(6))";
-
-/// The paused deliveries of a subscription enabled again, due now. Binds: id.
-pub(crate) const RELEASE_SUBSCRIPTION: &str = "UPDATE outbox_message \
-     SET paused = FALSE, next_attempt_at = UTC_TIMESTAMP(6), resumed_at = UTC_TIMESTAMP(6) \
-     WHERE subscription_id = ? AND paused = TRUE AND locked_by IS NULL";
-
-/// The event a fan-out holds, locked, if its claim holds it. Binds: position, token.
-pub(crate) const LOCK_EVENT: &str = "SELECT message_type, ordering_key FROM outbox_message \
-     WHERE id = ? AND locked_by = ? FOR UPDATE";
-
-/// The enabled subscriptions of an event's owner created no later than the event (a
-/// subscription added later gets only later events). Binds: the event's position.
-pub(crate) const FAN_OUT_CANDIDATES: &str = "SELECT s.id, s.event_types \
-     FROM outbox_message e JOIN outbox_subscription s \
-         ON s.owner <=> e.owner AND s.created_at <= e.created_at \
-     WHERE e.id = ? AND s.enabled = TRUE ORDER BY s.created_at, s.id";
-
 /// One delivery per subscription of an event, in the order given: the event's id, type,
 /// payload, headers, priority, group, owner and enqueue time, due now. Binds: per delivery its
 /// subscription id and ordering key, then the event's position.
@@ -851,96 +743,67 @@ struct Sized {
     size: i64,
 }
 
+impl SubscriptionDialect for MysqlConnection {
+    /// A subscription removed. Binds: id.
+    const DELETE_SUBSCRIPTION: &'static str = "DELETE FROM outbox_subscription WHERE id = ?";
+
+    /// A removed subscription's pending deliveries that no claim holds, removed. Binds: id.
+    const DELETE_SUBSCRIPTION_DELIVERIES: &'static str = "DELETE FROM outbox_message \
+         WHERE subscription_id = ? AND (locked_by IS NULL OR next_attempt_at <= UTC_TIMESTAMP(6))";
+
+    /// The enabled subscriptions of an event's owner created no later than the event (a
+    /// subscription added later gets only later events). Binds: the event's position.
+    const FAN_OUT_CANDIDATES: &'static str = "SELECT s.id, s.event_types \
+         FROM outbox_message e JOIN outbox_subscription s \
+             ON s.owner <=> e.owner AND s.created_at <= e.created_at \
+         WHERE e.id = ? AND s.enabled = TRUE ORDER BY s.created_at, s.id";
+
+    /// A new subscription. Binds: id, owner, URL, filters (JSON), secret, rate limit, whether
+    /// `http` is allowed, description, metadata (JSON), enabled.
+    const INSERT_SUBSCRIPTION: &'static str = "INSERT INTO outbox_subscription \
+         (id, owner, url, event_types, secret, rate_limit, allow_http, description, metadata, \
+          enabled, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
+
+    /// The event a fan-out holds, locked, if its claim holds it. Binds: position, token.
+    const LOCK_EVENT: &'static str = "SELECT message_type, ordering_key FROM outbox_message \
+         WHERE id = ? AND locked_by = ? FOR UPDATE";
+
+    /// The paused deliveries of a subscription enabled again, due now. Binds: id.
+    const RELEASE_SUBSCRIPTION: &'static str = "UPDATE outbox_message \
+         SET paused = FALSE, next_attempt_at = UTC_TIMESTAMP(6), resumed_at = UTC_TIMESTAMP(6) \
+         WHERE subscription_id = ? AND paused = TRUE AND locked_by IS NULL";
+
+    /// A subscription's stored secrets rewritten. Binds: secret, previous secret, id.
+    const RESEAL_SUBSCRIPTION_SECRETS: &'static str =
+        "UPDATE outbox_subscription SET secret = ?, previous_secret = ? WHERE id = ?";
+
+    /// A subscription's new secret; the old one stays the previous secret for the overlap. Binds:
+    /// secret, overlap µs, id.
+    const ROTATE_SUBSCRIPTION_SECRET: &'static str = "UPDATE outbox_subscription \
+         SET previous_secret = secret, secret = ?, \
+             previous_secret_until = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
+             updated_at = UTC_TIMESTAMP(6) \
+         WHERE id = ?";
+
+    /// A subscription enabled or disabled. Binds: enabled, id.
+    const SET_SUBSCRIPTION_ENABLED: &'static str =
+        "UPDATE outbox_subscription SET enabled = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+
+    /// One subscription. Binds: id.
+    const SUBSCRIPTION: &'static str = concat!(subscription_columns!(), "WHERE id = ?");
+
+    /// Every subscription, oldest first.
+    const SUBSCRIPTIONS: &'static str = concat!(subscription_columns!(), "ORDER BY created_at, id");
+
+    /// One owner's subscriptions, oldest first. Binds: owner (NULL: those without an owner).
+    const SUBSCRIPTIONS_OF: &'static str = concat!(
+        subscription_columns!(),
+        "WHERE owner <=> ? ORDER BY created_at, id"
+    );
+}
+
 impl SubscriptionStatements for MysqlConnection {
-    fn subscriptions(&mut self, owner: Option<Option<&str>>) -> QueryResult<Vec<SubscriptionRow>> {
-        match owner {
-            None => Prepared::new(SUBSCRIPTIONS, STYLE, &[]).load(self),
-            Some(owner) => {
-                Prepared::new(SUBSCRIPTIONS_OF, STYLE, &[Bind::NullableText(owner)]).load(self)
-            }
-        }
-    }
-
-    fn subscription(&mut self, id: &str) -> QueryResult<Option<SubscriptionRow>> {
-        let rows: Vec<SubscriptionRow> =
-            Prepared::new(SUBSCRIPTION, STYLE, &[Bind::Text(id)]).load(self)?;
-        Ok(rows.into_iter().next())
-    }
-
-    fn insert_subscription(&mut self, row: &NewSubscriptionRow<'_>) -> QueryResult<()> {
-        let binds = [
-            Bind::Text(row.id),
-            Bind::NullableText(row.owner),
-            Bind::Text(row.url),
-            Bind::Text(row.event_types),
-            Bind::Text(row.secret),
-            Bind::NullableBigInt(row.rate_limit),
-            Bind::Bool(row.allow_http),
-            Bind::NullableText(row.description),
-            Bind::NullableText(row.metadata),
-            Bind::Bool(row.enabled),
-        ];
-        run(self, INSERT_SUBSCRIPTION, &binds).map(drop)
-    }
-
-    fn set_subscription_enabled(&mut self, id: &str, enabled: bool) -> QueryResult<usize> {
-        run(
-            self,
-            SET_SUBSCRIPTION_ENABLED,
-            &[Bind::Bool(enabled), Bind::Text(id)],
-        )
-    }
-
-    fn rotate_subscription_secret(
-        &mut self,
-        id: &str,
-        secret: &str,
-        overlap_micros: i64,
-    ) -> QueryResult<usize> {
-        let binds = [
-            Bind::Text(secret),
-            Bind::BigInt(overlap_micros),
-            Bind::Text(id),
-        ];
-        run(self, ROTATE_SUBSCRIPTION_SECRET, &binds)
-    }
-
-    fn reseal_subscription_secrets(
-        &mut self,
-        id: &str,
-        secret: &str,
-        previous: Option<&str>,
-    ) -> QueryResult<usize> {
-        let binds = [
-            Bind::Text(secret),
-            Bind::NullableText(previous),
-            Bind::Text(id),
-        ];
-        run(self, RESEAL_SUBSCRIPTION_SECRETS, &binds)
-    }
-
-    fn delete_subscription(&mut self, id: &str) -> QueryResult<usize> {
-        run(self, DELETE_SUBSCRIPTION, &[Bind::Text(id)])
-    }
-
-    fn delete_subscription_deliveries(&mut self, id: &str) -> QueryResult<usize> {
-        run(self, DELETE_SUBSCRIPTION_DELIVERIES, &[Bind::Text(id)])
-    }
-
-    fn release_subscription(&mut self, id: &str) -> QueryResult<usize> {
-        run(self, RELEASE_SUBSCRIPTION, &[Bind::Text(id)])
-    }
-
-    fn lock_event(&mut self, id: i64, token: &str) -> QueryResult<Option<EventRow>> {
-        let rows: Vec<EventRow> =
-            Prepared::new(LOCK_EVENT, STYLE, &[Bind::BigInt(id), Bind::Text(token)]).load(self)?;
-        Ok(rows.into_iter().next())
-    }
-
-    fn fan_out_candidates(&mut self, id: i64) -> QueryResult<Vec<CandidateRow>> {
-        Prepared::new(FAN_OUT_CANDIDATES, STYLE, &[Bind::BigInt(id)]).load(self)
-    }
-
     fn insert_deliveries(
         &mut self,
         id: i64,
@@ -1129,6 +992,54 @@ impl Dialect for MysqlConnection {
          SET turn_tokens = ?, turns_refilled = ?, turns_booked_until = ?, \
              last_turn = ? \
          WHERE name = ?";
+
+    /// Dead letters, by position. Binds: characters of each payload to read, type (NULL: any), key
+    /// twice (NULL: any), from position, limit.
+    const DEAD_LETTERS: &'static str = concat!(
+        dead_letter_columns!(),
+        "WHERE message_type = COALESCE(?, message_type) \
+         AND (? IS NULL OR ordering_key = ?) AND id >= ? ORDER BY id LIMIT ?"
+    );
+
+    /// Pending messages, by position: a page reads the primary key from its first position on,
+    /// however deep it is (a type or attempts filter walks it until the page is full). Binds:
+    /// characters of each payload to read, type (NULL: any), least attempts, due only (0/1), from
+    /// position, limit.
+    const PENDING: &'static str = concat!(
+        pending_columns!(),
+        "WHERE message_type = COALESCE(?, message_type) AND attempts >= ? \
+         AND (? = 0 OR (NOT parked AND next_attempt_at <= UTC_TIMESTAMP(6))) \
+         AND id >= ? ORDER BY id LIMIT ?"
+    );
+
+    /// The pending messages of one ordering key, by position: the ordering index gives them in
+    /// order. Binds: characters of each payload to read, key, then as [`PENDING`].
+    const PENDING_BY_KEY: &'static str = concat!(
+        pending_columns!(),
+        "WHERE ordering_key = ? AND message_type = COALESCE(?, message_type) AND attempts >= ? \
+         AND (? = 0 OR (NOT parked AND next_attempt_at <= UTC_TIMESTAMP(6))) \
+         AND id >= ? ORDER BY ordering_key, id LIMIT ?"
+    );
+
+    /// One message scheduled for later with its last error. Binds: delay µs, text, attempts to
+    /// take back (0 or 1), id, token.
+    const RESCHEDULE: &'static str = "UPDATE outbox_message \
+         SET locked_by = NULL, next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6)), \
+             last_error = ?, attempts = attempts - ? \
+         WHERE id = ? AND locked_by = ?";
+
+    /// Dead-letter counts by type (COUNT of nothing is the BIGINT zero the row type wants; MySQL
+    /// cannot CAST to BIGINT).
+    const STATS_DEAD: &'static str = "SELECT message_type, COUNT(*) AS total, \
+             COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL AS oldest \
+         FROM outbox_failure GROUP BY message_type";
+
+    /// Pending and in-flight counts and the oldest enqueue time, by type.
+    const STATS_PENDING: &'static str = "SELECT message_type, COUNT(*) AS total, \
+             COUNT(CASE WHEN locked_by IS NOT NULL AND next_attempt_at > UTC_TIMESTAMP(6) THEN 1 END) \
+                 AS in_flight, \
+             TIMESTAMPDIFF(MICROSECOND, '1970-01-01', MIN(created_at)) AS oldest \
+         FROM outbox_message GROUP BY message_type";
 }
 
 impl<R: QueryableByName<Mysql> + 'static> LoadFixed<R> for MysqlConnection {
@@ -1218,24 +1129,6 @@ impl Statements for MysqlConnection {
         dynamic::<Mysql>(&release(ids.len()), &with_ids(&[Bind::Text(token)], ids)).execute(self)
     }
 
-    fn reschedule(
-        &mut self,
-        token: &str,
-        id: i64,
-        delay_micros: i64,
-        text: &str,
-        count_attempt: bool,
-    ) -> QueryResult<bool> {
-        let binds = [
-            Bind::BigInt(delay_micros),
-            Bind::Text(text),
-            Bind::BigInt(i64::from(!count_attempt)),
-            Bind::BigInt(id),
-            Bind::Text(token),
-        ];
-        Ok(run(self, RESCHEDULE, &binds)? == 1)
-    }
-
     fn dead_letter(&mut self, token: &str, id: i64, error: &str) -> QueryResult<bool> {
         self.transaction(|c| {
             let owned: Vec<IdRow> =
@@ -1320,15 +1213,6 @@ impl Statements for MysqlConnection {
         self.transaction(body)
     }
 
-    fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        let (statement, binds) = filter.pending_query(PENDING, PENDING_BY_KEY);
-        Prepared::new(statement, STYLE, &binds).load(self)
-    }
-
-    fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
-        Prepared::new(DEAD_LETTERS, STYLE, &filter.dead_binds()).load(self)
-    }
-
     fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
         self.transaction(|c| {
             let ids = match selection {
@@ -1371,13 +1255,6 @@ impl Statements for MysqlConnection {
             Selection::MessageType(t) => run(self, PURGE, &[Bind::NullableText(Some(t))]),
             Selection::All => run(self, PURGE, &[Bind::NullableText(None)]),
         }
-    }
-
-    fn stats(&mut self) -> QueryResult<(Vec<StatsRow>, Vec<StatsRow>)> {
-        Ok((
-            Prepared::new(STATS_PENDING, STYLE, &[]).load(self)?,
-            Prepared::new(STATS_DEAD, STYLE, &[]).load(self)?,
-        ))
     }
 
     fn settle_idempotency_keys(&mut self, positions: &[i64]) -> QueryResult<usize> {
@@ -1485,17 +1362,17 @@ mod tests {
             (GROUP_SHARE, 5),
             (REMOVE_EMPTY_GROUPS, 0),
             (HORIZON, 0),
-            (RESCHEDULE, 5),
+            (<MysqlConnection as Dialect>::RESCHEDULE, 5),
             (LOCK_OWNED, 2),
             (COPY_TO_DEAD, 2),
             (DELETE_ONE, 1),
-            (PENDING, 6),
-            (PENDING_BY_KEY, 7),
+            (<MysqlConnection as Dialect>::PENDING, 6),
+            (<MysqlConnection as Dialect>::PENDING_BY_KEY, 7),
             (<MysqlConnection as Dialect>::PENDING_BY_MESSAGE_ID, 2),
             (<MysqlConnection as Dialect>::DEAD_BY_MESSAGE_ID, 2),
             (<MysqlConnection as Dialect>::DEAD_POSITIONS, 1),
             (<MysqlConnection as Dialect>::BLOCKED_KEYS, 1),
-            (DEAD_LETTERS, 6),
+            (<MysqlConnection as Dialect>::DEAD_LETTERS, 6),
             (PURGE, 1),
             (<MysqlConnection as Dialect>::INBOX_RECORD, 1),
             (<MysqlConnection as Dialect>::REVOKE_SESSION, 2),

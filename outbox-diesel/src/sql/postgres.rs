@@ -14,12 +14,10 @@ use super::cancel::{CancelRows, CancelStatements, KeyedRow};
 use super::delivery_log::{
     ArchivedRow, AttemptRow, DeliveryLogStatements, LastIdRow, LoggedRow, LAST_ATTEMPT_ID,
 };
-use super::subscription::{
-    CandidateRow, EventRow, NewSubscriptionRow, SubscriptionRow, SubscriptionStatements,
-};
+use super::subscription::{SubscriptionDialect, SubscriptionStatements};
 use super::{
-    Claim, ClaimRow, Claimed, CountRow, Cursor, DeadLetterRow, Dialect, Filter, HorizonRow, IdRow,
-    LoadFixed, MessageRow, PendingRow, Selection, Statements, StatsRow,
+    Claim, ClaimRow, Claimed, CountRow, Cursor, Dialect, HorizonRow, IdRow, LoadFixed, MessageRow,
+    Selection, Statements,
 };
 use crate::sql::new_message::NewMessage;
 
@@ -351,14 +349,6 @@ pub(crate) const RELEASE: &str = "UPDATE outbox_message \
          attempts = attempts - 1 \
      WHERE locked_by = $1::uuid AND id = ANY($2)";
 
-/// One message scheduled for later with its last error. Binds: delay µs, text, attempts to
-/// take back (0 or 1), id, token.
-pub(crate) const RESCHEDULE: &str = "UPDATE outbox_message \
-     SET locked_by = NULL, leased_until = NULL, \
-         next_attempt_at = now() + $1 * INTERVAL '1 microsecond', \
-         last_error = $2, attempts = attempts - $3 \
-     WHERE id = $4 AND locked_by = $5::uuid";
-
 /// One message moved to the dead letters in one statement: removed only if its claim holds
 /// it, so it is either moved whole or left alone (fenced). A dead letter already at its
 /// position (it cannot be, as re-queueing removes it; but a row edited by hand could) is
@@ -434,28 +424,6 @@ macro_rules! pending_columns {
     };
 }
 
-/// Pending messages, by position: a page reads the primary key from its first position on,
-/// however deep it is (a type or attempts filter walks it until the page is full). Binds:
-/// characters of each payload to read, type (NULL: any), least attempts, due only (0/1), from
-/// position, limit.
-pub(crate) const PENDING: &str = concat!(
-    pending_columns!(),
-    "WHERE message_type = COALESCE($2::text, message_type) AND attempts >= $3 \
-     AND ($4 = 0 OR (NOT parked AND next_attempt_at <= now() \
-         AND (leased_until IS NULL OR leased_until <= now()))) \
-     AND id >= $5 ORDER BY id LIMIT $6"
-);
-
-/// The pending messages of one ordering key, by position: the ordering index gives them in
-/// order. Binds: characters of each payload to read, key, then as [`PENDING`].
-pub(crate) const PENDING_BY_KEY: &str = concat!(
-    pending_columns!(),
-    "WHERE ordering_key = $2 AND message_type = COALESCE($3::text, message_type) \
-     AND attempts >= $4 AND ($5 = 0 OR (NOT parked AND next_attempt_at <= now() \
-         AND (leased_until IS NULL OR leased_until <= now()))) \
-     AND id >= $6 ORDER BY ordering_key, id LIMIT $7"
-);
-
 /// The columns of a dead letter as listed.
 macro_rules! dead_letter_columns {
     () => {
@@ -466,14 +434,6 @@ macro_rules! dead_letter_columns {
          FROM outbox_failure "
     };
 }
-
-/// Dead letters, by position. Binds: characters of each payload to read, type (NULL: any), key
-/// twice (NULL: any), from position, limit.
-pub(crate) const DEAD_LETTERS: &str = concat!(
-    dead_letter_columns!(),
-    "WHERE message_type = COALESCE($2::text, message_type) \
-     AND ($3::text IS NULL OR ordering_key = $4::text) AND id >= $5 ORDER BY id LIMIT $6"
-);
 
 /// The dead letters of a selection, locked for the move. Binds: type (NULL: every one).
 pub(crate) const SELECT_DEAD_FOR_UPDATE: &str = "SELECT id FROM outbox_failure \
@@ -507,18 +467,6 @@ pub(crate) const PURGE_AT: &str = "DELETE FROM outbox_failure WHERE id = ANY($1)
 /// Dead letters of a type deleted (NULL: every one). Binds: type.
 pub(crate) const PURGE: &str =
     "DELETE FROM outbox_failure WHERE message_type = COALESCE($1::text, message_type)";
-
-/// Pending and in-flight counts and the oldest enqueue time, by type.
-pub(crate) const STATS_PENDING: &str = "SELECT message_type, COUNT(*) AS total, \
-         COUNT(CASE WHEN locked_by IS NOT NULL AND leased_until > now() THEN 1 END) \
-             AS in_flight, \
-         (EXTRACT(EPOCH FROM MIN(created_at)) * 1000000)::BIGINT AS oldest \
-     FROM outbox_message GROUP BY message_type";
-
-/// Dead-letter counts by type (COUNT of nothing is a BIGINT zero, as the row type wants).
-pub(crate) const STATS_DEAD: &str = "SELECT message_type, COUNT(*) AS total, \
-         COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL::bigint AS oldest \
-     FROM outbox_failure GROUP BY message_type";
 
 /// The oldest transaction in this database that holds back the xmin horizon (and so vacuum),
 /// other than this session, and the dead tuples of the outbox table as the statistics count
@@ -561,64 +509,6 @@ macro_rules! subscription_columns {
          FROM outbox_subscription "
     };
 }
-
-/// Every subscription, oldest first.
-pub(crate) const SUBSCRIPTIONS: &str = concat!(subscription_columns!(), "ORDER BY created_at, id");
-
-/// One owner's subscriptions, oldest first. Binds: owner (NULL: those without an owner).
-pub(crate) const SUBSCRIPTIONS_OF: &str = concat!(
-    subscription_columns!(),
-    "WHERE owner IS NOT DISTINCT FROM $1 ORDER BY created_at, id"
-);
-
-/// One subscription. Binds: id.
-pub(crate) const SUBSCRIPTION: &str = concat!(subscription_columns!(), "WHERE id = $1");
-
-/// A new subscription. Binds: id, owner, URL, filters (JSON), secret, rate limit, whether
-/// `http` is allowed, description, metadata (JSON), enabled.
-pub(crate) const INSERT_SUBSCRIPTION: &str = "INSERT INTO outbox_subscription \
-     (id, owner, url, event_types, secret, rate_limit, allow_http, description, metadata, \
-      enabled) \
-     VALUES ($1, $2, $3, $4, $5, $6::integer, $7, $8, $9, $10)";
-
-/// A subscription enabled or disabled. Binds: enabled, id.
-pub(crate) const SET_SUBSCRIPTION_ENABLED: &str =
-    "UPDATE outbox_subscription SET enabled = $1, updated_at = clock_timestamp() WHERE id = $2";
-
-/// A subscription's new secret; the old one stays the previous secret for the overlap. Binds:
-/// secret, overlap µs, id.
-pub(crate) const ROTATE_SUBSCRIPTION_SECRET: &str = "UPDATE outbox_subscription \
-     SET previous_secret = secret, secret = $1, \
-         previous_secret_until = now() + $2 * INTERVAL '1 microsecond', \
-         updated_at = clock_timestamp() \
-     WHERE id = $3";
-
-/// A subscription's stored secrets rewritten. Binds: secret, previous secret, id.
-pub(crate) const RESEAL_SUBSCRIPTION_SECRETS: &str =
-    "UPDATE outbox_subscription SET secret = $1, previous_secret = $2 WHERE id = $3";
-
-/// A subscription removed. Binds: id.
-pub(crate) const DELETE_SUBSCRIPTION: &str = "DELETE FROM outbox_subscription WHERE id = $1";
-
-/// A removed subscription's pending deliveries that no claim holds, removed. Binds: id.
-pub(crate) const DELETE_SUBSCRIPTION_DELIVERIES: &str = "DELETE FROM outbox_message \
-     WHERE subscription_id = $1 AND (locked_by IS NULL OR leased_until <= now())";
-
-/// The paused deliveries of a subscription enabled again, due now. Binds: id.
-pub(crate) const RELEASE_SUBSCRIPTION: &str = "UPDATE outbox_message \
-     SET paused = FALSE, next_attempt_at = now(), resumed_at = now() \
-     WHERE subscription_id = $1 AND paused AND locked_by IS NULL";
-
-/// The event a fan-out holds, locked, if its claim holds it. Binds: position, token.
-pub(crate) const LOCK_EVENT: &str = "SELECT message_type, ordering_key FROM outbox_message \
-     WHERE id = $1 AND locked_by = $2::uuid FOR UPDATE";
-
-/// The enabled subscriptions of an event's owner created no later than the event (a
-/// subscription added later gets only later events). Binds: the event's position.
-pub(crate) const FAN_OUT_CANDIDATES: &str = "SELECT s.id, s.event_types \
-     FROM outbox_message e JOIN outbox_subscription s \
-         ON s.owner IS NOT DISTINCT FROM e.owner AND s.created_at <= e.created_at \
-     WHERE e.id = $1 AND s.enabled ORDER BY s.created_at, s.id";
 
 /// One delivery per subscription of an event, in the order given: the event's id, type,
 /// payload, headers, priority, group, owner and enqueue time, due now. Binds: subscription ids
@@ -764,96 +654,67 @@ impl SettledRow {
     }
 }
 
+impl SubscriptionDialect for PgConnection {
+    /// A subscription removed. Binds: id.
+    const DELETE_SUBSCRIPTION: &'static str = "DELETE FROM outbox_subscription WHERE id = $1";
+
+    /// A removed subscription's pending deliveries that no claim holds, removed. Binds: id.
+    const DELETE_SUBSCRIPTION_DELIVERIES: &'static str = "DELETE FROM outbox_message \
+         WHERE subscription_id = $1 AND (locked_by IS NULL OR leased_until <= now())";
+
+    /// The enabled subscriptions of an event's owner created no later than the event (a
+    /// subscription added later gets only later events). Binds: the event's position.
+    const FAN_OUT_CANDIDATES: &'static str = "SELECT s.id, s.event_types \
+         FROM outbox_message e JOIN outbox_subscription s \
+             ON s.owner IS NOT DISTINCT FROM e.owner AND s.created_at <= e.created_at \
+         WHERE e.id = $1 AND s.enabled ORDER BY s.created_at, s.id";
+
+    /// A new subscription. Binds: id, owner, URL, filters (JSON), secret, rate limit, whether
+    /// `http` is allowed, description, metadata (JSON), enabled.
+    const INSERT_SUBSCRIPTION: &'static str = "INSERT INTO outbox_subscription \
+         (id, owner, url, event_types, secret, rate_limit, allow_http, description, metadata, \
+          enabled) \
+         VALUES ($1, $2, $3, $4, $5, $6::integer, $7, $8, $9, $10)";
+
+    /// The event a fan-out holds, locked, if its claim holds it. Binds: position, token.
+    const LOCK_EVENT: &'static str = "SELECT message_type, ordering_key FROM outbox_message \
+         WHERE id = $1 AND locked_by = $2::uuid FOR UPDATE";
+
+    /// The paused deliveries of a subscription enabled again, due now. Binds: id.
+    const RELEASE_SUBSCRIPTION: &'static str = "UPDATE outbox_message \
+         SET paused = FALSE, next_attempt_at = now(), resumed_at = now() \
+         WHERE subscription_id = $1 AND paused AND locked_by IS NULL";
+
+    /// A subscription's stored secrets rewritten. Binds: secret, previous secret, id.
+    const RESEAL_SUBSCRIPTION_SECRETS: &'static str =
+        "UPDATE outbox_subscription SET secret = $1, previous_secret = $2 WHERE id = $3";
+
+    /// A subscription's new secret; the old one stays the previous secret for the overlap. Binds:
+    /// secret, overlap µs, id.
+    const ROTATE_SUBSCRIPTION_SECRET: &'static str = "UPDATE outbox_subscription \
+         SET previous_secret = secret, secret = $1, \
+             previous_secret_until = now() + $2 * INTERVAL '1 microsecond', \
+             updated_at = clock_timestamp() \
+         WHERE id = $3";
+
+    /// A subscription enabled or disabled. Binds: enabled, id.
+    const SET_SUBSCRIPTION_ENABLED: &'static str =
+        "UPDATE outbox_subscription SET enabled = $1, updated_at = clock_timestamp() WHERE id = $2";
+
+    /// One subscription. Binds: id.
+    const SUBSCRIPTION: &'static str = concat!(subscription_columns!(), "WHERE id = $1");
+
+    /// Every subscription, oldest first.
+    const SUBSCRIPTIONS: &'static str = concat!(subscription_columns!(), "ORDER BY created_at, id");
+
+    /// One owner's subscriptions, oldest first. Binds: owner (NULL: those without an owner).
+    const SUBSCRIPTIONS_OF: &'static str = concat!(
+        subscription_columns!(),
+        "WHERE owner IS NOT DISTINCT FROM $1 ORDER BY created_at, id"
+    );
+}
+
 impl SubscriptionStatements for PgConnection {
-    fn subscriptions(&mut self, owner: Option<Option<&str>>) -> QueryResult<Vec<SubscriptionRow>> {
-        match owner {
-            None => Prepared::new(SUBSCRIPTIONS, STYLE, &[]).load(self),
-            Some(owner) => {
-                Prepared::new(SUBSCRIPTIONS_OF, STYLE, &[Bind::NullableText(owner)]).load(self)
-            }
-        }
-    }
-
-    fn subscription(&mut self, id: &str) -> QueryResult<Option<SubscriptionRow>> {
-        let rows: Vec<SubscriptionRow> =
-            Prepared::new(SUBSCRIPTION, STYLE, &[Bind::Text(id)]).load(self)?;
-        Ok(rows.into_iter().next())
-    }
-
-    fn insert_subscription(&mut self, row: &NewSubscriptionRow<'_>) -> QueryResult<()> {
-        let binds = [
-            Bind::Text(row.id),
-            Bind::NullableText(row.owner),
-            Bind::Text(row.url),
-            Bind::Text(row.event_types),
-            Bind::Text(row.secret),
-            Bind::NullableBigInt(row.rate_limit),
-            Bind::Bool(row.allow_http),
-            Bind::NullableText(row.description),
-            Bind::NullableText(row.metadata),
-            Bind::Bool(row.enabled),
-        ];
-        run(self, INSERT_SUBSCRIPTION, &binds).map(drop)
-    }
-
-    fn set_subscription_enabled(&mut self, id: &str, enabled: bool) -> QueryResult<usize> {
-        run(
-            self,
-            SET_SUBSCRIPTION_ENABLED,
-            &[Bind::Bool(enabled), Bind::Text(id)],
-        )
-    }
-
-    fn rotate_subscription_secret(
-        &mut self,
-        id: &str,
-        secret: &str,
-        overlap_micros: i64,
-    ) -> QueryResult<usize> {
-        let binds = [
-            Bind::Text(secret),
-            Bind::BigInt(overlap_micros),
-            Bind::Text(id),
-        ];
-        run(self, ROTATE_SUBSCRIPTION_SECRET, &binds)
-    }
-
-    fn reseal_subscription_secrets(
-        &mut self,
-        id: &str,
-        secret: &str,
-        previous: Option<&str>,
-    ) -> QueryResult<usize> {
-        let binds = [
-            Bind::Text(secret),
-            Bind::NullableText(previous),
-            Bind::Text(id),
-        ];
-        run(self, RESEAL_SUBSCRIPTION_SECRETS, &binds)
-    }
-
-    fn delete_subscription(&mut self, id: &str) -> QueryResult<usize> {
-        run(self, DELETE_SUBSCRIPTION, &[Bind::Text(id)])
-    }
-
-    fn delete_subscription_deliveries(&mut self, id: &str) -> QueryResult<usize> {
-        run(self, DELETE_SUBSCRIPTION_DELIVERIES, &[Bind::Text(id)])
-    }
-
-    fn release_subscription(&mut self, id: &str) -> QueryResult<usize> {
-        run(self, RELEASE_SUBSCRIPTION, &[Bind::Text(id)])
-    }
-
-    fn lock_event(&mut self, id: i64, token: &str) -> QueryResult<Option<EventRow>> {
-        let rows: Vec<EventRow> =
-            Prepared::new(LOCK_EVENT, STYLE, &[Bind::BigInt(id), Bind::Text(token)]).load(self)?;
-        Ok(rows.into_iter().next())
-    }
-
-    fn fan_out_candidates(&mut self, id: i64) -> QueryResult<Vec<CandidateRow>> {
-        Prepared::new(FAN_OUT_CANDIDATES, STYLE, &[Bind::BigInt(id)]).load(self)
-    }
-
     fn insert_deliveries(
         &mut self,
         id: i64,
@@ -1054,6 +915,56 @@ impl Dialect for PgConnection {
          SET turn_tokens = $1, turns_refilled = $2, turns_booked_until = $3, \
              last_turn = $4 \
          WHERE name = $5";
+
+    /// Dead letters, by position. Binds: characters of each payload to read, type (NULL: any), key
+    /// twice (NULL: any), from position, limit.
+    const DEAD_LETTERS: &'static str = concat!(
+        dead_letter_columns!(),
+        "WHERE message_type = COALESCE($2::text, message_type) \
+         AND ($3::text IS NULL OR ordering_key = $4::text) AND id >= $5 ORDER BY id LIMIT $6"
+    );
+
+    /// Pending messages, by position: a page reads the primary key from its first position on,
+    /// however deep it is (a type or attempts filter walks it until the page is full). Binds:
+    /// characters of each payload to read, type (NULL: any), least attempts, due only (0/1), from
+    /// position, limit.
+    const PENDING: &'static str = concat!(
+        pending_columns!(),
+        "WHERE message_type = COALESCE($2::text, message_type) AND attempts >= $3 \
+         AND ($4 = 0 OR (NOT parked AND next_attempt_at <= now() \
+             AND (leased_until IS NULL OR leased_until <= now()))) \
+         AND id >= $5 ORDER BY id LIMIT $6"
+    );
+
+    /// The pending messages of one ordering key, by position: the ordering index gives them in
+    /// order. Binds: characters of each payload to read, key, then as [`PENDING`].
+    const PENDING_BY_KEY: &'static str = concat!(
+        pending_columns!(),
+        "WHERE ordering_key = $2 AND message_type = COALESCE($3::text, message_type) \
+         AND attempts >= $4 AND ($5 = 0 OR (NOT parked AND next_attempt_at <= now() \
+             AND (leased_until IS NULL OR leased_until <= now()))) \
+         AND id >= $6 ORDER BY ordering_key, id LIMIT $7"
+    );
+
+    /// One message scheduled for later with its last error. Binds: delay µs, text, attempts to
+    /// take back (0 or 1), id, token.
+    const RESCHEDULE: &'static str = "UPDATE outbox_message \
+         SET locked_by = NULL, leased_until = NULL, \
+             next_attempt_at = now() + $1 * INTERVAL '1 microsecond', \
+             last_error = $2, attempts = attempts - $3 \
+         WHERE id = $4 AND locked_by = $5::uuid";
+
+    /// Dead-letter counts by type (COUNT of nothing is a BIGINT zero, as the row type wants).
+    const STATS_DEAD: &'static str = "SELECT message_type, COUNT(*) AS total, \
+             COUNT(CASE WHEN 1 = 0 THEN 1 END) AS in_flight, NULL::bigint AS oldest \
+         FROM outbox_failure GROUP BY message_type";
+
+    /// Pending and in-flight counts and the oldest enqueue time, by type.
+    const STATS_PENDING: &'static str = "SELECT message_type, COUNT(*) AS total, \
+             COUNT(CASE WHEN locked_by IS NOT NULL AND leased_until > now() THEN 1 END) \
+                 AS in_flight, \
+             (EXTRACT(EPOCH FROM MIN(created_at)) * 1000000)::BIGINT AS oldest \
+         FROM outbox_message GROUP BY message_type";
 }
 
 impl<R: QueryableByName<Pg> + 'static> LoadFixed<R> for PgConnection {
@@ -1196,24 +1107,6 @@ impl Statements for PgConnection {
             .execute(self)
     }
 
-    fn reschedule(
-        &mut self,
-        token: &str,
-        id: i64,
-        delay_micros: i64,
-        text: &str,
-        count_attempt: bool,
-    ) -> QueryResult<bool> {
-        let binds = [
-            Bind::BigInt(delay_micros),
-            Bind::Text(text),
-            Bind::BigInt(i64::from(!count_attempt)),
-            Bind::BigInt(id),
-            Bind::Text(token),
-        ];
-        Ok(run(self, RESCHEDULE, &binds)? == 1)
-    }
-
     fn dead_letter(&mut self, token: &str, id: i64, error: &str) -> QueryResult<bool> {
         let binds = [Bind::BigInt(id), Bind::Text(token), Bind::Text(error)];
         Ok(run(self, DEAD_LETTER, &binds)? == 1)
@@ -1269,15 +1162,6 @@ impl Statements for PgConnection {
         })
     }
 
-    fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
-        let (statement, binds) = filter.pending_query(PENDING, PENDING_BY_KEY);
-        Prepared::new(statement, STYLE, &binds).load(self)
-    }
-
-    fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
-        Prepared::new(DEAD_LETTERS, STYLE, &filter.dead_binds()).load(self)
-    }
-
     fn requeue(&mut self, selection: &Selection<'_>) -> QueryResult<Vec<i64>> {
         self.transaction(|c| {
             let rows: Vec<IdRow> = match selection {
@@ -1309,13 +1193,6 @@ impl Statements for PgConnection {
             Selection::MessageType(t) => run(self, PURGE, &[Bind::NullableText(Some(t))]),
             Selection::All => run(self, PURGE, &[Bind::NullableText(None)]),
         }
-    }
-
-    fn stats(&mut self) -> QueryResult<(Vec<StatsRow>, Vec<StatsRow>)> {
-        Ok((
-            Prepared::new(STATS_PENDING, STYLE, &[]).load(self)?,
-            Prepared::new(STATS_DEAD, STYLE, &[]).load(self)?,
-        ))
     }
 
     fn keep_commit_durable(&mut self) -> QueryResult<()> {
@@ -1448,16 +1325,16 @@ mod tests {
             DELETE_DONE,
             DELETE_DONE_LEASING,
             RELEASE,
-            RESCHEDULE,
+            <PgConnection as Dialect>::RESCHEDULE,
             DEAD_LETTER,
             PROMOTE_HEADS,
             PRESENT,
             HELD_BY_OTHERS,
             EXTEND_LEASES,
             PROMOTE_STRANDED,
-            PENDING,
-            PENDING_BY_KEY,
-            DEAD_LETTERS,
+            <PgConnection as Dialect>::PENDING,
+            <PgConnection as Dialect>::PENDING_BY_KEY,
+            <PgConnection as Dialect>::DEAD_LETTERS,
             REQUEUE,
             PURGE,
             <PgConnection as Dialect>::INBOX_RECORD,

@@ -341,6 +341,18 @@ pub(crate) trait Dialect {
     const UNSETTLED_KEYS: &'static str;
     /// The statement of [`Statements::write_turns`].
     const WRITE_TURNS: &'static str;
+    /// The statement of [`Statements::dead_letters`].
+    const DEAD_LETTERS: &'static str;
+    /// The statement of [`Statements::pending`].
+    const PENDING: &'static str;
+    /// The statement of [`Statements::pending`].
+    const PENDING_BY_KEY: &'static str;
+    /// The statement of [`Statements::reschedule`].
+    const RESCHEDULE: &'static str;
+    /// The statement of [`Statements::stats`].
+    const STATS_DEAD: &'static str;
+    /// The statement of [`Statements::stats`].
+    const STATS_PENDING: &'static str;
 }
 
 /// What a backend's statements do; each backend implements it in its own file.
@@ -359,6 +371,7 @@ pub(crate) trait Statements:
     + LoadFixed<DestinationRow>
     + LoadFixed<PauseRow>
     + LoadFixed<BacklogRow>
+    + LoadFixed<StatsRow>
 {
     /// Runs `sql`, one of the [`Dialect`]'s statements, with `binds`; how many rows it changed.
     fn run_fixed(&mut self, sql: &'static str, binds: &[Bind<'_>]) -> QueryResult<usize>;
@@ -422,7 +435,16 @@ pub(crate) trait Statements:
         delay_micros: i64,
         text: &str,
         count_attempt: bool,
-    ) -> QueryResult<bool>;
+    ) -> QueryResult<bool> {
+        let binds = [
+            Bind::BigInt(delay_micros),
+            Bind::Text(text),
+            Bind::BigInt(i64::from(!count_attempt)),
+            Bind::BigInt(id),
+            Bind::Text(token),
+        ];
+        Ok(self.run_fixed(Self::RESCHEDULE, &binds)? == 1)
+    }
 
     /// Moves one message to the dead letters, atomically and only if its claim still holds
     /// it; whether it did.
@@ -457,10 +479,15 @@ pub(crate) trait Statements:
     ) -> QueryResult<T>;
 
     /// Pending messages, by position.
-    fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>>;
+    fn pending(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<PendingRow>> {
+        let (statement, binds) = filter.pending_query(Self::PENDING, Self::PENDING_BY_KEY);
+        self.load_fixed(statement, &binds)
+    }
 
     /// Dead letters, by position.
-    fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>>;
+    fn dead_letters(&mut self, filter: &Filter<'_>) -> QueryResult<Vec<DeadLetterRow>> {
+        self.load_fixed(Self::DEAD_LETTERS, &filter.dead_binds())
+    }
 
     /// Moves the selected dead letters back into the outbox at their positions, locked first
     /// so a dead letter moves whole or not at all; returns their positions.
@@ -470,7 +497,12 @@ pub(crate) trait Statements:
     fn purge(&mut self, selection: &Selection<'_>) -> QueryResult<usize>;
 
     /// Pending and in-flight counts and the oldest enqueue time by type; dead counts by type.
-    fn stats(&mut self) -> QueryResult<(Vec<StatsRow>, Vec<StatsRow>)>;
+    fn stats(&mut self) -> QueryResult<(Vec<StatsRow>, Vec<StatsRow>)> {
+        Ok((
+            self.load_fixed(Self::STATS_PENDING, &[])?,
+            self.load_fixed(Self::STATS_DEAD, &[])?,
+        ))
+    }
 
     /// A server setting that would refuse the worker's statements, as a sentence saying what
     /// to change; checked once when a worker starts.

@@ -6,8 +6,9 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::QueryResult;
 use outbox_core::subscription::Subscription;
 
+use super::bind::Bind;
 use super::delivery_log::DeliveryLogStatements;
-use super::Statements;
+use super::statements::{LoadFixed, Statements};
 
 /// The longest ordering key the tables store, in bytes.
 const MAX_KEY: usize = 255;
@@ -114,20 +115,83 @@ pub(crate) struct NewSubscriptionRow<'a> {
     pub(crate) enabled: bool,
 }
 
+/// The text of the subscriptions' statements every backend runs alike but for their text:
+/// each backend's file gives them, and the provided methods of [`SubscriptionStatements`] run
+/// them.
+pub(crate) trait SubscriptionDialect {
+    /// The statement of [`SubscriptionStatements::delete_subscription`].
+    const DELETE_SUBSCRIPTION: &'static str;
+    /// The statement of [`SubscriptionStatements::delete_subscription_deliveries`].
+    const DELETE_SUBSCRIPTION_DELIVERIES: &'static str;
+    /// The statement of [`SubscriptionStatements::fan_out_candidates`].
+    const FAN_OUT_CANDIDATES: &'static str;
+    /// The statement of [`SubscriptionStatements::insert_subscription`].
+    const INSERT_SUBSCRIPTION: &'static str;
+    /// The statement of [`SubscriptionStatements::lock_event`].
+    const LOCK_EVENT: &'static str;
+    /// The statement of [`SubscriptionStatements::release_subscription`].
+    const RELEASE_SUBSCRIPTION: &'static str;
+    /// The statement of [`SubscriptionStatements::reseal_subscription_secrets`].
+    const RESEAL_SUBSCRIPTION_SECRETS: &'static str;
+    /// The statement of [`SubscriptionStatements::rotate_subscription_secret`].
+    const ROTATE_SUBSCRIPTION_SECRET: &'static str;
+    /// The statement of [`SubscriptionStatements::set_subscription_enabled`].
+    const SET_SUBSCRIPTION_ENABLED: &'static str;
+    /// The statement of [`SubscriptionStatements::subscription`].
+    const SUBSCRIPTION: &'static str;
+    /// The statement of [`SubscriptionStatements::subscriptions`].
+    const SUBSCRIPTIONS: &'static str;
+    /// The statement of [`SubscriptionStatements::subscriptions`].
+    const SUBSCRIPTIONS_OF: &'static str;
+}
+
 /// What each backend runs for subscriptions; its statements are in its own file.
-pub(crate) trait SubscriptionStatements: Statements {
+pub(crate) trait SubscriptionStatements:
+    Statements
+    + SubscriptionDialect
+    + LoadFixed<SubscriptionRow>
+    + LoadFixed<EventRow>
+    + LoadFixed<CandidateRow>
+{
     /// Every subscription, oldest first; with `owner` given, only that owner's (`Some(None)`:
     /// those without an owner).
-    fn subscriptions(&mut self, owner: Option<Option<&str>>) -> QueryResult<Vec<SubscriptionRow>>;
+    fn subscriptions(&mut self, owner: Option<Option<&str>>) -> QueryResult<Vec<SubscriptionRow>> {
+        match owner {
+            None => self.load_fixed(Self::SUBSCRIPTIONS, &[]),
+            Some(owner) => self.load_fixed(Self::SUBSCRIPTIONS_OF, &[Bind::NullableText(owner)]),
+        }
+    }
 
     /// Subscription `id`.
-    fn subscription(&mut self, id: &str) -> QueryResult<Option<SubscriptionRow>>;
+    fn subscription(&mut self, id: &str) -> QueryResult<Option<SubscriptionRow>> {
+        let rows: Vec<SubscriptionRow> = self.load_fixed(Self::SUBSCRIPTION, &[Bind::Text(id)])?;
+        Ok(rows.into_iter().next())
+    }
 
     /// Inserts a subscription.
-    fn insert_subscription(&mut self, row: &NewSubscriptionRow<'_>) -> QueryResult<()>;
+    fn insert_subscription(&mut self, row: &NewSubscriptionRow<'_>) -> QueryResult<()> {
+        let binds = [
+            Bind::Text(row.id),
+            Bind::NullableText(row.owner),
+            Bind::Text(row.url),
+            Bind::Text(row.event_types),
+            Bind::Text(row.secret),
+            Bind::NullableBigInt(row.rate_limit),
+            Bind::Bool(row.allow_http),
+            Bind::NullableText(row.description),
+            Bind::NullableText(row.metadata),
+            Bind::Bool(row.enabled),
+        ];
+        self.run_fixed(Self::INSERT_SUBSCRIPTION, &binds).map(drop)
+    }
 
     /// Enables or disables subscription `id`; how many rows changed.
-    fn set_subscription_enabled(&mut self, id: &str, enabled: bool) -> QueryResult<usize>;
+    fn set_subscription_enabled(&mut self, id: &str, enabled: bool) -> QueryResult<usize> {
+        self.run_fixed(
+            Self::SET_SUBSCRIPTION_ENABLED,
+            &[Bind::Bool(enabled), Bind::Text(id)],
+        )
+    }
 
     /// Replaces subscription `id`'s secret with `secret`, keeping the old one as the previous
     /// secret for `overlap_micros`; how many rows changed.
@@ -136,7 +200,14 @@ pub(crate) trait SubscriptionStatements: Statements {
         id: &str,
         secret: &str,
         overlap_micros: i64,
-    ) -> QueryResult<usize>;
+    ) -> QueryResult<usize> {
+        let binds = [
+            Bind::Text(secret),
+            Bind::BigInt(overlap_micros),
+            Bind::Text(id),
+        ];
+        self.run_fixed(Self::ROTATE_SUBSCRIPTION_SECRET, &binds)
+    }
 
     /// Rewrites subscription `id`'s stored secrets (encrypted anew), leaving everything else.
     fn reseal_subscription_secrets(
@@ -144,22 +215,41 @@ pub(crate) trait SubscriptionStatements: Statements {
         id: &str,
         secret: &str,
         previous: Option<&str>,
-    ) -> QueryResult<usize>;
+    ) -> QueryResult<usize> {
+        let binds = [
+            Bind::Text(secret),
+            Bind::NullableText(previous),
+            Bind::Text(id),
+        ];
+        self.run_fixed(Self::RESEAL_SUBSCRIPTION_SECRETS, &binds)
+    }
 
     /// Deletes subscription `id`; how many rows.
-    fn delete_subscription(&mut self, id: &str) -> QueryResult<usize>;
+    fn delete_subscription(&mut self, id: &str) -> QueryResult<usize> {
+        self.run_fixed(Self::DELETE_SUBSCRIPTION, &[Bind::Text(id)])
+    }
 
     /// Deletes the pending deliveries of subscription `id` that no claim holds; how many.
-    fn delete_subscription_deliveries(&mut self, id: &str) -> QueryResult<usize>;
+    fn delete_subscription_deliveries(&mut self, id: &str) -> QueryResult<usize> {
+        self.run_fixed(Self::DELETE_SUBSCRIPTION_DELIVERIES, &[Bind::Text(id)])
+    }
 
     /// Makes the paused deliveries of subscription `id` due now; how many.
-    fn release_subscription(&mut self, id: &str) -> QueryResult<usize>;
+    fn release_subscription(&mut self, id: &str) -> QueryResult<usize> {
+        self.run_fixed(Self::RELEASE_SUBSCRIPTION, &[Bind::Text(id)])
+    }
 
     /// The event at `id` if the claim `token` holds it, locked for the transaction.
-    fn lock_event(&mut self, id: i64, token: &str) -> QueryResult<Option<EventRow>>;
+    fn lock_event(&mut self, id: i64, token: &str) -> QueryResult<Option<EventRow>> {
+        let rows: Vec<EventRow> =
+            self.load_fixed(Self::LOCK_EVENT, &[Bind::BigInt(id), Bind::Text(token)])?;
+        Ok(rows.into_iter().next())
+    }
 
     /// The enabled subscriptions of the owner of the event at `id` created no later than it.
-    fn fan_out_candidates(&mut self, id: i64) -> QueryResult<Vec<CandidateRow>>;
+    fn fan_out_candidates(&mut self, id: i64) -> QueryResult<Vec<CandidateRow>> {
+        self.load_fixed(Self::FAN_OUT_CANDIDATES, &[Bind::BigInt(id)])
+    }
 
     /// Inserts one delivery of the event at `id` for each `(subscription, ordering key)`, in
     /// order: the event's id, type, payload, headers, priority, group, owner and enqueue time.
