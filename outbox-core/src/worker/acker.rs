@@ -12,14 +12,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 
 use crate::destination::Answer;
 use crate::metrics;
 use crate::store::{ClaimToken, ClaimedMessage, Outcome, Settlement, SuccessorLease};
 
 use super::backoff::{Backoff, Failures};
-use super::claimer::dispatch;
+use super::claimer::{dispatch, ClaimSignals};
 use super::jobs::JobSender;
 use super::shared::Shared;
 use super::text::reduced;
@@ -72,15 +72,25 @@ struct Refused {
 /// The acker's thread: waits for outcomes and chores, and has the [`Settler`] do them.
 pub(crate) struct Acker {
     shared: Arc<Shared>,
+    /// The claimer's: whether it stopped for good.
+    signals: Arc<ClaimSignals>,
     outcomes: Receiver<Outcome>,
     settler: Settler,
 }
 
 impl Acker {
-    pub fn new(shared: Arc<Shared>, outcomes: Receiver<Outcome>, jobs: JobSender) -> Self {
-        let settler = Settler::new(Instant::now()).with_jobs(jobs);
+    pub fn new(
+        shared: Arc<Shared>,
+        outcomes: Receiver<Outcome>,
+        jobs: JobSender,
+        capacity: Sender<()>,
+        signals: Arc<ClaimSignals>,
+    ) -> Self {
+        let settler =
+            Settler::new(Instant::now()).with_outlets(jobs, capacity, Arc::clone(&signals));
         Acker {
             shared,
+            signals,
             outcomes,
             settler,
         }
@@ -105,9 +115,7 @@ impl Acker {
         if !shared.stopping() {
             return false;
         }
-        let settled_all = shared
-            .claimer_done
-            .load(std::sync::atomic::Ordering::SeqCst)
+        let settled_all = self.signals.is_done()
             && shared.held.count() == 0
             && self.settler.is_idle()
             && self.outcomes.is_empty();
@@ -194,6 +202,10 @@ pub(crate) struct Settler {
     next_settle: Instant,
     /// Where the messages a settlement leases go (the next messages of settled keys).
     jobs: Option<JobSender>,
+    /// Wakes the claimer: capacity was freed, or a key's head was settled.
+    capacity: Option<Sender<()>>,
+    /// The claimer's: whether its claims come back short.
+    signals: Option<Arc<ClaimSignals>>,
 }
 
 impl Settler {
@@ -205,14 +217,32 @@ impl Settler {
             ascii_only: false,
             next_settle: now,
             jobs: None,
+            capacity: None,
+            signals: None,
         }
     }
 
     /// Lets settlements lease the next message of each settled ordering key and hand it to the
-    /// handler threads through `jobs`.
-    pub fn with_jobs(mut self, jobs: JobSender) -> Self {
+    /// handler threads through `jobs` while the claimer's `signals` say its claims come back
+    /// short, and wake the claimer through `capacity` when they free room or settle a key's
+    /// head.
+    pub fn with_outlets(
+        mut self,
+        jobs: JobSender,
+        capacity: Sender<()>,
+        signals: Arc<ClaimSignals>,
+    ) -> Self {
         self.jobs = Some(jobs);
+        self.capacity = Some(capacity);
+        self.signals = Some(signals);
         self
+    }
+
+    /// Wakes the claimer (a wake-up already pending is enough).
+    fn wake_claimer(&self) {
+        if let Some(capacity) = &self.capacity {
+            let _ = capacity.try_send(());
+        }
     }
 
     /// An outcome to settle.
@@ -293,7 +323,7 @@ impl Settler {
                 // that key is claimable now, not at the next poll; unless the settlement leased
                 // it already and it went to a handler.
                 if refilled < booked {
-                    let _ = shared.capacity.try_send(());
+                    self.wake_claimer();
                 }
                 return;
             }
@@ -351,7 +381,7 @@ impl Settler {
                     self.ascii_only = true;
                 }
                 if self.settled(shared, std::slice::from_ref(&entry.outcome), &fenced, now) > 0 {
-                    let _ = shared.capacity.try_send(());
+                    self.wake_claimer();
                 }
                 return;
             }
@@ -423,7 +453,7 @@ impl Settler {
                     metrics::processed(shared.metric_type(&released.message_type), "abandoned");
                 }
                 metrics::in_flight(shared.held.count());
-                let _ = shared.capacity.try_send(());
+                self.wake_claimer();
             }
         }
     }
@@ -437,11 +467,11 @@ impl Settler {
     /// for busy keys to drain; and within the byte cap, shared out among the keys.
     fn successor_lease(&self, shared: &Shared, batch: &[Outcome]) -> Option<SuccessorLease> {
         self.jobs.as_ref()?;
-        if shared.stopping()
-            || !shared
-                .claims_short
-                .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        let short = self
+            .signals
+            .as_ref()
+            .is_some_and(|signals| signals.is_short());
+        if shared.stopping() || !short {
             return None;
         }
         let mut keys: Vec<&str> = batch

@@ -1,7 +1,7 @@
 //! The claimer: leases due messages when the worker has room for a full batch, and hands them
 //! to the handler threads.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -205,6 +205,8 @@ pub(crate) fn dispatch(
 
 /// The claimer's thread.
 pub(crate) struct Claimer {
+    /// What the claimer tells the acker: it stopped for good; claims come back short.
+    signals: Arc<ClaimSignals>,
     shared: Arc<Shared>,
     jobs: JobSender,
     outcomes: Sender<Outcome>,
@@ -223,10 +225,12 @@ impl Claimer {
         outcomes: Sender<Outcome>,
         wake: Receiver<()>,
         capacity: Receiver<()>,
+        signals: Arc<ClaimSignals>,
     ) -> Self {
         Claimer {
             size: ClaimSize::new(&shared.config),
             shared,
+            signals,
             jobs,
             outcomes,
             wake,
@@ -242,7 +246,7 @@ impl Claimer {
         while !shared.stopping() {
             shared.survive("claimer", Duration::from_millis(100), || self.step());
         }
-        shared.claimer_done.store(true, Ordering::SeqCst);
+        self.signals.finish();
         // Dropping the jobs sender (with self) lets the handler threads finish the queue.
     }
 
@@ -302,9 +306,7 @@ impl Claimer {
         if sent.is_none() {
             return;
         }
-        shared
-            .claims_short
-            .store(count < limit.messages, Ordering::Relaxed);
+        self.signals.set_short(count < limit.messages);
         if count > 0 {
             log::debug!("outbox: claimed {count} messages under {token}");
             // More may be due right behind these, or be locked for a moment by another
@@ -509,5 +511,37 @@ mod tests {
             held_bytes += taken * (4 << 20);
         }
         assert!(held_bytes <= 32 << 20, "{held_bytes}");
+    }
+}
+
+/// What the claimer tells the acker: that it stopped claiming for good (the worker is
+/// stopping), and whether its last claim found fewer messages than it could take (what is
+/// claimable is scarce: a few ordering keys, each behind its head, so settlements lease the
+/// next message of their keys themselves instead of leaving it to the next claim).
+#[derive(Debug, Default)]
+pub(crate) struct ClaimSignals {
+    done: AtomicBool,
+    short: AtomicBool,
+}
+
+impl ClaimSignals {
+    /// The claimer stopped claiming for good.
+    pub fn finish(&self) {
+        self.done.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the claimer stopped claiming for good.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    /// Whether the last claim came back short.
+    pub fn set_short(&self, short: bool) {
+        self.short.store(short, Ordering::Relaxed);
+    }
+
+    /// Whether the last claim came back short.
+    pub fn is_short(&self) -> bool {
+        self.short.load(Ordering::Relaxed)
     }
 }

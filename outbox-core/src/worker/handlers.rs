@@ -229,7 +229,7 @@ impl SettleWithin for JobSettle<'_> {
     }
 
     fn settlements(&self) -> &Settlements {
-        &self.shared.settlements
+        &self.shared.pool.settlements
     }
 }
 
@@ -244,7 +244,7 @@ pub(crate) fn process(
 ) -> Settlement {
     // Before anything else: an operator's pause keeps a message of any type, known or not,
     // from being handled or dead-lettered.
-    if let Some(reason) = shared.type_pause(&message.message_type) {
+    if let Some(reason) = shared.pool.type_pauses.reason(&message.message_type) {
         return Settlement::Pause {
             reason: storable(format!(
                 "not processed: message type `{}` is paused by an operator ({reason}); it waits \
@@ -301,7 +301,7 @@ pub(crate) fn process(
     };
     let mut ctx = Context::in_worker(
         &delivery,
-        &shared.resources,
+        &shared.pool.resources,
         &shared.destinations,
         exchanges,
         &settle,

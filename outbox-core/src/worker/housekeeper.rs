@@ -3,7 +3,7 @@
 //! sample for the gauges, sharing the destinations' health, and following operators' pauses.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -11,6 +11,7 @@ use crossbeam_channel::Receiver;
 use crate::metrics;
 use crate::store::Paused;
 
+use super::pool::TypePauses;
 use super::shared::Shared;
 use super::timing::HOUSEKEEPING_EVERY;
 use super::vitals::AliveGuard;
@@ -18,6 +19,8 @@ use super::vitals::AliveGuard;
 /// The housekeeper's thread, and when each chore is due next.
 pub(crate) struct Housekeeper {
     shared: Arc<Shared>,
+    /// The paused types the handlers read: this role alone writes them.
+    type_pauses: Arc<TypePauses>,
     /// Closed when the worker stops: wakes the thread from its wait.
     stop: Receiver<()>,
     next_chores: Instant,
@@ -36,10 +39,11 @@ pub(crate) struct Housekeeper {
 const RELEASES_AFTER_RESUME: u32 = 2;
 
 impl Housekeeper {
-    pub fn new(shared: Arc<Shared>, stop: Receiver<()>) -> Self {
+    pub fn new(shared: Arc<Shared>, type_pauses: Arc<TypePauses>, stop: Receiver<()>) -> Self {
         let now = Instant::now();
         Housekeeper {
             shared,
+            type_pauses,
             stop,
             next_chores: now + HOUSEKEEPING_EVERY,
             // The gauges are there from the start.
@@ -131,10 +135,7 @@ impl Housekeeper {
         if ended {
             self.releases_due = RELEASES_AFTER_RESUME;
         }
-        *shared
-            .paused_types
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = paused.message_types.clone();
+        self.type_pauses.follow(paused.message_types.clone());
         shared.destinations.follow_pauses(&paused.destinations);
         if let Some(subscribers) = &shared.subscribers {
             subscribers.follow_pauses(&paused.destinations);

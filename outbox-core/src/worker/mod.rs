@@ -27,8 +27,8 @@
 //! handler_threads`; `2 × claim size + handler_threads` except for a second after a claim that
 //! takes a raised priority) nor more than `max_in_flight_bytes` of payload, so a slow receiver
 //! applies back-pressure (and keeps claims at their smallest) instead of filling memory. The
-//! acker renews the leases of what the worker holds, so a lease bounds how long a dead
-//! worker's messages wait, not how long a handler may run; the watchdog bounds that, with the
+//! warden renews the leases of what the worker holds, so a lease bounds how long a dead
+//! worker's messages wait, not how long a handler may run; its watchdog bounds that, with the
 //! handler timeout.
 
 mod acker;
@@ -70,9 +70,9 @@ pub use vitals::{Health, WorkerStats};
 pub use wake::notify_enqueued;
 
 use acker::Acker;
-use claimer::Claimer;
+use claimer::{ClaimSignals, Claimer};
 use housekeeper::Housekeeper;
-use pool::HandlerPool;
+use pool::{HandlerParts, HandlerPool, TypePauses};
 use shared::{Parts, Shared};
 use warden::Warden;
 
@@ -184,16 +184,19 @@ impl<S: WorkerStore + TransactionalSettlement> WorkerBuilder<S> {
             config,
             destinations: destinations.keeping_turns_in(&store),
             store,
-            settlements,
             registry,
-            resources: self.resources,
             subscribers,
+        };
+        let type_pauses = Arc::new(TypePauses::default());
+        let handler_parts = HandlerParts {
+            resources: self.resources,
+            settlements,
+            type_pauses: Arc::clone(&type_pauses),
         };
         let shared = Arc::new(Shared::new(
             parts,
             stop_tx,
-            capacity_tx,
-            HandlerPool::new(jobs_rx, outcomes_tx.clone()),
+            HandlerPool::new(jobs_rx, outcomes_tx.clone(), handler_parts),
         ));
         let handle = WorkerHandle {
             shared: Arc::clone(&shared),
@@ -202,7 +205,7 @@ impl<S: WorkerStore + TransactionalSettlement> WorkerBuilder<S> {
         };
         // A destination disabled or paused before a restart, or a paused type, gets no
         // delivery: their records are read before the first claim.
-        let mut housekeeper = Housekeeper::new(Arc::clone(&shared), stop_rx.clone());
+        let mut housekeeper = Housekeeper::new(Arc::clone(&shared), type_pauses, stop_rx.clone());
         housekeeper.sync_subscriptions();
         housekeeper.sync_destinations();
         housekeeper.sync_pauses();
@@ -218,6 +221,7 @@ impl<S: WorkerStore + TransactionalSettlement> WorkerBuilder<S> {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         let acker_jobs = jobs_tx.clone();
+        let signals = Arc::new(ClaimSignals::default());
         let warden = Warden::new(Arc::clone(&shared), outcomes_tx.clone(), stop_rx);
         let claimer = Claimer::new(
             Arc::clone(&shared),
@@ -225,6 +229,7 @@ impl<S: WorkerStore + TransactionalSettlement> WorkerBuilder<S> {
             outcomes_tx,
             wake_rx,
             capacity_rx,
+            Arc::clone(&signals),
         );
         shared
             .threads
@@ -232,7 +237,13 @@ impl<S: WorkerStore + TransactionalSettlement> WorkerBuilder<S> {
         for _ in 0..handler_threads {
             handlers::spawn(&shared)?;
         }
-        let acker = Acker::new(Arc::clone(&shared), outcomes_rx, acker_jobs);
+        let acker = Acker::new(
+            Arc::clone(&shared),
+            outcomes_rx,
+            acker_jobs,
+            capacity_tx,
+            signals,
+        );
         shared
             .threads
             .spawn("outbox-acker".into(), move || acker.run())?;

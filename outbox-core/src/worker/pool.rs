@@ -1,12 +1,14 @@
 //! The handler threads' common parts ([`HandlerPool`]): what each thread takes its jobs from
-//! and sends its outcomes to, and which threads the watchdog retired.
+//! and sends its outcomes to, which threads the watchdog retired, and what only handlers use
+//! (the application's resources, the store's transactional settlement, the paused types).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crossbeam_channel::Sender;
 
+use crate::context::{Resources, Settlements};
 use crate::store::Outcome;
 
 use super::jobs::JobReceiver;
@@ -20,15 +22,36 @@ pub(crate) struct HandlerPool {
     next_thread: AtomicUsize,
     /// Threads the watchdog gave up on: each ends once its stuck handler returns.
     retired: Mutex<HashSet<usize>>,
+    /// The application's resources, for handlers' contexts.
+    pub resources: Resources,
+    /// The store's transactional settlement, for exactly-once handlers.
+    pub settlements: Settlements,
+    /// The message types an operator paused, as the housekeeper last read them.
+    pub type_pauses: Arc<TypePauses>,
+}
+
+/// What the handlers need of the worker beyond their channels.
+pub(crate) struct HandlerParts {
+    pub resources: Resources,
+    pub settlements: Settlements,
+    pub type_pauses: Arc<TypePauses>,
 }
 
 impl HandlerPool {
-    pub fn new(jobs: JobReceiver, outcomes: Sender<Outcome>) -> Self {
+    pub fn new(jobs: JobReceiver, outcomes: Sender<Outcome>, parts: HandlerParts) -> Self {
+        let HandlerParts {
+            resources,
+            settlements,
+            type_pauses,
+        } = parts;
         HandlerPool {
             jobs,
             outcomes,
             next_thread: AtomicUsize::new(0),
             retired: Mutex::new(HashSet::new()),
+            resources,
+            settlements,
+            type_pauses,
         }
     }
 
@@ -52,5 +75,26 @@ impl HandlerPool {
     pub fn next(&self) -> (usize, JobReceiver, Sender<Outcome>) {
         let thread = self.next_thread.fetch_add(1, Ordering::Relaxed);
         (thread, self.jobs.clone(), self.outcomes.clone())
+    }
+}
+
+/// The message types an operator paused, with the reasons: written by the housekeeper as it
+/// reads the store, read by the handlers before they run a message.
+#[derive(Debug, Default)]
+pub(crate) struct TypePauses(RwLock<BTreeMap<String, String>>);
+
+impl TypePauses {
+    /// Replaces the paused types with `paused`.
+    pub fn follow(&self, paused: BTreeMap<String, String>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = paused;
+    }
+
+    /// Why an operator paused `message_type`, if one did.
+    pub fn reason(&self, message_type: &str) -> Option<String> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(message_type)
+            .cloned()
     }
 }

@@ -1,15 +1,13 @@
 //! What the worker's threads share, and how they are started and waited for.
 
-use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::context::{Resources, Settlements};
 use crate::destination::Destinations;
 use crate::registry::Registry;
 use crate::store::WorkerStore;
@@ -24,10 +22,7 @@ use super::vitals::{Counters, Vitals};
 pub(crate) struct Shared {
     pub config: Config,
     pub store: Arc<dyn WorkerStore>,
-    /// The store's transactional settlement, for exactly-once handlers.
-    pub settlements: Settlements,
     pub registry: Registry,
-    pub resources: Resources,
     pub destinations: Destinations,
     /// The subscriptions, if the worker delivers to them.
     pub subscribers: Option<Subscribers>,
@@ -36,19 +31,9 @@ pub(crate) struct Shared {
     pub vitals: Vitals,
     pub threads: Threads,
     pub stopping: AtomicBool,
-    /// The claimer has stopped claiming for good (the worker is stopping).
-    pub claimer_done: AtomicBool,
-    /// The last claim found fewer messages than it could take: what is claimable is scarce
-    /// (a few ordering keys, each behind its head), so settlements lease the next message of
-    /// their keys themselves instead of leaving it to the next claim.
-    pub claims_short: AtomicBool,
-    /// The message types an operator paused, with the reasons, as last read from the store.
-    pub paused_types: RwLock<BTreeMap<String, String>>,
     give_up_at: Mutex<Option<Instant>>,
     /// Dropped when the worker stops: wakes the threads that wait on it.
     stop_signal: Mutex<Option<Sender<()>>>,
-    /// Wakes the claimer: capacity was freed, or a key's head was settled.
-    pub capacity: Sender<()>,
     pub pool: HandlerPool,
 }
 
@@ -56,35 +41,24 @@ pub(crate) struct Shared {
 pub(crate) struct Parts {
     pub config: Config,
     pub store: Arc<dyn WorkerStore>,
-    pub settlements: Settlements,
     pub registry: Registry,
-    pub resources: Resources,
     pub destinations: Destinations,
     pub subscribers: Option<Subscribers>,
 }
 
 impl Shared {
-    pub fn new(
-        parts: Parts,
-        stop_signal: Sender<()>,
-        capacity: Sender<()>,
-        pool: HandlerPool,
-    ) -> Self {
+    pub fn new(parts: Parts, stop_signal: Sender<()>, pool: HandlerPool) -> Self {
         let Parts {
             config,
             store,
-            settlements,
             registry,
-            resources,
             destinations,
             subscribers,
         } = parts;
         Shared {
             config,
             store,
-            settlements,
             registry,
-            resources,
             destinations,
             subscribers,
             held: Held::default(),
@@ -92,12 +66,8 @@ impl Shared {
             vitals: Vitals::default(),
             threads: Threads::default(),
             stopping: AtomicBool::new(false),
-            claimer_done: AtomicBool::new(false),
-            claims_short: AtomicBool::new(false),
-            paused_types: RwLock::new(BTreeMap::new()),
             give_up_at: Mutex::new(None),
             stop_signal: Mutex::new(Some(stop_signal)),
-            capacity,
             pool,
         }
     }
@@ -110,15 +80,6 @@ impl Shared {
         } else {
             crate::metrics::UNREGISTERED_TYPE
         }
-    }
-
-    /// Why an operator paused `message_type`, if one did.
-    pub fn type_pause(&self, message_type: &str) -> Option<String> {
-        self.paused_types
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(message_type)
-            .cloned()
     }
 
     pub fn stopping(&self) -> bool {

@@ -37,7 +37,7 @@ use super::handlers::{settle_attempt, settle_unknown_type, Attempt};
 use super::housekeeper::Housekeeper;
 use super::jobs::Job;
 use super::jobs::{JobReceiver, JobSender};
-use super::pool::HandlerPool;
+use super::pool::{HandlerParts, HandlerPool, TypePauses};
 use super::shared::{Parts, Shared};
 use super::timing::{HEARTBEATS_PER_LEASE, START_MARGIN};
 use super::warden::Rounds;
@@ -81,31 +81,33 @@ impl SimWorker {
     }
 
     fn handled_by(registry: Registry, config: &Config, store: &MemoryStore, now: Instant) -> Self {
-        let (capacity, _) = bounded(1);
         let (stop, stopped) = bounded(1);
         let (_, unused_jobs) = super::jobs::channel(1);
         let (queued, jobs) = super::jobs::channel(config.max_in_flight);
         let (outcomes, _) = bounded(1);
         let store = Arc::new(store.clone());
+        let handler_parts = HandlerParts {
+            resources: Resources::new(),
+            settlements: crate::context::Settlements::of(Arc::clone(&store)),
+            type_pauses: Arc::new(TypePauses::default()),
+        };
+        let type_pauses = Arc::clone(&handler_parts.type_pauses);
         let parts = Parts {
             config: config.clone(),
-            settlements: crate::context::Settlements::of(Arc::clone(&store)),
             store,
             registry,
-            resources: Resources::new(),
             destinations: Destinations::default(),
             subscribers: None,
         };
         let shared = Arc::new(Shared::new(
             parts,
             stop,
-            capacity,
-            HandlerPool::new(unused_jobs, outcomes),
+            HandlerPool::new(unused_jobs, outcomes, handler_parts),
         ));
         SimWorker {
             settler: Settler::new(now),
             rounds: Rounds::new(&shared, now),
-            housekeeper: Housekeeper::new(Arc::clone(&shared), stopped),
+            housekeeper: Housekeeper::new(Arc::clone(&shared), type_pauses, stopped),
             shared,
             queued,
             jobs,
@@ -754,12 +756,17 @@ fn a_stopping_acker_settles_an_outcome_still_in_its_channel() {
 
     let (outcomes, received) = bounded(1);
     let (jobs, _) = super::jobs::channel(1);
-    let acker = Acker::new(Arc::clone(&worker.shared), received, jobs);
+    let (capacity, _) = bounded(1);
+    let signals = Arc::new(super::claimer::ClaimSignals::default());
+    let acker = Acker::new(
+        Arc::clone(&worker.shared),
+        received,
+        jobs,
+        capacity,
+        Arc::clone(&signals),
+    );
     worker.shared.request_stop();
-    worker
-        .shared
-        .claimer_done
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    signals.finish();
     let timed_out = Settlement::Retry {
         delay: Duration::from_secs(1),
         error: "still running past its timeout".into(),
