@@ -2,12 +2,16 @@
 // then starts the peer's worker with the settings its documentation gives for throughput and
 // times it until every job is completed in the database. Prints one JSON line on stdout.
 //
-//   node drain.mjs graphile-worker|pg-boss DATABASE_URL COUNT CONCURRENCY BATCH
+//   node drain.mjs graphile-worker|pg-boss DATABASE_URL COUNT CONCURRENCY BATCH [STATISTICS]
 //
 // BATCH is how many jobs the peer fetches at once: graphile-worker's `localQueue.size`,
-// pg-boss's `batchSize`.
+// pg-boss's `batchSize`. STATISTICS is `analyzed` (the default: after the fill, untimed, the
+// database is analyzed and checkpointed, as for every system of the comparison) or `stale`
+// (left on the statistics of the empty tables).
 
-const [system, connectionString, countText, concurrencyText, batchText] = process.argv.slice(2);
+const [system, connectionString, countText, concurrencyText, batchText, statisticsText] =
+  process.argv.slice(2);
+const statistics = statisticsText ?? "analyzed";
 const count = Number(countText);
 const concurrency = Number(concurrencyText);
 const batch = Number(batchText);
@@ -18,8 +22,24 @@ function fail(message) {
   process.exit(2);
 }
 
-if (!connectionString || !(count > 0) || !(concurrency > 0) || !(batch > 0)) {
-  fail("usage: node drain.mjs graphile-worker|pg-boss DATABASE_URL COUNT CONCURRENCY BATCH");
+if (
+  !connectionString ||
+  !(count > 0) ||
+  !(concurrency > 0) ||
+  !(batch > 0) ||
+  !["analyzed", "stale"].includes(statistics)
+) {
+  fail(
+    "usage: node drain.mjs graphile-worker|pg-boss DATABASE_URL COUNT CONCURRENCY BATCH [analyzed|stale]",
+  );
+}
+
+/** What every system runs after its fill, untimed, unless the statistics are left stale. */
+async function prepare(query) {
+  if (statistics === "analyzed") {
+    await query("ANALYZE");
+    await query("CHECKPOINT");
+  }
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -69,6 +89,7 @@ async function graphileWorker() {
     }
     await utils.addJobs(specs);
   }
+  await utils.withPgClient(async (c) => prepare((sql) => c.query(sql)));
   let handled = 0;
   const started = process.hrtime.bigint();
   const runner = await run({
@@ -110,6 +131,12 @@ async function pgBoss() {
       jobs.push({ data: { n: i } });
     }
     await boss.insert(queue, jobs);
+  }
+  {
+    const client = new pg.default.Client({ connectionString });
+    await client.connect();
+    await prepare((sql) => client.query(sql));
+    await client.end();
   }
   let handled = 0;
   const started = process.hrtime.bigint();
@@ -156,6 +183,7 @@ console.log(
     messages: count,
     concurrency,
     batch,
+    statistics,
     completed: result.done,
     handled: result.handled,
     seconds: result.seconds,

@@ -283,8 +283,21 @@ pub(crate) fn noop_drain<C: BenchConnection>(
     kind: Kind,
     report: &mut Report,
 ) -> Res<Drained> {
+    noop_drain_prepared::<C>(db, opts, count, kind, report, || Ok(()))
+}
+
+/// [`noop_drain`], with `prepare` run (untimed) between the fill and the drain.
+pub(crate) fn noop_drain_prepared<C: BenchConnection>(
+    db: &BenchDb,
+    opts: &Opts,
+    count: usize,
+    kind: Kind,
+    report: &mut Report,
+    prepare: impl FnOnce() -> Res<()>,
+) -> Res<Drained> {
     db.empty::<C>()?;
     prefill::<C>(db, count, kind)?;
+    prepare()?;
     let trace = TraceHandle::default();
     let pg_before = pg_counters(db)?;
     let started = Instant::now();

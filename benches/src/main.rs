@@ -132,7 +132,8 @@ enum Command {
     /// separate messages to one webhook destination; and an event's enqueue against a message's.
     Fanout(Opts),
     /// The no-op drain against graphile-worker and pg-boss (Node.js, installed from npm into
-    /// a cache) on the same PostgreSQL backlog, alternated; their ratios.
+    /// a cache) on the same PostgreSQL backlog, alternated, every system's table analyzed and
+    /// checkpointed after its fill (`--stale-statistics`: none); their ratios.
     Peers(Opts),
     /// An SVG chart from the JSON lines a `peers` or `latency --hold-transaction` run printed.
     Chart(chart::ChartArgs),
@@ -218,6 +219,10 @@ pub struct Opts {
     /// every 1,000 changed rows).
     #[arg(long)]
     pub vacuum_every: Option<f64>,
+    /// `peers` only: run every system on the statistics of its empty tables, as a server with
+    /// autovacuum off or behind leaves them, instead of analyzing each after its fill.
+    #[arg(long)]
+    pub stale_statistics: bool,
     /// Keep the outbox_bench database afterwards (e.g. to EXPLAIN by hand).
     #[arg(long)]
     pub keep: bool,

