@@ -3,8 +3,8 @@
 //! with their ratios.
 //!
 //! Every system is prepared alike: it fills its table through its own bulk path, then
-//! (untimed) the database is analyzed and checkpointed, as autovacuum would leave it on a
-//! default server. `--stale-statistics` leaves that out for every system: each then plans on
+//! (untimed) the database is analyzed and checkpointed by hand, so that every system plans on
+//! statistics of its filled table, as autovacuum's analyze would give it on a default server. `--stale-statistics` leaves that out for every system: each then plans on
 //! the statistics of its empty table, as on a server whose autovacuum is off or behind.
 //!
 //! The peers are installed from the npm registry (versions pinned in `benches/peers`, Node.js

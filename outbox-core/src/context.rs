@@ -81,7 +81,7 @@ pub(crate) trait SettleWithin {
 /// that names that type gets it typed.
 pub(crate) struct Settlements {
     by_connection: Resources,
-    connection: &'static str,
+    connection_type: &'static str,
 }
 
 /// The settlement of a store whose connection is a `C`.
@@ -92,18 +92,25 @@ impl Settlements {
         let settlement: SettlementOn<S::Connection> = store;
         Settlements {
             by_connection: Resources::new().with(settlement),
-            connection: type_name::<S::Connection>(),
+            connection_type: type_name::<S::Connection>(),
         }
     }
 
     /// The settlement on `C` connections, or an error naming the store's connection type.
     fn on<C: 'static>(&self) -> Result<&SettlementOn<C>, ProcessError> {
         self.by_connection.get::<SettlementOn<C>>().ok_or_else(|| {
+            if self.connection_type == type_name::<std::convert::Infallible>() {
+                return ProcessError::permanent(
+                    "this worker's store has no transactions, so it cannot settle a message \
+                     inside one; exactly-once handlers need a store with a transactional \
+                     settlement, such as outbox-diesel's DieselStore",
+                );
+            }
             ProcessError::permanent(format!(
                 "the handler asks for a `{}` connection, but the worker's store lends `{}`; \
                  name the connection type of the pool given to the store",
                 type_name::<C>(),
-                self.connection
+                self.connection_type
             ))
         })
     }

@@ -155,7 +155,7 @@ pub struct ClaimedMessage {
     pub headers: Headers,
     /// The subscription this message is a delivery for ([`crate::subscription`]), if it is
     /// one; or, for a replay or a resend to one of the workers' destinations,
-    /// `destination:<name>` ([`DESTINATION_TARGET_PREFIX`](DESTINATION_TARGET_PREFIX)).
+    /// `destination:<name>` ([`DESTINATION_TARGET_PREFIX`]).
     pub subscription_id: Option<String>,
     /// Its priority: how soon it was claimed against other due messages, and whether a paced
     /// destination lets it ahead of the turns it gave the backlog.
@@ -339,9 +339,9 @@ pub struct SuccessorLease {
 /// implements it for PostgreSQL, MySQL and SQLite; it is public so that other storage can be
 /// plugged in. A worker needs the capabilities of [`WorkerStore`] and a
 /// [`TransactionalSettlement`] besides; each is a trait of its own, with no method that does
-/// nothing by default, so a store states in its own code what it does for each. The
-/// conformance suite in the workspace's tests (`tests/tests/store_conformance.rs`) states the
-/// contract as tests.
+/// nothing by default, so a store states in its own code what it does for each. The store kit
+/// ([`testing::store_kit`](crate::testing::store_kit), feature `testing`) states the contract
+/// as checks a store runs on itself.
 pub trait Store: Send + Sync + 'static {
     /// Checks, once at start-up, that the store is reachable and ready and can lend the worker
     /// `connections` connections at once, so that a wrong URL, a missing migration or a pool too
@@ -421,8 +421,8 @@ pub trait SharedDestinations: Send + Sync {
     /// (locked against concurrent changes), hands them to `reconcile` (which applies what the
     /// store says: an operator enabled or disabled one, another worker was told `410 Gone`)
     /// and writes the reports it returns. The worker calls it when it starts and every few
-    /// seconds. A store that keeps nothing between runs hands `reconcile` no records and
-    /// returns `Ok`.
+    /// seconds. The store kit expects the records to be kept: a store that forgets a disable
+    /// lets another worker deliver to a receiver that said it is gone.
     fn sync_destinations(
         &self,
         destinations: &[SyncedDestination<'_>],
@@ -437,9 +437,9 @@ pub trait SharedTurns: Send + Sync {
     /// [`Turns`] the store keeps for destination `name` (of `kind`; `None` before the first)
     /// and the store's clock in microseconds, and keeps the turns it returns, with the
     /// destination locked meanwhile so that workers take turns one at a time. The worker calls
-    /// it for each paced delivery. A store that cannot share turns returns an error that says
-    /// so: the message then waits a second without counting an attempt, and the worker says
-    /// why in its log.
+    /// it for each paced delivery. An error (the store is down) makes the message wait a
+    /// second without counting an attempt, and the worker says why in its log; a store that
+    /// never shares turns fails the store kit, and limits across processes would never pass.
     fn take_turn(
         &self,
         name: &str,
@@ -513,7 +513,7 @@ impl<S> WorkerStore for S where
 /// writes: what exactly-once handlers (`outbox_diesel::exactly_once`) stand on.
 pub trait TransactionalSettlement: Send + Sync + 'static {
     /// The connection the handler's work runs on: the one of the store's pool. A store without
-    /// transactions names an uninhabited type ([`std::convert::Infallible`]) and refuses.
+    /// transactions names [`std::convert::Infallible`] and refuses.
     type Connection: 'static;
 
     /// Settles a claimed message as done in one database transaction with `work`, which gets

@@ -1,7 +1,9 @@
 //! A [`Store`] in memory, with faults on demand, for testing the worker (and handlers that use
 //! it) without a database: claim or settle errors, a database that is down, an outcome refused
 //! forever, texts refused the way a `LATIN1` database refuses them, slow calls, and a clock the
-//! test moves by hand so that leases and retries come due when it says.
+//! test moves by hand so that leases and retries come due when it says; and the conformance
+//! kits a store ([`store_kit`]) or a destination ([`destination_kit`]) of any kind runs on
+//! itself.
 //!
 //! Behind the `testing` feature: not in the default build.
 //!
@@ -323,7 +325,7 @@ impl MemoryStore {
         self.state().faults.max_connections = max;
     }
 
-    /// What an operator paused, as [`Pauses::paused`](crate::store::Pauses::paused) reports it from now on. Resuming (pausing
+    /// What an operator paused, as [`Pauses::paused`] reports it from now on. Resuming (pausing
     /// less) also makes due the paused messages that may run now, as the database stores' resume
     /// does.
     pub fn set_paused(&self, paused: Paused) {

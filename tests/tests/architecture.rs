@@ -72,7 +72,8 @@ fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
 
 /// The code of a module file: comments and its unit tests left out (tests may reach anywhere).
 fn code(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod tests") {
+    // Only a unit-test module written inline: `mod tests;` declares a file checked on its own.
+    let text = match text.find("#[cfg(test)]\nmod tests {") {
         Some(tests) => &text[..tests],
         None => text,
     };

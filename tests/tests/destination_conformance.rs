@@ -179,7 +179,7 @@ impl DestinationHarness for Kafka {
     }
 
     fn restart(&self) {
-        // The test broker keeps its topics in memory: they come back with it.
+        // The test broker keeps its topics in memory: they are lost with it, so recreate them.
         Broker::Kafka.restart();
         self.topic.recreate();
     }

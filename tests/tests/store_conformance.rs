@@ -67,6 +67,10 @@ impl StoreHarness for Memory {
     fn pass(&self, by: Duration) {
         self.0.advance(by);
     }
+
+    fn max_connections(&self) -> Option<usize> {
+        Some(4)
+    }
 }
 
 fn memory() -> Memory {
@@ -130,14 +134,21 @@ impl<C: TestConnection> StoreHarness for Diesel<C> {
     fn pass(&self, by: Duration) {
         std::thread::sleep(by);
     }
+
+    fn max_connections(&self) -> Option<usize> {
+        Some(POOL_SIZE)
+    }
 }
+
+/// The pool each Diesel harness gives its store.
+const POOL_SIZE: usize = 5;
 
 impl<C: TestConnection> Diesel<C> {
     /// A harness over a database of its own on `backend`'s server, if it can be reached
     /// (else the test database says which variable to set; with `CI=true` it fails).
     fn connect(backend: Backend) -> Option<Self> {
         let db = TestDb::new(backend)?;
-        let pool = db.pool::<C>(5);
+        let pool = db.pool::<C>(POOL_SIZE as u32);
         Some(Diesel {
             store: DieselStore::new(pool.clone()),
             pool,

@@ -22,7 +22,8 @@
 //! - **Bound each attempt** by its timeout (connect, write and read), and say so in
 //!   [`timeout`](Destination::timeout): the worker's watchdog is set from it.
 //! - **Survive a restart of the other side.** A connection that went stale is dropped and the
-//!   command sent once more on a fresh one: `XADD` with an id chosen by the server may then add
+//!   command sent once more on a fresh one (only when the connection was found closed, which
+//!   fails at once; never after a timeout, which has used the attempt's time): `XADD` with an id chosen by the server may then add
 //!   a second entry, which consumers drop by the message id every entry carries (delivery is
 //!   at least once anyway).
 //! - **Answer something worth logging**: the entry's id, kept in the delivery log.
@@ -105,9 +106,9 @@ impl Destination for RedisStreamDestination {
             None => self.connect().map_err(classify)?,
         };
         let mut added: RedisResult<String> = command.query(&mut connection);
-        if reused && added.as_ref().is_err_and(stale) {
+        if reused && added.as_ref().is_err_and(|e| stale(e) && !e.is_timeout()) {
             // The server closed the connection while it sat idle (a restart): once more on a
-            // fresh one.
+            // fresh one. Not after a timeout: the attempt has used its time.
             connection = self.connect().map_err(classify)?;
             added = command.query(&mut connection);
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 
 use super::health::{adopt, Adopt, Gate, Health, Observed, Transition};
-use super::pace::{Pace, Pacer, RateLimit, TurnsOf};
+use super::pace::{Pace, Pacer, RateLimit, TurnsInStore};
 use super::{
     Answer, Delivery, DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope,
 };
@@ -271,7 +271,7 @@ impl Registered {
     /// the turn when it is far (without counting an attempt).
     fn take_turn(&self, priority: Priority) -> Result<(), ProcessError> {
         let name = &self.name;
-        let shared = TurnsOf {
+        let shared = TurnsInStore {
             store: self.turns.as_deref(),
             name,
             kind: self.kind(),

@@ -236,7 +236,7 @@ fn micros(duration: Duration) -> i64 {
 
 /// Where a limit [`across_processes`](RateLimit::across_processes) keeps its turns: the store,
 /// under the destination's name and kind.
-pub(crate) struct TurnsOf<'a> {
+pub(crate) struct TurnsInStore<'a> {
     /// `None` outside a worker (a destination's own tests).
     pub store: Option<&'a dyn SharedTurns>,
     pub name: &'a str,
@@ -393,7 +393,7 @@ impl Pacer {
         &self,
         now: Instant,
         priority: Priority,
-        shared: &TurnsOf<'_>,
+        shared: &TurnsInStore<'_>,
     ) -> Result<Pace, StoreError> {
         let local = micros(now.saturating_duration_since(self.epoch));
         let raised = priority > Priority::Normal;
@@ -431,7 +431,7 @@ impl Pacer {
         &self,
         pace: InForce,
         priority: Priority,
-        shared: &TurnsOf<'_>,
+        shared: &TurnsInStore<'_>,
     ) -> Result<Pace, StoreError> {
         let store = shared.store.ok_or_else(|| {
             StoreError::new(
@@ -521,7 +521,7 @@ mod tests {
     }
 
     fn turn_in(store: &MemoryStore, pacer: &Pacer, now: Instant, priority: Priority) -> Pace {
-        let shared = TurnsOf {
+        let shared = TurnsInStore {
             store: Some(store),
             name: "mail",
             kind: "webhook",
@@ -794,7 +794,7 @@ mod tests {
     fn a_limit_across_processes_outside_a_worker_says_no_store_keeps_it() {
         let t0 = Instant::now();
         let pacer = Pacer::new(Some(RateLimit::per_second(10).across_processes()), true, t0);
-        let shared = TurnsOf {
+        let shared = TurnsInStore {
             store: None,
             name: "mail",
             kind: "webhook",

@@ -331,6 +331,38 @@ impl Claimer {
     }
 }
 
+/// What the claimer tells the acker: that it stopped claiming for good (the worker is
+/// stopping), and whether its last claim found fewer messages than it could take (what is
+/// claimable is scarce: a few ordering keys, each behind its head, so settlements lease the
+/// next message of their keys themselves instead of leaving it to the next claim).
+#[derive(Debug, Default)]
+pub(crate) struct ClaimSignals {
+    done: AtomicBool,
+    short: AtomicBool,
+}
+
+impl ClaimSignals {
+    /// The claimer stopped claiming for good.
+    pub fn finish(&self) {
+        self.done.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the claimer stopped claiming for good.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    /// Records whether the last claim came back short.
+    pub fn set_short(&self, short: bool) {
+        self.short.store(short, Ordering::Relaxed);
+    }
+
+    /// Whether the last claim came back short.
+    pub fn is_short(&self) -> bool {
+        self.short.load(Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,37 +543,5 @@ mod tests {
             held_bytes += taken * (4 << 20);
         }
         assert!(held_bytes <= 32 << 20, "{held_bytes}");
-    }
-}
-
-/// What the claimer tells the acker: that it stopped claiming for good (the worker is
-/// stopping), and whether its last claim found fewer messages than it could take (what is
-/// claimable is scarce: a few ordering keys, each behind its head, so settlements lease the
-/// next message of their keys themselves instead of leaving it to the next claim).
-#[derive(Debug, Default)]
-pub(crate) struct ClaimSignals {
-    done: AtomicBool,
-    short: AtomicBool,
-}
-
-impl ClaimSignals {
-    /// The claimer stopped claiming for good.
-    pub fn finish(&self) {
-        self.done.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether the claimer stopped claiming for good.
-    pub fn is_done(&self) -> bool {
-        self.done.load(Ordering::SeqCst)
-    }
-
-    /// Whether the last claim came back short.
-    pub fn set_short(&self, short: bool) {
-        self.short.store(short, Ordering::Relaxed);
-    }
-
-    /// Whether the last claim came back short.
-    pub fn is_short(&self) -> bool {
-        self.short.load(Ordering::Relaxed)
     }
 }

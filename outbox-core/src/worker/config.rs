@@ -29,7 +29,7 @@ pub struct WorkerBuilder<S> {
     pub(super) store: S,
     pub(super) resources: Resources,
     pub(super) destinations: Vec<(String, Arc<dyn Destination>, DestinationOptions)>,
-    pub(super) subscriptions: Option<super::SubscriptionDelivery>,
+    pub(super) subscriptions: Option<super::subscribers::SubscriptionDelivery>,
     /// A resource type given twice: the second would replace the first unseen.
     duplicate_resource: Option<&'static str>,
     settings: Settings,
@@ -277,7 +277,7 @@ impl<S: Store> WorkerBuilder<S> {
     /// [`SUBSCRIBERS`](crate::subscription::SUBSCRIBERS) to the subscriptions the store keeps,
     /// each as its own destination built by `delivery`'s transport (see
     /// [`crate::subscription`]). Without it, `spawn` refuses a type routed to them.
-    pub fn subscriptions(mut self, delivery: super::SubscriptionDelivery) -> Self {
+    pub fn subscriptions(mut self, delivery: super::subscribers::SubscriptionDelivery) -> Self {
         self.subscriptions = Some(delivery);
         self
     }

@@ -17,7 +17,7 @@
 //! the book of what the worker holds, [`timing`] every interval it keeps.
 //!
 //! While claims come back short (a few ordering keys are all there is to claim), a settlement
-//! may lease the next message of each key it settles ([`Store::settle_and_lease`]); the acker
+//! may lease the next message of each key it settles ([`Store::settle_and_lease`](crate::store::Store::settle_and_lease)); the acker
 //! then puts it on the jobs channel itself, so that a key's next message does not wait for a
 //! claim.
 //!

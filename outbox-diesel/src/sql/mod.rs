@@ -67,7 +67,7 @@ pub(crate) mod subscription;
 pub(crate) mod transactions;
 
 // The rest of the crate names the SQL layer's parts as `sql::…`; the parts import each other,
-// never this facade's own code (it has none but the macro above).
+// never this facade, which has no code of its own.
 pub(crate) use rows::*;
 pub(crate) use statements::*;
 pub(crate) use transactions::*;

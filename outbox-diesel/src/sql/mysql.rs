@@ -1013,7 +1013,7 @@ impl Dialect for MysqlConnection {
     );
 
     /// The pending messages of one ordering key, by position: the ordering index gives them in
-    /// order. Binds: characters of each payload to read, key, then as [`PENDING`].
+    /// order. Binds: characters of each payload to read, key, then as [`PENDING`](Self::PENDING).
     const PENDING_BY_KEY: &'static str = concat!(
         pending_columns!(),
         "WHERE ordering_key = ? AND message_type = COALESCE(?, message_type) AND attempts >= ? \

@@ -937,7 +937,7 @@ impl Dialect for PgConnection {
     );
 
     /// The pending messages of one ordering key, by position: the ordering index gives them in
-    /// order. Binds: characters of each payload to read, key, then as [`PENDING`].
+    /// order. Binds: characters of each payload to read, key, then as [`PENDING`](Self::PENDING).
     const PENDING_BY_KEY: &'static str = concat!(
         pending_columns!(),
         "WHERE ordering_key = $2 AND message_type = COALESCE($3::text, message_type) \

@@ -249,3 +249,14 @@ pub(crate) struct PauseRow {
     #[diesel(sql_type = BigInt)]
     pub(crate) paused_at: i64,
 }
+
+/// A group listed for claims, and whether it comes after the last claim's last group (0) or
+/// from the first again (1).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[derive(QueryableByName, Debug)]
+pub(crate) struct GroupRow {
+    #[diesel(sql_type = Text)]
+    pub name: String,
+    #[diesel(sql_type = BigInt)]
+    pub pass: i64,
+}

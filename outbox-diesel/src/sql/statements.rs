@@ -3,8 +3,7 @@
 //! share (binds, placeholders, chunks, deadlock retries).
 
 use diesel::connection::{AnsiTransactionManager, TransactionManager};
-use diesel::sql_types::{BigInt, Text};
-use diesel::{QueryResult, QueryableByName};
+use diesel::QueryResult;
 use outbox_core::store::{ClaimLimit, DestinationReport, Turns};
 
 use super::bind::Bind;
@@ -133,17 +132,6 @@ pub(crate) struct Claimed {
     pub first: Option<Cursor>,
     /// The last group the claim visited, if it leased any.
     pub last_group: Option<String>,
-}
-
-/// A group listed for claims, and whether it comes after the last claim's last group (0) or
-/// from the first again (1).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-#[derive(QueryableByName, Debug)]
-pub(crate) struct GroupRow {
-    #[diesel(sql_type = Text)]
-    pub name: String,
-    #[diesel(sql_type = BigInt)]
-    pub pass: i64,
 }
 
 /// The groups a claim visits, in turn: those after the last claim's last group, then from the
@@ -299,7 +287,7 @@ pub(crate) trait Dialect {
     const DISABLE_DESTINATION: &'static str;
     /// The statement of [`Statements::enable_destination`].
     const ENABLE_DESTINATION: &'static str;
-    /// The statement of [`Statements::settle_idempotency_keys`].
+    /// The statement of [`Statements::expire_idempotency_keys`].
     const EXPIRE_KEYS: &'static str;
     /// The statement of [`Statements::forget_revoked_sessions`].
     const FORGET_REVOKED: &'static str;
