@@ -1,19 +1,18 @@
 //! The sender's side: one configured receiver and the signed POSTs to it.
 
 use std::fmt;
-use std::io::Read as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_core::destination::{Answer, DeliveryError, Destination, Envelope};
 use outbox_core::{is_reserved_header, Headers};
-use reqwest::blocking::Client;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use reqwest::Url;
 
+use crate::client::{ClientSettings, Unsent};
 use crate::error::{is_retryable_status, WebhookError};
-use crate::guard::{AddressGuard, BlockedHost, GuardedResolver};
+use crate::guard::{AddressGuard, BlockedHost};
 use crate::secret::WebhookSecret;
 
 /// How long one delivery may take, connecting to the last byte of the answer, unless the
@@ -32,8 +31,11 @@ const USER_AGENT: &str = concat!("outbox-webhook/", env!("CARGO_PKG_VERSION"));
 /// deliver to it from handlers by that name.
 ///
 /// Build it once with [`WebhookEndpoint::builder`] when the application starts: clones are
-/// cheap and share one client, so connections to the receiver are kept alive and reused across
-/// deliveries and worker threads.
+/// cheap and share one configuration. Each thread that delivers (a worker's handler thread)
+/// sends through a client of its own, on a small runtime of its own: the request is written and
+/// the answer read by that thread, with no hand-over to another, and its connections to the
+/// receiver are kept alive and reused between its deliveries (so a receiver sees up to one
+/// connection per handler thread).
 ///
 /// A JSON message is POSTed as `{"id": <message id>, "type": <message type>, "data": <the
 /// message's data>}`; a body of another content type is POSTed as it is. The message id is the
@@ -46,8 +48,9 @@ const USER_AGENT: &str = concat!("outbox-webhook/", env!("CARGO_PKG_VERSION"));
 /// [`is_special_purpose`](super::is_special_purpose)) so that a configured URL cannot be used
 /// to reach internal services.
 ///
-/// The client is blocking: call it from worker threads (as handlers run), not from inside an
-/// async runtime.
+/// Sending blocks the calling thread: call it from worker threads (as handlers run) or an async
+/// runtime's blocking pool (`spawn_blocking`), never from async code itself. Building an
+/// endpoint does not block, and may happen anywhere.
 #[derive(Clone)]
 pub struct WebhookEndpoint {
     inner: Arc<Inner>,
@@ -63,8 +66,9 @@ struct Inner {
     headers: HeaderMap,
     guard: Arc<AddressGuard>,
     allowed: Vec<IpAddr>,
-    /// Shared by the endpoints made with [`WebhookEndpoint::to_url`].
-    client: Arc<OffRuntimeClient>,
+    /// How each thread's client is made; shared by the endpoints made with
+    /// [`WebhookEndpoint::to_url`], which so share each thread's client and connections.
+    client: Arc<ClientSettings>,
     timeout: Duration,
     connect_timeout: Duration,
     max_response_body: usize,
@@ -99,9 +103,9 @@ impl WebhookEndpoint {
     }
 
     /// An endpoint like this one, posting to `url` signed with `secrets`: it shares this one's
-    /// HTTP client (its connections and its one runtime thread), address guard, timeouts and
-    /// extra headers. For many receivers behind one configuration (a service's subscribers),
-    /// without a client and a thread each. Fails as [`WebhookEndpointBuilder::build`] does on
+    /// HTTP clients (each thread's client and connections), address guard, timeouts and extra
+    /// headers. For many receivers behind one configuration (a service's subscribers), without
+    /// a client each. Fails as [`WebhookEndpointBuilder::build`] does on
     /// the URL and the secrets.
     pub fn to_url(
         &self,
@@ -191,37 +195,67 @@ impl WebhookEndpoint {
             .collect();
 
         let started = Instant::now();
-        let response = inner
+        let cap = inner.max_response_body;
+        let exchange = |client: reqwest::Client| async move {
+            let mut response = client
+                .post(inner.url.clone())
+                // Per request, the timeout covers the whole exchange, the body included; the
+                // client's own applies to each read, which a receiver trickling its answer
+                // resets.
+                .timeout(inner.timeout)
+                // The endpoint's own headers replace a message's of the same name: a message
+                // cannot override the receiver's credentials, nor any header set below.
+                .headers(message_headers)
+                .headers(inner.headers.clone())
+                .header(CONTENT_TYPE, content_type)
+                .header("webhook-id", id)
+                .header("webhook-timestamp", timestamp)
+                .header("webhook-signature", signatures.join(" "))
+                .body(body)
+                .send()
+                .await?;
+            let mut answer = Answered {
+                status: response.status().as_u16(),
+                headers: response.headers().clone(),
+                body: Vec::new(),
+                unread: None,
+            };
+            // Read to its end (which returns the connection to the pool), or up to the cap.
+            while answer.body.len() < cap {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => {
+                        let room = cap - answer.body.len();
+                        answer
+                            .body
+                            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        answer.unread = Some(error);
+                        break;
+                    }
+                }
+            }
+            Ok::<_, reqwest::Error>(answer)
+        };
+        let Answered {
+            status,
+            headers,
+            body,
+            unread,
+        } = inner
             .client
-            .get()
-            .post(inner.url.clone())
-            // Per request, the timeout covers the whole exchange, the body included; the
-            // client's own applies to each read, which a receiver trickling its answer resets.
-            .timeout(inner.timeout)
-            // The endpoint's own headers replace a message's of the same name: a message
-            // cannot override the receiver's credentials, nor any header set below.
-            .headers(message_headers)
-            .headers(inner.headers.clone())
-            .header(CONTENT_TYPE, content_type)
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp)
-            .header("webhook-signature", signatures.join(" "))
-            .body(body)
-            .send()
+            .run(exchange)
+            .map_err(|unsent| inner.unsent_error(unsent))?
             .map_err(|error| inner.send_error(error))?;
-
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let mut body = Vec::new();
-        let cap = u64::try_from(inner.max_response_body).unwrap_or(u64::MAX);
         // The status is the receiver's verdict; a body cut short only shortens the excerpt. A
         // body still coming at the deadline is a timeout: the attempt did not complete.
-        if let Err(error) = response.take(cap).read_to_end(&mut body) {
-            if started.elapsed() >= inner.timeout {
+        if let Some(error) = unread {
+            if started.elapsed() >= inner.timeout || error.is_timeout() {
                 return Err(WebhookError::Timeout {
                     url: inner.shown_url.clone(),
                     timeout: inner.timeout,
-                    source: error.into(),
+                    source: Box::new(error.without_url()),
                 });
             }
             log::debug!(
@@ -308,39 +342,27 @@ fn wrapped(id: &str, message_type: &str, data: &[u8]) -> Vec<u8> {
     body
 }
 
-/// The blocking HTTP client, made and dropped off any async runtime: it owns a runtime of its
-/// own, and Tokio panics when a runtime is made or dropped on a runtime's thread (where a web
-/// framework's handler builds an endpoint).
-struct OffRuntimeClient(Option<Client>);
-
-impl OffRuntimeClient {
-    fn build(builder: reqwest::blocking::ClientBuilder) -> Result<Self, reqwest::Error> {
-        std::thread::scope(|scope| scope.spawn(move || builder.build()).join())
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            .map(|client| OffRuntimeClient(Some(client)))
-    }
-
-    fn get(&self) -> &Client {
-        match &self.0 {
-            Some(client) => client,
-            None => unreachable!("the client is taken only when dropped"),
-        }
-    }
-}
-
-impl Drop for OffRuntimeClient {
-    fn drop(&mut self) {
-        if let Some(client) = self.0.take() {
-            // Joining would block the dropping thread as long as the client's runtime takes to
-            // stop; a detached thread lets it stop on its own.
-            let _ = std::thread::Builder::new()
-                .name("outbox-webhook-client-drop".into())
-                .spawn(move || drop(client));
-        }
-    }
+/// What a receiver answered: the status, the headers and the body up to the endpoint's cap.
+struct Answered {
+    status: u16,
+    headers: HeaderMap,
+    body: Vec<u8>,
+    /// Why the rest of the body could not be read, if it could not.
+    unread: Option<reqwest::Error>,
 }
 
 impl Inner {
+    fn unsent_error(&self, unsent: Unsent) -> WebhookError {
+        let url = self.shown_url.clone();
+        match unsent {
+            Unsent::Runtime(source) => WebhookError::Runtime { url, source },
+            Unsent::Client(source) => WebhookError::Client {
+                url,
+                source: source.without_url(),
+            },
+        }
+    }
+
     fn send_error(&self, error: reqwest::Error) -> WebhookError {
         if let Some(blocked) = find_source::<BlockedHost>(&error) {
             return WebhookError::BlockedAddress {
@@ -448,14 +470,13 @@ impl WebhookEndpointBuilder {
         let headers = extra_headers(&self.headers)?;
 
         let guard = Arc::new(AddressGuard::new(&self.allowed));
-        let builder = Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .timeout(self.timeout)
-            .connect_timeout(self.connect_timeout)
-            .dns_resolver(Arc::new(GuardedResolver::new(Arc::clone(&guard))))
-            .user_agent(USER_AGENT);
-        let client = OffRuntimeClient::build(builder).map_err(|source| WebhookError::Client {
+        let client = ClientSettings::new(
+            self.timeout,
+            self.connect_timeout,
+            Arc::clone(&guard),
+            USER_AGENT,
+        )
+        .map_err(|source| WebhookError::Client {
             url: shown_url.clone(),
             source: source.without_url(),
         })?;
@@ -469,7 +490,7 @@ impl WebhookEndpointBuilder {
                 headers,
                 guard,
                 allowed: self.allowed,
-                client: Arc::new(client),
+                client,
                 timeout: self.timeout,
                 connect_timeout: self.connect_timeout,
                 max_response_body: self.max_response_body,

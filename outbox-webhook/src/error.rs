@@ -83,6 +83,20 @@ pub enum WebhookError {
         source: reqwest::Error,
     },
 
+    /// This thread could not set up the runtime its HTTP client runs on (the process is out of
+    /// file descriptors, say). Nothing was sent; the delivery is tried again.
+    #[error(
+        "could not send to webhook {url}: this thread's HTTP runtime could not be set up (is the \
+         process out of file descriptors?)"
+    )]
+    Runtime {
+        /// The endpoint.
+        url: String,
+        /// The runtime's error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The payload could not be written as JSON.
     #[error("the webhook payload could not be serialized to JSON")]
     Serialize(#[source] serde_json::Error),
@@ -212,6 +226,10 @@ impl WebhookError {
             }
             WebhookError::Status { .. } | WebhookError::Redirect { .. } => {
                 DeliveryError::permanent(reason)
+            }
+            // This process's trouble, not the receiver's: tried again, held against no one.
+            WebhookError::Runtime { .. } => {
+                DeliveryError::new(FailureKind::Retryable, Scope::Unsent, reason)
             }
             _ => DeliveryError::new(FailureKind::Permanent, Scope::Unsent, reason),
         };

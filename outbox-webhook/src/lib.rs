@@ -60,6 +60,7 @@
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod client;
 mod endpoint;
 mod error;
 mod guard;

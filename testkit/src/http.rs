@@ -151,6 +151,8 @@ struct State {
     stop: AtomicBool,
     /// Bumped by [`Receiver::restart`]: connections opened before it close.
     generation: AtomicU64,
+    /// Connections accepted so far.
+    connections: AtomicU64,
 }
 
 impl State {
@@ -204,6 +206,7 @@ impl Receiver {
             delay_us: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
         });
         let accept_state = Arc::clone(&state);
         let accept = std::thread::Builder::new()
@@ -214,6 +217,7 @@ impl Receiver {
                         break;
                     }
                     let Ok(stream) = stream else { continue };
+                    accept_state.connections.fetch_add(1, Ordering::SeqCst);
                     let state = Arc::clone(&accept_state);
                     let _ = std::thread::Builder::new()
                         .name("receiver-conn".into())
@@ -268,6 +272,11 @@ impl Receiver {
     /// Every request so far (none for a [`counting`](Receiver::counting) receiver).
     pub fn requests(&self) -> Vec<Request> {
         self.state.book().requests.clone()
+    }
+
+    /// Connections accepted so far: a client that keeps its connections alive opens few.
+    pub fn connections(&self) -> u64 {
+        self.state.connections.load(Ordering::SeqCst)
     }
 
     /// Requests received so far.

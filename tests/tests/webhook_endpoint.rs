@@ -394,21 +394,81 @@ fn special_purpose_addresses_are_refused_before_connecting() {
 }
 
 #[test]
-fn an_endpoint_is_built_and_dropped_inside_an_async_runtime() {
-    // As in a Rocket handler: the blocking HTTP client must neither be made nor dropped on a
-    // runtime's thread.
+fn an_endpoint_is_built_in_async_code_and_sends_from_its_blocking_pool() {
+    // As in a Rocket handler: built and dropped on a runtime's thread, sending from
+    // `spawn_blocking` (each sending thread runs a runtime of its own).
+    let receiver = Receiver::ok();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    runtime.block_on(async {
-        let endpoint = WebhookEndpoint::builder("http://127.0.0.1:9/hook")
+    let url = receiver.url("/hook");
+    runtime.block_on(async move {
+        let endpoint = WebhookEndpoint::builder(url)
             .secret(secret())
+            .allow_address(LOCALHOST)
             .build()
             .unwrap();
-        let clone = endpoint.clone();
+        let sender = endpoint.clone();
+        let sent = tokio::task::spawn_blocking(move || deliver_to(&sender))
+            .await
+            .expect("the blocking task ran to its end");
+        assert!(sent.is_ok(), "{sent:?}");
         drop(endpoint);
-        drop(clone);
     });
+    assert!(receiver.wait_for(1, PATIENCE));
+}
+
+#[test]
+fn each_sending_thread_keeps_its_connection_and_ends_cleanly() {
+    let receiver = Receiver::ok();
+    let endpoint = to(&receiver).build().unwrap();
+    for _ in 0..20 {
+        deliver_to(&endpoint).unwrap();
+    }
+    assert_eq!(
+        receiver.connections(),
+        1,
+        "one thread reuses one connection"
+    );
+    // Threads that send, then end: their clients and runtimes go with them, without a panic.
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let endpoint = endpoint.clone();
+            std::thread::spawn(move || {
+                for _ in 0..5 {
+                    deliver_to(&endpoint).unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a sending thread ended cleanly");
+    }
+    assert!(receiver.wait_for(40, PATIENCE));
+    let connections = receiver.connections();
+    assert!(
+        (2..=5).contains(&connections),
+        "each of the 4 threads kept one connection: {connections} in all"
+    );
+}
+
+#[test]
+fn a_receiver_that_closed_its_idle_connections_gets_the_next_delivery_at_once() {
+    // A restarted receiver (or one whose idle timeout is shorter than the client's) closes
+    // the connection the client keeps for its next delivery. That is no failure of the
+    // receiver: the next delivery goes through on a new connection, at its first try.
+    let receiver = Receiver::ok();
+    let endpoint = to(&receiver).build().unwrap();
+    for round in 0..20 {
+        deliver_to(&endpoint).unwrap_or_else(|error| panic!("round {round}: {error}"));
+        receiver.restart();
+    }
+    deliver_to(&endpoint).unwrap();
+    assert_eq!(
+        receiver.connections(),
+        21,
+        "a new connection after each restart"
+    );
 }
 
 #[test]
