@@ -27,6 +27,11 @@ pub(crate) struct ClientSettings {
     connect_timeout: Duration,
     guard: Arc<AddressGuard>,
     user_agent: &'static str,
+    /// The TLS configuration every thread's client shares: the system's root certificates,
+    /// loaded and parsed once instead of once a thread (hundreds of kilobytes each), and one
+    /// cache of TLS sessions to resume. `None` where it could not be made here: each client
+    /// then sets up its own, as the client does by default.
+    tls: Option<rustls::ClientConfig>,
 }
 
 /// Why this thread could not send a request.
@@ -48,18 +53,27 @@ impl ClientSettings {
         guard: Arc<AddressGuard>,
         user_agent: &'static str,
     ) -> Result<Arc<Self>, reqwest::Error> {
-        let settings = ClientSettings {
+        let mut settings = ClientSettings {
             timeout,
             connect_timeout,
             guard,
             user_agent,
+            tls: shared_tls().ok(),
         };
+        if settings.client().is_err() {
+            // Whatever went wrong, the client's own set-up says it best.
+            settings.tls = None;
+        }
         settings.client()?;
         Ok(Arc::new(settings))
     }
 
     fn client(&self) -> Result<Client, reqwest::Error> {
-        Client::builder()
+        let builder = match &self.tls {
+            Some(tls) => Client::builder().tls_backend_preconfigured(tls.clone()),
+            None => Client::builder(),
+        };
+        builder
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .timeout(self.timeout)
@@ -81,6 +95,22 @@ impl ClientSettings {
         runtime.block_on(notice_closed_connections());
         Ok(runtime.block_on(exchange(client)))
     }
+}
+
+/// The TLS configuration the client would make for itself: the process's default crypto
+/// provider (or the client's, aws-lc-rs), the platform's certificate verifier, HTTP/1.1.
+fn shared_tls() -> Result<rustls::ClientConfig, rustls::Error> {
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+    let verifier = rustls_platform_verifier::Verifier::new(Arc::clone(&provider))?;
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tls)
 }
 
 /// Lets the runtime take in what happened while the thread was away from it: a receiver that
@@ -136,5 +166,48 @@ impl ThreadClients {
         let client = settings.client().map_err(Unsent::Client)?;
         self.clients.push((wanted, client.clone()));
         Ok((runtime, client))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Arc<ClientSettings> {
+        let guard = Arc::new(AddressGuard::new(&[]));
+        ClientSettings::new(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            guard,
+            "test",
+        )
+        .expect("the client builds")
+    }
+
+    #[test]
+    fn every_threads_client_shares_one_tls_configuration() {
+        // Were the shared configuration refused by the client, each thread would load and
+        // parse the system's root certificates for itself.
+        assert!(
+            settings().tls.is_some(),
+            "the shared TLS configuration was refused"
+        );
+    }
+
+    #[test]
+    fn a_thread_keeps_one_client_per_settings_and_forgets_those_of_dropped_endpoints() {
+        let first = settings();
+        let second = settings();
+        let count = || THIS_THREAD.with(|clients| clients.borrow().clients.len());
+        first.run(|_| async {}).unwrap();
+        first.run(|_| async {}).unwrap();
+        assert_eq!(count(), 1);
+        drop(first);
+        second.run(|_| async {}).unwrap();
+        assert_eq!(
+            count(),
+            1,
+            "the dropped settings' client went when another was made"
+        );
     }
 }

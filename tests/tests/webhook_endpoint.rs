@@ -419,6 +419,37 @@ fn an_endpoint_is_built_in_async_code_and_sends_from_its_blocking_pool() {
 }
 
 #[test]
+fn an_https_delivery_speaks_tls_and_refuses_a_certificate_it_cannot_trust() {
+    use std::io::Read as _;
+    let listener = TcpListener::bind((LOCALHOST, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hello = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut bytes = vec![0; 4096];
+        let read = stream.read(&mut bytes).unwrap();
+        bytes.truncate(read);
+        bytes
+    });
+    let endpoint = WebhookEndpoint::builder(format!("https://127.0.0.1:{port}/hook"))
+        .secret(secret())
+        .allow_address(LOCALHOST)
+        .build()
+        .unwrap();
+    let err = deliver_to(&endpoint).unwrap_err();
+    assert_eq!(err.kind(), FailureKind::Retryable, "{err}");
+    let hello = hello.join().unwrap();
+    assert_eq!(
+        hello.first(),
+        Some(&0x16),
+        "a TLS handshake record: {hello:?}"
+    );
+    assert!(
+        hello.windows(8).any(|window| window == b"http/1.1"),
+        "the handshake offers HTTP/1.1"
+    );
+}
+
+#[test]
 fn each_sending_thread_keeps_its_connection_and_ends_cleanly() {
     let receiver = Receiver::ok();
     let endpoint = to(&receiver).build().unwrap();
