@@ -256,11 +256,12 @@ fn worker_phase(thread: &str) -> &'static str {
 
 /// CPU microseconds per message between two snapshots, by phase: this process's threads by
 /// the worker's thread names (`claim`: the claimer, `settle`: the acker, `handlers`: dispatch,
-/// the handler and an HTTP client's blocking side, `http_client_runtime`: reqwest's runtime
-/// threads, `relay_client_runtime`: a broker destination's, `chores`: the other worker
-/// threads; the benchmark's receiver and its other threads apart), and the database server's
-/// processes by `roles` (backend pid → what that connection does, from `pg_stat_activity`),
-/// `server` for the rest (WAL writer, checkpointer, ...).
+/// the handler and the webhook's HTTP client, which runs on the handler's thread,
+/// `http_client_runtime`: the runtime threads of an HTTP client that has its own (none since
+/// webhooks run on the handler threads), `relay_client_runtime`: a broker destination's,
+/// `chores`: the other worker threads; the benchmark's receiver and its other threads apart),
+/// and the database server's processes by `roles` (backend pid → what that connection does,
+/// from `pg_stat_activity`), `server` for the rest (WAL writer, checkpointer, ...).
 pub fn phases(
     from: &Snapshot,
     to: &Snapshot,

@@ -555,8 +555,8 @@ fn key_id(stored: &str) -> Option<&str> {
 }
 
 /// Builds each subscription's signed webhook: [`Subscriptions::delivery`]. Every one shares the
-/// HTTP client of one template endpoint (its connections and its runtime thread), whatever the
-/// number of subscriptions.
+/// HTTP clients of one template endpoint (each handler thread's client and its connections),
+/// whatever the number of subscriptions.
 #[cfg(feature = "webhook")]
 struct SubscriptionWebhooks {
     subscriptions: Subscriptions,
