@@ -92,8 +92,10 @@ impl ClientSettings {
         exchange: impl FnOnce(Client) -> F,
     ) -> Result<F::Output, Unsent> {
         let (runtime, client) = THIS_THREAD.with(|clients| clients.borrow_mut().get(self))?;
-        runtime.block_on(notice_closed_connections());
-        Ok(runtime.block_on(exchange(client)))
+        Ok(runtime.block_on(async move {
+            notice_closed_connections().await;
+            exchange(client).await
+        }))
     }
 }
 
