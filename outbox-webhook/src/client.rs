@@ -9,6 +9,10 @@
 //! makes progress only while that thread polls it, so a client is never shared between
 //! runtimes. One client per thread and endpoint configuration keeps every connection with the
 //! thread that uses it, alive and reused between its deliveries.
+//!
+//! A thread's runtime runs only while that thread sends, so a connection the receiver closes
+//! while the thread is idle is let go when the thread next sends (or ends), not at once; each
+//! client keeps at most one idle connection a receiver, as a thread has one request in flight.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -41,6 +45,8 @@ pub(crate) enum Unsent {
     Runtime(std::io::Error),
     /// The client could not be built.
     Client(reqwest::Error),
+    /// The thread is ending: its clients are gone.
+    ThreadEnding,
 }
 
 impl ClientSettings {
@@ -60,10 +66,11 @@ impl ClientSettings {
             user_agent,
             tls: shared_tls().ok(),
         };
-        if settings.client().is_err() {
-            // Whatever went wrong, the client's own set-up says it best.
-            settings.tls = None;
+        if settings.tls.is_some() && settings.client().is_ok() {
+            return Ok(Arc::new(settings));
         }
+        // Whatever went wrong, the client's own set-up says it best.
+        settings.tls = None;
         settings.client()?;
         Ok(Arc::new(settings))
     }
@@ -80,6 +87,7 @@ impl ClientSettings {
             .connect_timeout(self.connect_timeout)
             .dns_resolver(Arc::new(GuardedResolver::new(Arc::clone(&self.guard))))
             .user_agent(self.user_agent)
+            .pool_max_idle_per_host(1)
             .build()
     }
 
@@ -91,7 +99,9 @@ impl ClientSettings {
         self: &Arc<Self>,
         exchange: impl FnOnce(Client) -> F,
     ) -> Result<F::Output, Unsent> {
-        let (runtime, client) = THIS_THREAD.with(|clients| clients.borrow_mut().get(self))?;
+        let (runtime, client) = THIS_THREAD
+            .try_with(|clients| clients.borrow_mut().get(self))
+            .map_err(|_| Unsent::ThreadEnding)??;
         Ok(runtime.block_on(async move {
             notice_closed_connections().await;
             exchange(client).await
@@ -154,19 +164,20 @@ impl ThreadClients {
                 runtime
             }
         };
-        let wanted = Arc::downgrade(settings);
+        // The clients of endpoints no longer used go, and with them their connections.
+        self.clients
+            .retain(|(made_from, _)| made_from.strong_count() > 0);
+        let wanted = Arc::as_ptr(settings);
         if let Some((_, client)) = self
             .clients
             .iter()
-            .find(|(made_from, _)| Weak::ptr_eq(made_from, &wanted))
+            .find(|(made_from, _)| std::ptr::eq(made_from.as_ptr(), wanted))
         {
             return Ok((runtime, client.clone()));
         }
-        // The endpoints of settings no longer used are gone: so are their connections.
-        self.clients
-            .retain(|(made_from, _)| made_from.strong_count() > 0);
         let client = settings.client().map_err(Unsent::Client)?;
-        self.clients.push((wanted, client.clone()));
+        self.clients
+            .push((Arc::downgrade(settings), client.clone()));
         Ok((runtime, client))
     }
 }

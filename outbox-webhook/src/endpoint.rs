@@ -25,8 +25,8 @@ const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(60 * 60);
 const EXCERPT_CHARS: usize = 200;
 const USER_AGENT: &str = concat!("outbox-webhook/", env!("CARGO_PKG_VERSION"));
 
-/// One webhook receiver: its URL, signing secrets, timeouts and the HTTP client that talks to
-/// it. A [`Destination`]: give it to the worker under a name
+/// One webhook receiver: its URL, signing secrets, timeouts and how the HTTP clients that talk
+/// to it are made. A [`Destination`]: give it to the worker under a name
 /// (`Worker::builder(store).destination("mail", endpoint)`), and route message types to it or
 /// deliver to it from handlers by that name.
 ///
@@ -199,9 +199,8 @@ impl WebhookEndpoint {
         let exchange = |client: reqwest::Client| async move {
             let mut response = client
                 .post(inner.url.clone())
-                // Per request, the timeout covers the whole exchange, the body included; the
-                // client's own applies to each read, which a receiver trickling its answer
-                // resets.
+                // The whole exchange, the answer's body included (a receiver trickling its
+                // answer does not stretch it).
                 .timeout(inner.timeout)
                 // The endpoint's own headers replace a message's of the same name: a message
                 // cannot override the receiver's credentials, nor any header set below.
@@ -355,10 +354,17 @@ impl Inner {
     fn unsent_error(&self, unsent: Unsent) -> WebhookError {
         let url = self.shown_url.clone();
         match unsent {
-            Unsent::Runtime(source) => WebhookError::Runtime { url, source },
-            Unsent::Client(source) => WebhookError::Client {
+            Unsent::Runtime(source) => WebhookError::Sender {
                 url,
-                source: source.without_url(),
+                source: Box::new(source),
+            },
+            Unsent::Client(source) => WebhookError::Sender {
+                url,
+                source: Box::new(source.without_url()),
+            },
+            Unsent::ThreadEnding => WebhookError::Sender {
+                url,
+                source: "the thread is ending".into(),
             },
         }
     }
@@ -458,7 +464,8 @@ impl WebhookEndpointBuilder {
         self
     }
 
-    /// Checks the configuration and sets up the endpoint's HTTP client.
+    /// Checks the configuration and sets up how the endpoint's HTTP clients are made (one is
+    /// built here, to fail now rather than at the first delivery).
     ///
     /// Fails on a URL that does not parse or is not `http`/`https`, without any secret, with a
     /// reserved or invalid extra header, or when the client cannot be built.

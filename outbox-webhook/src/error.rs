@@ -83,18 +83,16 @@ pub enum WebhookError {
         source: reqwest::Error,
     },
 
-    /// This thread could not set up the runtime its HTTP client runs on (the process is out of
-    /// file descriptors, say). Nothing was sent; the delivery is tried again.
-    #[error(
-        "could not send to webhook {url}: this thread's HTTP runtime could not be set up (is the \
-         process out of file descriptors?)"
-    )]
-    Runtime {
+    /// The sending thread could not set up its HTTP client or the runtime it runs on (the
+    /// process is out of file descriptors, say). Nothing was sent; the delivery is tried again,
+    /// not held against the receiver.
+    #[error("could not send to webhook {url}: this thread's HTTP client could not be set up")]
+    Sender {
         /// The endpoint.
         url: String,
-        /// The runtime's error.
+        /// Why.
         #[source]
-        source: std::io::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// The payload could not be written as JSON.
@@ -228,7 +226,7 @@ impl WebhookError {
                 DeliveryError::permanent(reason)
             }
             // This process's trouble, not the receiver's: tried again, held against no one.
-            WebhookError::Runtime { .. } => {
+            WebhookError::Sender { .. } => {
                 DeliveryError::new(FailureKind::Retryable, Scope::Unsent, reason)
             }
             _ => DeliveryError::new(FailureKind::Permanent, Scope::Unsent, reason),

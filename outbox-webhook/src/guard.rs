@@ -185,8 +185,8 @@ fn lookup(host: &str, guard: &AddressGuard) -> LookupResult {
     Ok(Box::new(permitted.into_iter()))
 }
 
-/// A blocking lookup run on its own thread, so a slow resolver does not stall the client's
-/// runtime, which every request of the endpoint shares.
+/// A blocking lookup run on its own thread, so a slow resolver does not stall the sending
+/// thread's runtime, and the connect timeout can still end the wait.
 struct Lookup {
     slot: Arc<Mutex<Slot>>,
 }
