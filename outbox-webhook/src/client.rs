@@ -2,13 +2,13 @@
 //! runtime of that thread's own, so that a request is written and its answer read by the
 //! thread that asked, with no hand-over to another thread and back.
 //!
-//! Why not one client for all threads: a blocking client hands every request to its runtime
-//! thread and waits to be woken with the answer, and on a busy worker that hand-over cost more
-//! CPU than the database's part of a delivery. An async client's connections, in turn, are
-//! tasks of the runtime that opened them: a connection opened on another thread's runtime
-//! makes progress only while that thread polls it, so a client is never shared between
-//! runtimes. One client per thread and endpoint configuration keeps every connection with the
-//! thread that uses it, alive and reused between its deliveries.
+//! Why not one client for all threads: a blocking client runs the I/O of every connection on
+//! its one runtime thread, so all the threads that send together get about one core's worth of
+//! HTTP. An async client's connections, in turn, are tasks of the runtime that opened them: a
+//! connection opened on another thread's runtime makes progress only while that thread polls
+//! it, so a client is never shared between runtimes. One client per thread and endpoint
+//! configuration keeps every connection with the thread that uses it, alive and reused between
+//! its deliveries.
 //!
 //! A thread's runtime runs only while that thread sends, so a connection the receiver closes
 //! while the thread is idle is let go when the thread next sends (or ends), not at once; each
@@ -38,16 +38,8 @@ pub(crate) struct ClientSettings {
     tls: Option<rustls::ClientConfig>,
 }
 
-/// Why this thread could not send a request.
-#[derive(Debug)]
-pub(crate) enum Unsent {
-    /// The thread's runtime could not be set up (the process is out of file descriptors, say).
-    Runtime(std::io::Error),
-    /// The client could not be built.
-    Client(reqwest::Error),
-    /// The thread is ending: its clients are gone.
-    ThreadEnding,
-}
+/// Why this thread could not set up what it sends with (its runtime or its client).
+pub(crate) type Unsent = Box<dyn std::error::Error + Send + Sync>;
 
 impl ClientSettings {
     /// Settings whose client is known to build: one is built and dropped here, so that a
@@ -101,7 +93,7 @@ impl ClientSettings {
     ) -> Result<F::Output, Unsent> {
         let (runtime, client) = THIS_THREAD
             .try_with(|clients| clients.borrow_mut().get(self))
-            .map_err(|_| Unsent::ThreadEnding)??;
+            .map_err(|_| Unsent::from("the thread is ending"))??;
         Ok(runtime.block_on(async move {
             notice_closed_connections().await;
             exchange(client).await
@@ -158,7 +150,7 @@ impl ThreadClients {
                     tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
-                        .map_err(Unsent::Runtime)?,
+                        .map_err(Unsent::from)?,
                 );
                 self.runtime = Some(Rc::clone(&runtime));
                 runtime
@@ -175,7 +167,9 @@ impl ThreadClients {
         {
             return Ok((runtime, client.clone()));
         }
-        let client = settings.client().map_err(Unsent::Client)?;
+        let client = settings
+            .client()
+            .map_err(|error| Unsent::from(error.without_url()))?;
         self.clients
             .push((Arc::downgrade(settings), client.clone()));
         Ok((runtime, client))

@@ -10,7 +10,7 @@ use outbox_core::{is_reserved_header, Headers};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use reqwest::Url;
 
-use crate::client::{ClientSettings, Unsent};
+use crate::client::ClientSettings;
 use crate::error::{is_retryable_status, WebhookError};
 use crate::guard::{AddressGuard, BlockedHost};
 use crate::secret::WebhookSecret;
@@ -245,7 +245,10 @@ impl WebhookEndpoint {
         } = inner
             .client
             .run(exchange)
-            .map_err(|unsent| inner.unsent_error(unsent))?
+            .map_err(|source| WebhookError::Sender {
+                url: inner.shown_url.clone(),
+                source,
+            })?
             .map_err(|error| inner.send_error(error))?;
         // The status is the receiver's verdict; a body cut short only shortens the excerpt. A
         // body still coming at the deadline is a timeout: the attempt did not complete.
@@ -351,24 +354,6 @@ struct Answered {
 }
 
 impl Inner {
-    fn unsent_error(&self, unsent: Unsent) -> WebhookError {
-        let url = self.shown_url.clone();
-        match unsent {
-            Unsent::Runtime(source) => WebhookError::Sender {
-                url,
-                source: Box::new(source),
-            },
-            Unsent::Client(source) => WebhookError::Sender {
-                url,
-                source: Box::new(source.without_url()),
-            },
-            Unsent::ThreadEnding => WebhookError::Sender {
-                url,
-                source: "the thread is ending".into(),
-            },
-        }
-    }
-
     fn send_error(&self, error: reqwest::Error) -> WebhookError {
         if let Some(blocked) = find_source::<BlockedHost>(&error) {
             return WebhookError::BlockedAddress {
