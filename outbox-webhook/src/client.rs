@@ -67,6 +67,21 @@ impl ClientSettings {
         Ok(Arc::new(settings))
     }
 
+    /// The limit on one whole exchange.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The limit on establishing a connection.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Whether the address guard lets deliveries go to `ip`.
+    pub fn permits(&self, ip: std::net::IpAddr) -> bool {
+        self.guard.permits(ip)
+    }
+
     fn client(&self) -> Result<Client, reqwest::Error> {
         let builder = match &self.tls {
             Some(tls) => Client::builder().tls_backend_preconfigured(tls.clone()),

@@ -64,13 +64,11 @@ struct Inner {
     literal_ip: Option<IpAddr>,
     secrets: Vec<WebhookSecret>,
     headers: HeaderMap,
-    guard: Arc<AddressGuard>,
     allowed: Vec<IpAddr>,
-    /// How each thread's client is made; shared by the endpoints made with
-    /// [`WebhookEndpoint::to_url`], which so share each thread's client and connections.
+    /// How each thread's client is made (timeouts, address guard); shared by the endpoints
+    /// made with [`WebhookEndpoint::to_url`], which so share each thread's client and
+    /// connections.
     client: Arc<ClientSettings>,
-    timeout: Duration,
-    connect_timeout: Duration,
     max_response_body: usize,
     max_retry_after: Duration,
 }
@@ -124,11 +122,8 @@ impl WebhookEndpoint {
                 literal_ip,
                 secrets,
                 headers: inner.headers.clone(),
-                guard: Arc::clone(&inner.guard),
                 allowed: inner.allowed.clone(),
                 client: Arc::clone(&inner.client),
-                timeout: inner.timeout,
-                connect_timeout: inner.connect_timeout,
                 max_response_body: inner.max_response_body,
                 max_retry_after: inner.max_retry_after,
             }),
@@ -142,12 +137,12 @@ impl WebhookEndpoint {
 
     /// The limit on one whole request, from connecting to reading the answer.
     pub fn timeout(&self) -> Duration {
-        self.inner.timeout
+        self.inner.client.timeout()
     }
 
     /// The limit on establishing a connection.
     pub fn connect_timeout(&self) -> Duration {
-        self.inner.connect_timeout
+        self.inner.client.connect_timeout()
     }
 
     /// POSTs `body` signed with `msg_id` as `webhook-id`, and returns whatever the receiver
@@ -169,7 +164,7 @@ impl WebhookEndpoint {
     ) -> Result<WebhookResponse, WebhookError> {
         let inner = &*self.inner;
         if let Some(ip) = inner.literal_ip {
-            if !inner.guard.permits(ip) {
+            if !inner.client.permits(ip) {
                 return Err(WebhookError::BlockedAddress {
                     url: inner.shown_url.clone(),
                     host: ip.to_string(),
@@ -201,7 +196,7 @@ impl WebhookEndpoint {
                 .post(inner.url.clone())
                 // The whole exchange, the answer's body included (a receiver trickling its
                 // answer does not stretch it).
-                .timeout(inner.timeout)
+                .timeout(inner.client.timeout())
                 // The endpoint's own headers replace a message's of the same name: a message
                 // cannot override the receiver's credentials, nor any header set below.
                 .headers(message_headers)
@@ -253,10 +248,10 @@ impl WebhookEndpoint {
         // The status is the receiver's verdict; a body cut short only shortens the excerpt. A
         // body still coming at the deadline is a timeout: the attempt did not complete.
         if let Some(error) = unread {
-            if started.elapsed() >= inner.timeout || error.is_timeout() {
+            if started.elapsed() >= inner.client.timeout() || error.is_timeout() {
                 return Err(WebhookError::Timeout {
                     url: inner.shown_url.clone(),
-                    timeout: inner.timeout,
+                    timeout: inner.client.timeout(),
                     source: Box::new(error.without_url()),
                 });
             }
@@ -324,7 +319,7 @@ impl Destination for WebhookEndpoint {
     }
 
     fn timeout(&self) -> Duration {
-        self.inner.timeout
+        self.inner.client.timeout()
     }
 }
 
@@ -370,7 +365,7 @@ impl Inner {
         } else if source.is_timeout() {
             WebhookError::Timeout {
                 url,
-                timeout: self.timeout,
+                timeout: self.client.timeout(),
                 source: Box::new(source),
             }
         } else {
@@ -388,8 +383,8 @@ impl fmt::Debug for WebhookEndpoint {
             .field("secrets", &inner.secrets.len())
             .field("extra_headers", &header_names)
             .field("allowed_addresses", &inner.allowed)
-            .field("timeout", &inner.timeout)
-            .field("connect_timeout", &inner.connect_timeout)
+            .field("timeout", &inner.client.timeout())
+            .field("connect_timeout", &inner.client.connect_timeout())
             .field("max_response_body", &inner.max_response_body)
             .field("max_retry_after", &inner.max_retry_after)
             .finish()
@@ -461,11 +456,10 @@ impl WebhookEndpointBuilder {
         }
         let headers = extra_headers(&self.headers)?;
 
-        let guard = Arc::new(AddressGuard::new(&self.allowed));
         let client = ClientSettings::new(
             self.timeout,
             self.connect_timeout,
-            Arc::clone(&guard),
+            Arc::new(AddressGuard::new(&self.allowed)),
             USER_AGENT,
         )
         .map_err(|source| WebhookError::Client {
@@ -480,11 +474,8 @@ impl WebhookEndpointBuilder {
                 literal_ip,
                 secrets: self.secrets,
                 headers,
-                guard,
                 allowed: self.allowed,
                 client,
-                timeout: self.timeout,
-                connect_timeout: self.connect_timeout,
                 max_response_body: self.max_response_body,
                 max_retry_after: self.max_retry_after,
             }),
