@@ -256,6 +256,7 @@ pub fn spawn_worker<C: BenchConnection>(
     let mut builder = opts.claims.apply(
         Worker::builder(store)
             .subscriptions(crate::handlers::subscribers())
+            .destination(crate::handlers::RELAY, crate::handlers::Unrelayed)
             .handler_threads(opts.handler_threads),
     );
     if let Some(endpoint) = endpoint {

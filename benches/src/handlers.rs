@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
+use outbox_diesel::destination::{DeliveryError, Destination, Envelope};
 use outbox_diesel::{outbox_handler, Context, Handler, ProcessError};
 use serde::{Deserialize, Serialize};
 
@@ -120,8 +121,9 @@ pub fn envelope_raw(message_id: &str, message_type: &str, payload: &str) -> Vec<
     format!(r#"{{"id":"{message_id}","type":"{message_type}","data":{payload}}}"#).into_bytes()
 }
 
-/// Published to the worker's destination [`RELAY`], like a domain event relayed to a broker.
-#[outbox_handler("bench.relay")]
+/// Routed to the worker's destination [`RELAY`] as it is stored, like a domain event relayed to
+/// a broker: a broker destination gets a backlog of them in batches.
+#[outbox_handler("bench.relay", deliver_to = "relay")]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Relayed {
     /// A sequence number.
@@ -140,9 +142,21 @@ impl Relayed {
     }
 }
 
-impl Handler for Relayed {
-    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        ctx.destination(RELAY)?.deliver(&self)
+/// The destination [`Relayed`] is routed to in every scenario but `drain --destination`, which
+/// gives the broker's: a routed type's destination must be there when a worker starts, and no
+/// other scenario enqueues a [`Relayed`].
+#[derive(Debug)]
+pub struct Unrelayed;
+
+impl Destination for Unrelayed {
+    fn kind(&self) -> &'static str {
+        "unrelayed"
+    }
+
+    fn deliver(&self, _: &Envelope) -> Result<(), DeliveryError> {
+        Err(DeliveryError::permanent(
+            "this benchmark scenario relays nothing to a broker",
+        ))
     }
 }
 

@@ -250,6 +250,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         let trace = TraceHandle::default();
         let builder = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
             .subscriptions(crate::handlers::subscribers())
+            .destination(crate::handlers::RELAY, crate::handlers::Unrelayed)
             .handler_threads(opts.handler_threads);
         let worker = opts
             .claims

@@ -89,6 +89,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         prefill::<C>(db, count, Kind::Hook)?;
         let worker = Worker::builder(DieselStore::new(db.worker_pool::<C>(4)?))
             .subscriptions(crate::handlers::subscribers())
+            .destination(crate::handlers::RELAY, crate::handlers::Unrelayed)
             .handler_threads(opts.handler_threads)
             .destination(HOOK, endpoint(&receiver.url("/hook"))?)
             .spawn()
@@ -138,6 +139,7 @@ fn run_on<C: BenchConnection>(opts: &Opts, db: &BenchDb) -> Res<bool> {
         prefill::<C>(db, backlog, Kind::Hook)?;
         let worker = Worker::builder(DieselStore::new(db.worker_pool::<C>(4)?))
             .subscriptions(crate::handlers::subscribers())
+            .destination(crate::handlers::RELAY, crate::handlers::Unrelayed)
             .handler_threads(opts.handler_threads)
             .destination_with(
                 HOOK,

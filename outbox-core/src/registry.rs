@@ -109,6 +109,11 @@ fn unrouted(_: String, _: &mut Context<'_>) -> Result<(), DispatchError> {
 
 /// A routed message's delivery: its stored payload goes to its destination as it is, after a
 /// check that it is JSON (a row edited by hand may hold anything).
+/// Whether a stored payload is JSON, as a routed message's must be to be sent as it is.
+pub(crate) fn is_json(payload: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(payload).is_ok()
+}
+
 fn route(name: &str, payload: String, ctx: &mut Context<'_>) -> Result<(), DispatchError> {
     if let Err(source) = serde_json::from_str::<serde::de::IgnoredAny>(&payload) {
         return Err(DispatchError::NotJson {

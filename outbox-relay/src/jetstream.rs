@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_nats::header::{HeaderMap, HeaderName, NATS_MESSAGE_ID};
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
+use futures_util::future::join_all;
 use outbox_core::destination::{Answer, DeliveryError, Destination, Envelope};
 
 use crate::error::RelayError;
@@ -17,6 +18,8 @@ use crate::shown_url;
 const KIND: &str = "JetStream";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Publishes in flight from one handler thread's batch, each awaiting its acknowledgement.
+const BATCH_LIMIT: usize = 64;
 
 /// A NATS server with JetStream, publishing messages to streams and awaiting each publish
 /// acknowledgement.
@@ -41,7 +44,9 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Build it once at start-up and give it to the worker under a name; clones share one
 /// connection, which reconnects by itself. Publishing blocks the handler thread until the
-/// stream acknowledges (or [`timeout`](JetStreamDestinationBuilder::timeout) passes).
+/// stream acknowledges (or [`timeout`](JetStreamDestinationBuilder::timeout) passes). A
+/// handler thread with several messages for it waiting publishes up to 64 at once and then
+/// awaits their acknowledgements together, rather than one round trip each.
 ///
 /// ```no_run
 /// use outbox_relay::JetStreamDestination;
@@ -94,10 +99,17 @@ impl JetStreamDestination {
 
     /// Publishes `envelope`; the answer is the stream and sequence JetStream stored it at.
     fn send(&self, envelope: &Envelope) -> Result<Answer, RelayError> {
-        let inner = &self.inner;
-        let subject = envelope.subject_or(inner.subject.as_deref());
+        self.inner.runtime.block_on(self.inner.publish(envelope))
+    }
+}
+
+impl Inner {
+    /// Publishes `envelope` and waits for the stream's acknowledgement, all within the
+    /// timeout. Many of these run at once in a batch, each with its own acknowledgement.
+    async fn publish(&self, envelope: &Envelope) -> Result<Answer, RelayError> {
+        let subject = envelope.subject_or(self.subject.as_deref());
         if !is_valid_publish_subject(subject) {
-            return Err(inner.invalid(format!(
+            return Err(self.invalid(format!(
                 "`{}` is not a subject to publish to: use dot-separated tokens without spaces or \
                  wildcards",
                 subject.escape_debug()
@@ -106,9 +118,9 @@ impl JetStreamDestination {
         let mut headers = HeaderMap::new();
         for (name, value) in envelope.transport_headers(is_set_by_nats) {
             let name = HeaderName::from_str(name)
-                .map_err(|_| inner.invalid(format!("`{name}` is not a NATS header name")))?;
+                .map_err(|_| self.invalid(format!("`{name}` is not a NATS header name")))?;
             if value.contains(['\r', '\n']) {
-                return Err(inner.invalid(format!(
+                return Err(self.invalid(format!(
                     "the value of header `{name}` holds a line break, which NATS headers cannot \
                      carry"
                 )));
@@ -119,41 +131,39 @@ impl JetStreamDestination {
         headers.insert(NATS_MESSAGE_ID, outgoing_id.as_str());
         headers.insert("Content-Type", envelope.content_type.as_str());
         let body = bytes::Bytes::from(envelope.body.clone());
-        inner.runtime.block_on(async {
-            let publish = async {
-                let ack = inner
-                    .context
-                    .publish_with_headers(subject.to_owned(), headers, body)
-                    .await?;
-                ack.await
-            };
-            match tokio::time::timeout(inner.timeout, publish).await {
-                Ok(Ok(ack)) => {
-                    if ack.duplicate {
-                        log::debug!(
-                            "outbox: {} dropped message {} as a duplicate (stream {})",
-                            inner.name,
-                            outgoing_id,
-                            ack.stream
-                        );
-                    }
-                    let duplicate = if ack.duplicate {
-                        " (a duplicate: kept once)"
-                    } else {
-                        ""
-                    };
-                    Ok(Answer::new(
-                        None,
-                        format!("stream {} sequence {}{duplicate}", ack.stream, ack.sequence),
-                    ))
+        let publish = async {
+            let ack = self
+                .context
+                .publish_with_headers(subject.to_owned(), headers, body)
+                .await?;
+            ack.await
+        };
+        match tokio::time::timeout(self.timeout, publish).await {
+            Ok(Ok(ack)) => {
+                if ack.duplicate {
+                    log::debug!(
+                        "outbox: {} dropped message {} as a duplicate (stream {})",
+                        self.name,
+                        outgoing_id,
+                        ack.stream
+                    );
                 }
-                Ok(Err(error)) => Err(inner.classify(subject, error).await),
-                Err(_) => Err(RelayError::Timeout {
-                    destination: inner.name.clone(),
-                    timeout: inner.timeout,
-                }),
+                let duplicate = if ack.duplicate {
+                    " (a duplicate: kept once)"
+                } else {
+                    ""
+                };
+                Ok(Answer::new(
+                    None,
+                    format!("stream {} sequence {}{duplicate}", ack.stream, ack.sequence),
+                ))
             }
-        })
+            Ok(Err(error)) => Err(self.classify(subject, error).await),
+            Err(_) => Err(RelayError::Timeout {
+                destination: self.name.clone(),
+                timeout: self.timeout,
+            }),
+        }
     }
 }
 
@@ -170,6 +180,25 @@ impl Destination for JetStreamDestination {
     /// sequence the message was stored at.
     fn deliver_answered(&self, envelope: &Envelope) -> Result<Answer, DeliveryError> {
         self.send(envelope).map_err(RelayError::into_delivery_error)
+    }
+
+    /// Up to [`BATCH_LIMIT`] publishes in flight at once: each is written without waiting for
+    /// the acknowledgements of those before it.
+    fn batch_limit(&self) -> usize {
+        BATCH_LIMIT
+    }
+
+    /// Publishes every envelope at once, then waits for their acknowledgements (each within
+    /// the timeout); each one's outcome is its own.
+    fn deliver_batch(&self, envelopes: &[Envelope]) -> Vec<Result<Answer, DeliveryError>> {
+        let inner = &self.inner;
+        let published = inner
+            .runtime
+            .block_on(join_all(envelopes.iter().map(|envelope| inner.publish(envelope))));
+        published
+            .into_iter()
+            .map(|result| result.map_err(RelayError::into_delivery_error))
+            .collect()
     }
 
     fn timeout(&self) -> Duration {

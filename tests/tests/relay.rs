@@ -11,15 +11,17 @@
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use outbox_diesel::delivery_log::AttemptFilter;
 use outbox_diesel::destination::{
-    DeliveryError, Destination, DestinationOptions, Envelope, HealthPolicy,
+    Answer, DeliveryError, Destination, DestinationOptions, Envelope, HealthPolicy,
 };
 use outbox_diesel::{
-    Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker,
+    outbox_handler, Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy,
+    Worker,
 };
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use outbox_testkit::outbox::{attempts, dead, pending};
@@ -30,6 +32,7 @@ use outbox_tests::brokers::{
 };
 use outbox_tests::checker::{check, Ledger, Report};
 use outbox_tests::handlers::{Relayed, RELAY};
+use serde::{Deserialize, Serialize};
 
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
@@ -100,9 +103,34 @@ fn by_partition(records: Vec<(i32, Received)>) -> Vec<Received> {
     records.into_iter().map(|(_, record)| record).collect()
 }
 
+/// Relayed as it is stored, without handler code: the way an application relays most of its
+/// events, and the path on which a destination that takes batches gets them. Its data is
+/// [`Relayed`]'s.
+#[outbox_handler("test.routed", deliver_to = "relay")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Routed {
+    n: u32,
+    key: Option<String>,
+}
+
+/// Which messages [`enqueue`] writes as [`Routed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Types {
+    /// None: every message is a [`Relayed`], which the worker process of these tests knows.
+    Relayed,
+    /// The first half, so that a backlog holds runs of them to send in batches.
+    HalfRouted,
+}
+
 /// Enqueues `count` messages over `keys` keys (and every fifth without a key), the first
 /// carrying a `traceparent`, into the ledger.
-fn enqueue<C: TestConnection>(pool: &TestPool<C>, count: u32, keys: u32, ledger: &mut Ledger) {
+fn enqueue<C: TestConnection>(
+    pool: &TestPool<C>,
+    count: u32,
+    keys: u32,
+    types: Types,
+    ledger: &mut Ledger,
+) {
     let mut batch = Batch::new();
     let mut sent = Vec::new();
     for n in 0..count {
@@ -114,8 +142,16 @@ fn enqueue<C: TestConnection>(pool: &TestPool<C>, count: u32, keys: u32, ledger:
         if n == 0 {
             options = options.header("traceparent", TRACEPARENT);
         }
-        let message = Relayed::new(n, key.as_deref());
-        sent.push((batch.push_with(&message, &options).unwrap(), key));
+        let id = if types == Types::HalfRouted && n < count / 2 {
+            let message = Routed {
+                n,
+                key: key.clone(),
+            };
+            batch.push_with(&message, &options).unwrap()
+        } else {
+            batch.push_with(&Relayed::new(n, key.as_deref()), &options).unwrap()
+        };
+        sent.push((id, key));
     }
     let mut conn = pool.get().unwrap();
     let ids = batch.enqueue(&mut *conn).unwrap();
@@ -198,11 +234,23 @@ fn relay_all_once<C: TestConnection>(
 ) {
     let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
-    enqueue(&pool, 300, 7, &mut ledger);
-    let (report, received) = drain(&pool, target, &ledger, read);
+    enqueue(&pool, 300, 7, Types::HalfRouted, &mut ledger);
+    let batches = target.batch_limit() > 1;
+    let largest = Arc::new(AtomicUsize::new(0));
+    let watched = Watched {
+        inner: target,
+        largest: Arc::clone(&largest),
+    };
+    let (report, received) = drain(&pool, watched, &ledger, read);
+    if batches {
+        assert!(
+            largest.load(Ordering::SeqCst) > 1,
+            "a backlog of routed messages went out one at a time"
+        );
+    }
     assert!(report.holds(0), "{report:#?}");
     assert_eq!(report.delivered, 300);
-    assert_faithful(&received);
+    assert_faithful(&received, 300);
     let logged = attempts(&pool, &AttemptFilter::default());
     assert_eq!(logged.len(), 300);
     assert!(logged.iter().all(|a| a.outcome == "delivered"));
@@ -222,11 +270,48 @@ fn relay_all_once<C: TestConnection>(
     }
 }
 
+/// Passes everything to the destination it wraps, keeping the largest batch it was given.
+struct Watched<D> {
+    inner: D,
+    largest: Arc<AtomicUsize>,
+}
+
+impl<D: Destination> Destination for Watched<D> {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn deliver(&self, envelope: &Envelope) -> Result<(), DeliveryError> {
+        self.inner.deliver(envelope)
+    }
+
+    fn deliver_answered(&self, envelope: &Envelope) -> Result<Answer, DeliveryError> {
+        self.inner.deliver_answered(envelope)
+    }
+
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
+
+    fn deliver_batch(&self, envelopes: &[Envelope]) -> Vec<Result<Answer, DeliveryError>> {
+        self.largest.fetch_max(envelopes.len(), Ordering::SeqCst);
+        self.inner.deliver_batch(envelopes)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+}
+
 /// What arrived is what was enqueued: data as the body, id, type, key and headers along.
-fn assert_faithful(received: &[Received]) {
+fn assert_faithful(received: &[Received], count: u32) {
     for message in received {
-        assert_eq!(message.message_type, "test.relay");
         let n = message.body["n"].as_u64().expect("the data's n") as u32;
+        let routed = n < count / 2;
+        assert_eq!(
+            message.message_type,
+            if routed { "test.routed" } else { "test.relay" }
+        );
         assert_eq!(
             message.body,
             serde_json::to_value(Relayed::new(n, message.ordering_key.as_deref())).unwrap(),
@@ -294,7 +379,7 @@ fn behind_consumer<C: TestConnection>(
 ) {
     let pool = db.pool::<C>(23);
     let mut ledger = Ledger::new();
-    enqueue(&pool, BEHIND, 7, &mut ledger);
+    enqueue(&pool, BEHIND, 7, Types::HalfRouted, &mut ledger);
     let worker = worker_with_attempts(&pool, target, 2);
     let mut received = Vec::new();
     let start = std::time::Instant::now();
@@ -322,7 +407,7 @@ fn behind_consumer<C: TestConnection>(
         stats.deferred > 0,
         "the broker never pushed back: {stats:?}"
     );
-    assert_faithful(&received);
+    assert_faithful(&received, BEHIND);
 }
 
 fn a_full_stream_holds_the_destination_without_spending_attempts<C: TestConnection>(db: &TestDb) {
@@ -375,7 +460,7 @@ fn a_full_producer_queue_holds_the_destination_without_spending_attempts<C: Test
         .unwrap();
     let pool = db.pool::<C>(23);
     let mut ledger = Ledger::new();
-    enqueue(&pool, BEHIND, 7, &mut ledger);
+    enqueue(&pool, BEHIND, 7, Types::HalfRouted, &mut ledger);
     let worker = worker_with_attempts(&pool, target, 2);
     assert!(
         eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
@@ -411,7 +496,7 @@ fn a_blocked_rabbitmq_connection_holds_the_destination_without_spending_attempts
     let queue = TestQueue::declare("blocked");
     let pool = db.pool::<C>(24);
     let mut ledger = Ledger::new();
-    enqueue(&pool, 30, 5, &mut ledger);
+    enqueue(&pool, 30, 5, Types::HalfRouted, &mut ledger);
     let alarm = RabbitMqAlarm::raise();
     let worker = worker_with_attempts(&pool, rabbitmq_to(&queue.name, Duration::from_secs(1)), 1);
     // Past the publish timeout a few times over: the blocked publishes time out, and the
@@ -617,7 +702,7 @@ fn survive_a_restart<C: TestConnection>(
     } else {
         2_000
     };
-    enqueue(&pool, messages, 16, &mut ledger);
+    enqueue(&pool, messages, 16, Types::HalfRouted, &mut ledger);
     let worker = worker_with_attempts(&pool, target, 4);
     assert!(
         eventually(Duration::from_secs(60), || count() >= 200),
@@ -628,7 +713,7 @@ fn survive_a_restart<C: TestConnection>(
     let states = std::thread::scope(|scope| {
         let watcher = scope.spawn(|| {
             let mut seen = HashSet::new();
-            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+            while watching.load(Ordering::Relaxed) {
                 if let Some(state) = worker.destination_state(RELAY) {
                     seen.insert(state.name());
                 }
@@ -642,7 +727,7 @@ fn survive_a_restart<C: TestConnection>(
             "the outbox did not drain after the restart: {} left",
             pending(&pool).len()
         );
-        watching.store(false, std::sync::atomic::Ordering::Relaxed);
+        watching.store(false, Ordering::Relaxed);
         watcher.join().unwrap()
     });
     let stats = worker.stats();
@@ -705,7 +790,7 @@ fn a_kafka_restart_mid_drain_loses_nothing_unacknowledged<C: TestConnection>(db:
     let topic = TestTopic::create("restart");
     let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
-    enqueue(&pool, 2_000, 16, &mut ledger);
+    enqueue(&pool, 2_000, 16, Types::HalfRouted, &mut ledger);
     let target = kafka_to(&topic.name, Duration::from_secs(2));
     let worker = worker(&pool, target);
     assert!(
@@ -773,8 +858,9 @@ fn a_rabbitmq_restart_mid_drain_loses_nothing<C: TestConnection>(db: &TestDb) {
 }
 
 /// With RabbitMQ's `max_message_size` at 1 MiB, one message of 2 MiB and one to a routing key no
-/// queue is bound to, among 2,700 small ones relayed by 16 handler threads: those two are
-/// dead-lettered, with their reasons, and nothing else. (On one shared channel, the broker
+/// queue is bound to, among 2,700 small ones relayed by 16 handler threads, and one of 2 MiB
+/// among 2,000 routed ones published in batches: those three are dead-lettered, with their
+/// reasons, and nothing else. (On one shared channel, the broker
 /// closing it for the large message failed every confirm pending on it: 16 dead letters, 15 of
 /// them messages the broker had taken.)
 fn a_message_rabbitmq_refuses_fails_alone<C: TestConnection>(db: &TestDb) {
@@ -798,6 +884,20 @@ fn a_message_rabbitmq_refuses_fails_alone<C: TestConnection>(db: &TestDb) {
     for n in 2_700..2_710 {
         batch.push(&Relayed::new(n, None)).unwrap();
     }
+    // Routed, so sent in batches: the large one among them fails alone as well.
+    let mut large_routed_id = None;
+    for n in 6_000..8_000 {
+        if n == 7_000 {
+            let large = Routed {
+                n,
+                key: Some("x".repeat(2 << 20)),
+            };
+            large_routed_id = Some(batch.push_with(&large, &big).unwrap());
+        } else {
+            batch.push(&Routed { n, key: None }).unwrap();
+        }
+    }
+    let large_routed_id = large_routed_id.unwrap();
     batch.enqueue(&mut pool.get().unwrap()).unwrap();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .destination(RELAY, rabbitmq_to(&queue.name, Duration::from_secs(10)))
@@ -813,10 +913,14 @@ fn a_message_rabbitmq_refuses_fails_alone<C: TestConnection>(db: &TestDb) {
     worker.shutdown(Duration::from_secs(10)).unwrap();
     let dead = dead(&pool);
     let dead_ids: HashSet<MessageId> = dead.iter().map(|d| d.message_id).collect();
-    assert_eq!(dead_ids, HashSet::from([large_id, lost_id]), "{dead:#?}");
+    assert_eq!(
+        dead_ids,
+        HashSet::from([large_id, lost_id, large_routed_id]),
+        "{dead:#?}"
+    );
     for letter in &dead {
         let reason = &letter.last_error;
-        if letter.message_id == large_id {
+        if letter.message_id != lost_id {
             assert!(reason.contains("too large"), "{reason}");
         } else {
             assert!(reason.contains("no queue is bound"), "{reason}");
@@ -827,7 +931,7 @@ fn a_message_rabbitmq_refuses_fails_alone<C: TestConnection>(db: &TestDb) {
         .iter()
         .map(|m| m.body["n"].as_u64().unwrap())
         .collect();
-    assert_eq!(arrived.len(), 2_710, "every small message, once or more");
+    assert_eq!(arrived.len(), 2_710 + 1_999, "every small message, once or more");
 }
 
 /// A worker process relaying to `destination` is killed with SIGKILL mid-drain; an
@@ -841,7 +945,7 @@ fn kill_mid_drain<C: TestConnection>(
 ) -> (Report, HashSet<MessageId>) {
     let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
-    enqueue(&pool, 1_000, 16, &mut ledger);
+    enqueue(&pool, 1_000, 16, Types::Relayed, &mut ledger);
     let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-test-worker"))
         .env("OUTBOX_WORKER_DATABASE_URL", db.url())
         .env("OUTBOX_WORKER_DESTINATION", destination)

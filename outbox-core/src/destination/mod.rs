@@ -66,7 +66,7 @@ use crate::priority::Priority;
 use crate::subscription::Subscription;
 
 pub use health::{DestinationState, HealthPolicy};
-pub(crate) use named::{sync_health, Destinations, Exchanges, Registered};
+pub(crate) use named::{sync_health, Destinations, Exchanges, Registered, Sent};
 pub use named::{DestinationOptions, DestinationRef, NameError, MAX_DESTINATION_NAME};
 pub use pace::RateLimit;
 
@@ -107,6 +107,29 @@ pub trait Destination: Send + Sync + 'static {
         self.deliver(envelope).map(|()| Answer::default())
     }
 
+    /// The most envelopes one call of [`deliver_batch`](Destination::deliver_batch) takes
+    /// (default 1: the worker delivers one envelope a call). A destination whose other side
+    /// takes several messages in flight at once (publishes pipelined ahead of their
+    /// acknowledgements, confirms in flight) says how many, and implements `deliver_batch`.
+    fn batch_limit(&self) -> usize {
+        1
+    }
+
+    /// Delivers several envelopes at once and says what became of each: one outcome per
+    /// envelope, in their order, each as [`deliver_answered`](Destination::deliver_answered)
+    /// would have said it.
+    ///
+    /// The worker hands it at most [`batch_limit`](Destination::batch_limit) envelopes, never
+    /// two with the same ordering key, and gives the whole call the same
+    /// [`timeout`](Destination::timeout) as one delivery. The default delivers them one after
+    /// another.
+    fn deliver_batch(&self, envelopes: &[Envelope]) -> Vec<Result<Answer, DeliveryError>> {
+        envelopes
+            .iter()
+            .map(|envelope| self.deliver_answered(envelope))
+            .collect()
+    }
+
     /// The longest one [`deliver`](Destination::deliver) takes before it gives up by itself.
     /// The worker's handler timeout is raised to cover it (plus a margin), so that the
     /// worker's watchdog never abandons a delivery the destination would still finish.
@@ -128,6 +151,14 @@ impl<D: Destination + ?Sized> Destination for Box<D> {
 
     fn deliver_answered(&self, envelope: &Envelope) -> Result<Answer, DeliveryError> {
         (**self).deliver_answered(envelope)
+    }
+
+    fn batch_limit(&self) -> usize {
+        (**self).batch_limit()
+    }
+
+    fn deliver_batch(&self, envelopes: &[Envelope]) -> Vec<Result<Answer, DeliveryError>> {
+        (**self).deliver_batch(envelopes)
     }
 
     fn timeout(&self) -> Duration {

@@ -154,6 +154,84 @@ impl Registered {
     /// paused, held or disabled is not called; what the destination answers is counted, timed,
     /// and told to its health.
     pub fn send(&self, envelope: &Envelope, log: Option<&Exchanges>) -> Result<(), ProcessError> {
+        let probe = self.admit(envelope)?;
+        let sent = self.exchange(envelope, probe);
+        if let (Some(log), Some(exchange)) = (log, sent.exchange) {
+            log.push(exchange);
+        }
+        sent.result
+    }
+
+    /// How many envelopes [`send_batch`](Registered::send_batch) sends in one call: the
+    /// destination's batch limit while nothing paces it, else one (a batch's envelopes would
+    /// reach the receiver together, where its pace spaces them out).
+    pub fn batch_limit(&self) -> usize {
+        if self.pacer.rate().is_some() {
+            return 1;
+        }
+        self.destination.batch_limit().max(1)
+    }
+
+    /// Sends `envelopes` through the gate as [`send`](Registered::send) sends one, those the
+    /// gate lets through in one call of the destination's
+    /// [`deliver_batch`](Destination::deliver_batch) (a probe goes alone): what became of each,
+    /// in their order.
+    pub fn send_batch(&self, envelopes: Vec<Envelope>) -> Vec<Sent> {
+        let mut sent: Vec<Option<Sent>> = Vec::with_capacity(envelopes.len());
+        let mut admitted = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            match self.admit(&envelope) {
+                Ok(false) => {
+                    admitted.push((sent.len(), envelope));
+                    sent.push(None);
+                }
+                Ok(true) => sent.push(Some(self.exchange(&envelope, true))),
+                Err(refused) => sent.push(Some(Sent {
+                    result: Err(refused),
+                    exchange: None,
+                })),
+            }
+        }
+        if !admitted.is_empty() {
+            let (at, batch): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
+            let started_at = SystemTime::now();
+            let started = Instant::now();
+            let mut answers = self.destination.deliver_batch(&batch);
+            let latency = started.elapsed();
+            if answers.len() != batch.len() {
+                log::error!(
+                    "outbox destination {}: its deliver_batch gave {} outcomes for {} envelopes; \
+                     those without one are retried",
+                    self.name,
+                    answers.len(),
+                    batch.len()
+                );
+            }
+            answers.resize_with(batch.len(), || {
+                Err(DeliveryError::retryable(format!(
+                    "destination {} ({}) gave no outcome for this envelope of a batch",
+                    self.name,
+                    self.kind()
+                ))
+                .unsent())
+            });
+            for ((index, envelope), answered) in at.into_iter().zip(&batch).zip(answers) {
+                sent[index] = Some(self.record(envelope, answered, started_at, latency, false));
+            }
+        }
+        sent.into_iter()
+            .map(|sent| {
+                sent.unwrap_or_else(|| Sent {
+                    result: Err(ProcessError::retryable("not sent: no outcome was recorded")),
+                    exchange: None,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the gate lets `envelope` through (`Ok(true)`: as the probe of a paused
+    /// destination), having waited for its turn under the pace; or why not.
+    fn admit(&self, envelope: &Envelope) -> Result<bool, ProcessError> {
         let name = &self.name;
         if let Some(reason) = self.operator_pause() {
             metrics::destination_attempt(name, "paused");
@@ -162,37 +240,54 @@ impl Registered {
                  until resumed (`outbox resume --destination {name}`, or the admin pages)"
             )));
         }
-        let probe = match self.health.gate(Instant::now()) {
+        match self.health.gate(Instant::now()) {
             Gate::Send => {
                 self.take_turn(envelope.priority)?;
-                false
+                Ok(false)
             }
             Gate::Probe => {
                 log::info!(
                     "outbox destination {name}: probing with message {}",
                     envelope.message_id
                 );
-                true
+                Ok(true)
             }
             Gate::Wait { delay, why } => {
                 metrics::destination_attempt(name, "waited");
-                return Err(ProcessError::defer(
+                Err(ProcessError::defer(
                     format!("not sent: destination {name} is {why}"),
                     delay,
-                ));
+                ))
             }
             Gate::Refuse(reason) => {
                 metrics::destination_attempt(name, "refused");
-                return Err(ProcessError::permanent(format!(
+                Err(ProcessError::permanent(format!(
                     "not sent: destination {name} is disabled ({reason}); enable it again \
                      (`outbox destination enable {name}`, or the admin pages) and re-queue"
-                )));
+                )))
             }
-        };
+        }
+    }
+
+    /// Calls the destination with one admitted `envelope` and records what it answered.
+    fn exchange(&self, envelope: &Envelope, probe: bool) -> Sent {
         let started_at = SystemTime::now();
         let started = Instant::now();
         let answered = self.destination.deliver_answered(envelope);
-        let latency = started.elapsed();
+        self.record(envelope, answered, started_at, started.elapsed(), probe)
+    }
+
+    /// What the destination answered for `envelope`, counted, timed, told to its pace and
+    /// health, and judged.
+    fn record(
+        &self,
+        envelope: &Envelope,
+        answered: Result<Answer, DeliveryError>,
+        started_at: SystemTime,
+        latency: Duration,
+        probe: bool,
+    ) -> Sent {
+        let name = &self.name;
         let (result, answer) = match answered {
             Ok(answer) => (Ok(()), answer),
             Err(error) => {
@@ -202,16 +297,14 @@ impl Registered {
         };
         metrics::destination_duration(name, latency);
         metrics::destination_attempt(name, outcome_label(&result));
-        if let Some(log) = log {
-            log.push(Exchange {
-                destination: name.clone(),
-                outcome: outcome_label(&result),
-                answer: (answer != Answer::default()).then_some(answer),
-                error: result.as_ref().err().map(|error| error.reason().to_owned()),
-                started_at,
-                latency,
-            });
-        }
+        let exchange = Some(Exchange {
+            destination: name.clone(),
+            outcome: outcome_label(&result),
+            answer: (answer != Answer::default()).then_some(answer),
+            error: result.as_ref().err().map(|error| error.reason().to_owned()),
+            started_at,
+            latency,
+        });
         let observed = match &result {
             Ok(()) => Observed::Answered,
             Err(error) => observed(error),
@@ -235,12 +328,17 @@ impl Registered {
             self.report(transition);
         }
         let error = match result {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                return Sent {
+                    result: Ok(()),
+                    exchange,
+                }
+            }
             Err(error) => error,
         };
         let attempt = envelope.attempt;
         let id = envelope.message_id;
-        match transition {
+        let result = match transition {
             // A failed probe is the outage's, not the message's: it waits for the next probe
             // without spending an attempt, so no outage, however long, uses up its retries.
             Some(Transition::Paused(length)) if probe => Err(ProcessError::defer(
@@ -264,7 +362,8 @@ impl Registered {
                 }
                 Err(error.into_process_error())
             }
-        }
+        };
+        Sent { result, exchange }
     }
 
     /// Waits for this delivery's turn under the destination's pace, or defers its message to
@@ -586,6 +685,16 @@ impl Exchanges {
     }
 }
 
+/// What became of one envelope sent through a destination's gate.
+#[derive(Debug)]
+pub(crate) struct Sent {
+    /// Delivered, or why not.
+    pub result: Result<(), ProcessError>,
+    /// The exchange with the destination, for the delivery log: none when the gate kept the
+    /// envelope from it.
+    pub exchange: Option<Exchange>,
+}
+
 /// One of the worker's destinations, reached by name from a handler:
 /// [`Context::destination`](crate::Context::destination). Deliveries through it pass the
 /// destination's health gate and are counted in its metrics, as routed messages are.
@@ -740,6 +849,103 @@ mod tests {
         assert_eq!(waited.kind(), FailureKind::Deferred);
         assert!(waited.retry_after().unwrap() > Duration::from_secs(25));
         assert_eq!(*scripted.calls.lock().unwrap(), 3);
+    }
+
+    /// Takes 8 at once, and gives no outcome for the last envelope of a batch.
+    struct Forgetful;
+
+    impl Destination for Forgetful {
+        fn kind(&self) -> &'static str {
+            "forgetful"
+        }
+
+        fn deliver(&self, _: &Envelope) -> Result<(), DeliveryError> {
+            Ok(())
+        }
+
+        fn batch_limit(&self) -> usize {
+            8
+        }
+
+        fn deliver_batch(&self, envelopes: &[Envelope]) -> Vec<Result<Answer, DeliveryError>> {
+            let mut outcomes: Vec<_> = envelopes.iter().map(|_| Ok(Answer::default())).collect();
+            outcomes.pop();
+            outcomes
+        }
+    }
+
+    #[test]
+    fn a_batch_is_judged_and_logged_envelope_by_envelope() {
+        let (mail, scripted) = registered(
+            vec![
+                Ok(()),
+                Err(DeliveryError::permanent("400")),
+                Err(DeliveryError::retryable("a nack")),
+            ],
+            5,
+        );
+        let sent = mail.send_batch(vec![envelope(), envelope(), envelope()]);
+        let kinds: Vec<Option<FailureKind>> = sent
+            .iter()
+            .map(|sent| sent.result.as_ref().err().map(ProcessError::kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [None, Some(FailureKind::Permanent), Some(FailureKind::Retryable)]
+        );
+        let logged: Vec<&str> = sent
+            .iter()
+            .map(|sent| sent.exchange.as_ref().expect("each was sent").outcome)
+            .collect();
+        assert_eq!(logged.len(), 3);
+        assert_eq!(logged[0], "delivered");
+        assert_eq!(*scripted.calls.lock().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_paused_destination_holds_a_whole_batch_without_calling_it() {
+        let (mail, scripted) = registered(
+            vec![
+                Err(DeliveryError::unavailable("503")),
+                Err(DeliveryError::unavailable("503")),
+            ],
+            2,
+        );
+        let sent = mail.send_batch(vec![envelope(), envelope()]);
+        assert!(sent.iter().all(|sent| sent.result.is_err()));
+        assert_eq!(mail.state().name(), "paused", "a batch's failures count");
+        let held = mail.send_batch(vec![envelope(), envelope(), envelope()]);
+        for sent in &held {
+            let error = sent.result.as_ref().unwrap_err();
+            assert_eq!(error.kind(), FailureKind::Deferred, "{error:?}");
+            assert!(sent.exchange.is_none(), "nothing was sent");
+        }
+        assert_eq!(*scripted.calls.lock().unwrap(), 2);
+    }
+
+    #[test]
+    fn an_envelope_a_batch_left_without_an_outcome_is_retried_and_not_held_against_it() {
+        let forgetful = Registered::new("forgetful".into(), Arc::new(Forgetful), Default::default());
+        let sent = forgetful.send_batch(vec![envelope(), envelope(), envelope()]);
+        assert!(sent[0].result.is_ok() && sent[1].result.is_ok());
+        let error = sent[2].result.as_ref().unwrap_err();
+        assert_eq!(error.kind(), FailureKind::Retryable);
+        assert!(error.reason().contains("gave no outcome"), "{error:?}");
+        assert_eq!(forgetful.state().name(), "healthy");
+    }
+
+    #[test]
+    fn a_paced_destination_is_sent_one_envelope_at_a_time() {
+        let batching = Registered::new("batching".into(), Arc::new(Forgetful), Default::default());
+        assert_eq!(batching.batch_limit(), 8);
+        let paced = Registered::new(
+            "paced".into(),
+            Arc::new(Forgetful),
+            DestinationOptions::new().rate_limit(RateLimit::per_second(100)),
+        );
+        assert_eq!(paced.batch_limit(), 1, "a batch would arrive all at once");
+        let (single, _) = registered(Vec::new(), 5);
+        assert_eq!(single.batch_limit(), 1);
     }
 
     #[test]

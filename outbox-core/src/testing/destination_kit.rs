@@ -67,6 +67,8 @@ macro_rules! destination_conformance {
             an_unreachable_receiver_fails_the_destination_within_its_timeout,
             a_receiver_that_pushes_back_defers_without_an_attempt,
             deliveries_go_on_after_the_receiver_restarts,
+            a_batch_says_what_became_of_each_envelope,
+            a_batch_to_an_unreachable_receiver_fails_within_the_timeout,
         );
     };
     ($harness:expr) => {
@@ -246,4 +248,66 @@ pub fn deliveries_go_on_after_the_receiver_restarts(h: &impl DestinationHarness)
         received.iter().any(|r| r.message_id == id),
         "the delivery after the restart did not arrive: {received:?}"
     );
+}
+
+/// How many envelopes the batch checks send: as many as the destination takes at once, up to
+/// a handful.
+fn batch_size(destination: &impl Destination) -> u32 {
+    u32::try_from(destination.batch_limit().clamp(1, 8)).unwrap_or(8)
+}
+
+/// A batch gives one outcome per envelope, and each envelope it says it delivered has arrived,
+/// once, whole.
+pub fn a_batch_says_what_became_of_each_envelope(h: &impl DestinationHarness) {
+    let destination = h.destination();
+    let sent: Vec<Envelope> = (1..=batch_size(&destination)).map(envelope).collect();
+    let outcomes = destination.deliver_batch(&sent);
+    assert_eq!(
+        outcomes.len(),
+        sent.len(),
+        "one outcome per envelope: {outcomes:?}"
+    );
+    for (envelope, outcome) in sent.iter().zip(&outcomes) {
+        if let Err(error) = outcome {
+            panic!(
+                "a receiver that answers takes every envelope of a batch; {} failed: {}",
+                envelope.message_id,
+                error.reason()
+            );
+        }
+    }
+    let received = wait_received(h, |received| received.len() >= sent.len());
+    for envelope in &sent {
+        let id = envelope.message_id.to_string();
+        let arrived: Vec<&Received> = received.iter().filter(|r| r.message_id == id).collect();
+        assert_eq!(arrived.len(), 1, "{id} arrived once: {received:?}");
+        assert_eq!(arrived[0].body, envelope.body, "the body arrives byte for byte");
+    }
+    assert_eq!(received.len(), sent.len(), "nothing else arrived: {received:?}");
+}
+
+/// A batch to a receiver nothing answers for fails each envelope as the destination's failure,
+/// and the whole call ends within the destination's timeout, as one delivery does: the worker's
+/// watchdog allows a batch no longer.
+pub fn a_batch_to_an_unreachable_receiver_fails_within_the_timeout(h: &impl DestinationHarness) {
+    let destination = h.unreachable();
+    let bound = match destination.timeout() {
+        Duration::ZERO => Duration::from_secs(30),
+        timeout => timeout + SLACK,
+    };
+    let sent: Vec<Envelope> = (1..=batch_size(&destination)).map(envelope).collect();
+    let started = Instant::now();
+    let outcomes = destination.deliver_batch(&sent);
+    let took = started.elapsed();
+    assert_eq!(outcomes.len(), sent.len(), "one outcome per envelope");
+    for outcome in outcomes {
+        let error = outcome.expect_err("nothing answers");
+        assert_eq!(error.kind(), FailureKind::Retryable, "{}", error.reason());
+        assert_eq!(error.scope(), Scope::Destination, "{}", error.reason());
+    }
+    assert!(
+        took <= bound,
+        "the batch took {took:?}, more than its destination's timeout allows ({bound:?})"
+    );
+    assert!(h.received().is_empty());
 }

@@ -10,11 +10,13 @@ use crossbeam_channel::Sender;
 
 use crate::context::{Context, SettleWithin, Settlements};
 use crate::destination::pace::LONGEST_PACING_WAIT;
-use crate::destination::{Delivery, Exchanges, Registered, DESTINATION_TARGET_PREFIX};
+use crate::destination::{
+    Delivery, Envelope, Exchanges, Registered, Sent, DESTINATION_TARGET_PREFIX,
+};
 use crate::error::{FailureKind, ProcessError};
-use crate::registry::DispatchError;
+use crate::registry::{is_json, DispatchError};
 use crate::retry::RetryPolicy;
-use crate::store::{ClaimedMessage, Outcome, SettleTarget, Settlement};
+use crate::store::{ClaimedMessage, Exchange, Outcome, SettleTarget, Settlement};
 use crate::subscription::SUBSCRIBERS;
 
 use super::held::JobId;
@@ -284,14 +286,7 @@ pub(crate) fn process(
         let attempt = fan_out(shared, message, job);
         return judge(shared, message, attempt, &policy);
     }
-    let delivery = Delivery {
-        message_id: message.message_id,
-        message_type: message.message_type.clone(),
-        attempt: message.attempt,
-        headers: message.headers.clone(),
-        ordering_key: message.ordering_key.clone(),
-        priority: message.priority,
-    };
+    let delivery = delivery_of(message);
     let payload = std::mem::take(&mut message.payload);
     let settle = JobSettle {
         shared,
@@ -498,23 +493,33 @@ fn deliver_to_destination(
     send_as_stored(message, destination, exchanges)
 }
 
-/// Sends `message`'s payload as it is stored to `destination`.
-fn send_as_stored(
-    message: &mut ClaimedMessage,
-    destination: &Registered,
-    exchanges: &Exchanges,
-) -> Attempt {
-    let delivery = Delivery {
+/// The facts of `message` a handler and a destination see.
+fn delivery_of(message: &ClaimedMessage) -> Delivery {
+    Delivery {
         message_id: message.message_id,
         message_type: message.message_type.clone(),
         attempt: message.attempt,
         headers: message.headers.clone(),
         ordering_key: message.ordering_key.clone(),
         priority: message.priority,
-    };
+    }
+}
+
+/// The envelope of `message` with its payload as it is stored, taken out of the message.
+fn stored_envelope(message: &mut ClaimedMessage) -> Envelope {
     let body = std::mem::take(&mut message.payload).into_bytes();
+    delivery_of(message).envelope(body)
+}
+
+/// Sends `message`'s payload as it is stored to `destination`.
+fn send_as_stored(
+    message: &mut ClaimedMessage,
+    destination: &Registered,
+    exchanges: &Exchanges,
+) -> Attempt {
+    let envelope = stored_envelope(message);
     let started = Instant::now();
-    let sent = destination.send(&delivery.envelope(body), Some(exchanges));
+    let sent = destination.send(&envelope, Some(exchanges));
     crate::metrics::attempt_duration(&message.message_type, started.elapsed());
     match sent {
         Ok(()) => Attempt::Succeeded,
@@ -600,70 +605,295 @@ impl Drop for Serving<'_> {
 
 fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: usize) {
     let exchanges = Exchanges::default();
-    while let Some(Job { job, mut message }) = jobs.recv() {
-        let now = Instant::now();
-        let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
-            continue;
+    // A job taken while gathering a batch that did not belong in it: the next to run.
+    let mut next: Option<Job> = None;
+    loop {
+        let Some(first) = next.take().or_else(|| jobs.recv()) else {
+            return;
         };
-        // Whatever happens in here, the message gets an outcome: a panic outside the
-        // handler's own (a handler's `retry_policy()`, say) is a failed attempt too.
-        let settlement = if shared.stopping() {
-            Settlement::Release
-        } else if lease_ends < now + START_MARGIN {
-            log::warn!(
-                "outbox: the lease on message {} ({}) ran out before a handler thread took it; \
-                 giving it back",
-                message.message_id,
-                message.message_type
-            );
-            Settlement::Release
-        } else {
-            catch_unwind(AssertUnwindSafe(|| {
-                process(shared, &mut message, job, &exchanges)
-            }))
-            .unwrap_or_else(|panic| {
-                shared.vitals.panicked();
-                let text = panic_text(panic.as_ref());
-                log::error!(
-                    "outbox: processing message {} ({}) panicked outside its handler: {text}",
-                    message.message_id,
-                    message.message_type
-                );
-                panicked_outside(shared, &message, &text)
-            })
+        let gathering = !shared.stopping() && !shared.pool.is_retired(thread);
+        let going_on = match batch_target(shared, &first.message).filter(|_| gathering) {
+            Some((target, policy)) => {
+                let batch = gather(shared, jobs, (first, policy), &target, &mut next);
+                run_batch(shared, &target, batch, outcomes, thread)
+            }
+            None => run_one(shared, first, &exchanges, outcomes, thread),
         };
-        // Taken whatever becomes of the outcome: they are this attempt's alone.
-        let mut exchanged = exchanges.take();
-        for exchange in &mut exchanged {
-            exchange.error = exchange.error.take().map(storable);
+        if !going_on {
+            return;
         }
-        // The outcome is on its way before anything is logged: the application's logger may
-        // panic, and a thread that ends here leaves its message held.
-        let sent = shared.held.finish(message.position, job).map(|token| {
-            let outcome = Outcome::of(token, &message, settlement.clone());
-            outcomes.send(outcome.logging(&message, exchanged))
-        });
-        log_settlement(
-            &message.message_id,
-            &message.message_type,
-            message.headers.trace_id(),
-            &settlement,
-        );
-        match sent {
-            Some(Ok(())) => {}
-            Some(Err(_)) => return,
-            None => log::warn!(
-                "outbox: message {} ({}) finished after the watchdog had counted it timed out; \
-                 its outcome ({settlement:?}) is dropped",
-                message.message_id,
-                message.message_type
-            ),
-        }
-        if shared.pool.is_retired(thread) {
+        // A job it took for a batch is run first: held, it would wait for good.
+        if next.is_none() && shared.pool.is_retired(thread) {
             log::info!("outbox: handler thread {thread} returned from its stuck handler and ends");
             return;
         }
     }
+}
+
+/// Runs one job; `false` once the acker is gone.
+fn run_one(
+    shared: &Shared,
+    Job { job, mut message }: Job,
+    exchanges: &Exchanges,
+    outcomes: &Sender<Outcome>,
+    thread: usize,
+) -> bool {
+    let now = Instant::now();
+    let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
+        return true;
+    };
+    // Whatever happens in here, the message gets an outcome: a panic outside the handler's
+    // own (a handler's `retry_policy()`, say) is a failed attempt too.
+    let settlement = match release(shared, &message, lease_ends, now) {
+        Some(release) => release,
+        None => catch_unwind(AssertUnwindSafe(|| {
+            process(shared, &mut message, job, exchanges)
+        }))
+        .unwrap_or_else(|panic| {
+            shared.vitals.panicked();
+            let text = panic_text(panic.as_ref());
+            log::error!(
+                "outbox: processing message {} ({}) panicked outside its handler: {text}",
+                message.message_id,
+                message.message_type
+            );
+            panicked_outside(shared, &message, &text)
+        }),
+    };
+    // Taken whatever becomes of the outcome: they are this attempt's alone.
+    hand_over(
+        shared,
+        job,
+        &message,
+        settlement,
+        exchanges.take(),
+        outcomes,
+    )
+}
+
+/// A message that is given back instead of run: the worker stops, or its lease ends before it
+/// could run.
+fn release(
+    shared: &Shared,
+    message: &ClaimedMessage,
+    lease_ends: Instant,
+    now: Instant,
+) -> Option<Settlement> {
+    if shared.stopping() {
+        return Some(Settlement::Release);
+    }
+    if lease_ends < now + START_MARGIN {
+        log::warn!(
+            "outbox: the lease on message {} ({}) ran out before a handler thread took it; \
+             giving it back",
+            message.message_id,
+            message.message_type
+        );
+        return Some(Settlement::Release);
+    }
+    None
+}
+
+/// Hands the outcome of `job` to the acker, then logs it; `false` once the acker is gone.
+fn hand_over(
+    shared: &Shared,
+    job: JobId,
+    message: &ClaimedMessage,
+    settlement: Settlement,
+    mut exchanged: Vec<Exchange>,
+    outcomes: &Sender<Outcome>,
+) -> bool {
+    for exchange in &mut exchanged {
+        exchange.error = exchange.error.take().map(storable);
+    }
+    // The outcome is on its way before anything is logged: the application's logger may
+    // panic, and a thread that ends here leaves its message held.
+    let sent = shared.held.finish(message.position, job).map(|token| {
+        let outcome = Outcome::of(token, message, settlement.clone());
+        outcomes.send(outcome.logging(message, exchanged))
+    });
+    log_settlement(
+        &message.message_id,
+        &message.message_type,
+        message.headers.trace_id(),
+        &settlement,
+    );
+    match sent {
+        Some(Ok(())) => true,
+        Some(Err(_)) => false,
+        None => {
+            log::warn!(
+                "outbox: message {} ({}) finished after the watchdog had counted it timed out; \
+                 its outcome ({settlement:?}) is dropped",
+                message.message_id,
+                message.message_type
+            );
+            true
+        }
+    }
+}
+
+/// The destination a message goes to as it is stored, when that destination takes batches.
+enum Target<'a> {
+    /// One of the worker's destinations: a routed type's, or a replay's.
+    Named(&'a Registered),
+    /// A subscription's, kept while the batch runs even if the subscription changes.
+    Subscription(Arc<Registered>),
+}
+
+impl Target<'_> {
+    fn registered(&self) -> &Registered {
+        match self {
+            Target::Named(registered) => registered,
+            Target::Subscription(registered) => registered,
+        }
+    }
+
+    fn is(&self, other: &Target<'_>) -> bool {
+        std::ptr::eq(self.registered(), other.registered())
+    }
+}
+
+/// Where `message` goes in a batch, with its retry policy: only a message sent as it is stored
+/// (a routed type, a delivery to a subscription, a replay) to a destination that takes batches
+/// now, and only when nothing would keep it from being sent (a paused type, a disabled
+/// subscription, a payload that is not JSON); the one-message path says why for the rest.
+fn batch_target<'a>(
+    shared: &'a Shared,
+    message: &ClaimedMessage,
+) -> Option<(Target<'a>, RetryPolicy)> {
+    let target = match &message.subscription_id {
+        Some(target) => match target.strip_prefix(DESTINATION_TARGET_PREFIX) {
+            Some(name) => Target::Named(shared.destinations.get(name)?),
+            None => {
+                let known = shared.subscribers.as_ref()?.get(target)?;
+                if !known.subscription.enabled {
+                    return None;
+                }
+                Target::Subscription(Arc::clone(known.destination.as_ref().ok()?))
+            }
+        },
+        None => {
+            let name = shared
+                .registry
+                .get(&message.message_type)?
+                .destination()
+                .filter(|name| *name != SUBSCRIBERS)?;
+            Target::Named(shared.destinations.get(name)?)
+        }
+    };
+    if target.registered().batch_limit() < 2
+        || shared.pool.type_pauses.reason(&message.message_type).is_some()
+        // A routed payload is JSON (a replay's or a delivery's was, when it was routed).
+        || (message.subscription_id.is_none() && !is_json(&message.payload))
+    {
+        return None;
+    }
+    let policy = policy_for(shared, &message.message_type);
+    if lost_each_time(message, &policy).is_some() {
+        return None;
+    }
+    Some((target, policy))
+}
+
+/// `first` and the jobs waiting behind it for the same destination, up to its batch limit,
+/// without waiting for more: the first that goes elsewhere is left in `next`.
+fn gather(
+    shared: &Shared,
+    jobs: &JobReceiver,
+    first: (Job, RetryPolicy),
+    target: &Target<'_>,
+    next: &mut Option<Job>,
+) -> Vec<(Job, RetryPolicy)> {
+    let limit = target.registered().batch_limit();
+    let mut batch = vec![first];
+    while batch.len() < limit {
+        let Some(job) = jobs.try_recv() else {
+            break;
+        };
+        match batch_target(shared, &job.message) {
+            Some((other, policy)) if other.is(target) => batch.push((job, policy)),
+            _ => {
+                *next = Some(job);
+                break;
+            }
+        }
+    }
+    batch
+}
+
+/// Sends a batch of messages to `target` in one call; `false` once the acker is gone.
+fn run_batch(
+    shared: &Shared,
+    target: &Target<'_>,
+    batch: Vec<(Job, RetryPolicy)>,
+    outcomes: &Sender<Outcome>,
+    thread: usize,
+) -> bool {
+    let now = Instant::now();
+    let mut running = Vec::with_capacity(batch.len());
+    for (Job { job, message }, policy) in batch {
+        let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
+            continue;
+        };
+        match release(shared, &message, lease_ends, now) {
+            Some(release) => {
+                if !hand_over(shared, job, &message, release, Vec::new(), outcomes) {
+                    return false;
+                }
+            }
+            None => running.push((job, message, policy)),
+        }
+    }
+    if running.is_empty() {
+        return true;
+    }
+    let envelopes = running
+        .iter_mut()
+        .map(|(_, message, _)| stored_envelope(message))
+        .collect();
+    let started = Instant::now();
+    let sent = catch_unwind(AssertUnwindSafe(|| {
+        target.registered().send_batch(envelopes)
+    }));
+    let took = started.elapsed();
+    let mut panicked = None;
+    let mut sent: Vec<Option<Sent>> = match sent {
+        Ok(sent) => sent.into_iter().map(Some).collect(),
+        Err(panic) => {
+            let text = panic_text(panic.as_ref());
+            log::error!(
+                "outbox: destination {} panicked delivering a batch of {}: {text}",
+                target.registered().name(),
+                running.len()
+            );
+            panicked = Some(text);
+            Vec::new()
+        }
+    };
+    // Every message gets an outcome, also one a destination's batch left out.
+    sent.resize_with(running.len(), || None);
+    for ((job, message, policy), sent) in running.into_iter().zip(sent) {
+        crate::metrics::attempt_duration(&message.message_type, took);
+        let (attempt, exchanged) = match sent {
+            Some(Sent { result, exchange }) => (
+                match result {
+                    Ok(()) => Attempt::Succeeded,
+                    Err(failure) => Attempt::Failed(failure),
+                },
+                exchange.into_iter().collect(),
+            ),
+            None => (
+                Attempt::Panicked(panicked.clone().unwrap_or_default()),
+                Vec::new(),
+            ),
+        };
+        let settlement = judge(shared, &message, attempt, &policy);
+        if !hand_over(shared, job, &message, settlement, exchanged, outcomes) {
+            return false;
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The messages a worker holds, from claim to settlement: what counts against its in-flight
 //! caps, what the heartbeat renews, what the watchdog watches.
 
-use std::collections::{hash_map, HashMap};
+use std::collections::{hash_map, HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -101,9 +101,11 @@ impl Held {
         self.state().bytes
     }
 
-    /// Handler threads stuck in a message past its timeout.
+    /// Handler threads stuck in a message past its timeout (a thread stuck in a batch counts
+    /// once).
     pub fn stuck(&self) -> usize {
-        self.state().stuck.len()
+        let threads: HashSet<usize> = self.state().stuck.values().map(|(_, t)| *t).collect();
+        threads.len()
     }
 
     /// Takes a claimed message in.

@@ -98,7 +98,7 @@ impl Housekeeper {
             .store_call("housekeeper", "sync_destinations", || {
                 let mut registered: Vec<&crate::destination::Registered> =
                     shared.destinations.iter().collect();
-                registered.extend(known.iter().filter_map(|k| k.destination.as_ref().ok()));
+                registered.extend(known.iter().filter_map(|k| k.destination.as_deref().ok()));
                 crate::destination::sync_health(&registered, shared.store.as_ref(), enables_seen)
             });
         if let Err(error) = synced {

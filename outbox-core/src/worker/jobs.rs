@@ -113,9 +113,8 @@ impl JobReceiver {
         }
     }
 
-    /// The next job if one waits, a raised one first: for the simulation, which moves jobs by
-    /// hand on one thread.
-    #[cfg(test)]
+    /// The next job if one waits, a raised one first, without waiting: more of a batch (and
+    /// the simulation's way to move jobs by hand on one thread).
     pub fn try_recv(&self) -> Option<Job> {
         self.waiting.try_recv().ok()?;
         self.raised

@@ -52,7 +52,7 @@ impl SubscriptionDelivery {
 pub(crate) struct Known {
     pub subscription: Subscription,
     /// Its destination, or why the transport could build none.
-    pub destination: Result<Registered, String>,
+    pub destination: Result<Arc<Registered>, String>,
 }
 
 /// The subscriptions of a worker that delivers to them.
@@ -181,7 +181,11 @@ impl Subscribers {
             .transport
             .destination(&subscription)
             .map(|destination| {
-                Registered::new(destination_name(&subscription.id), destination, options)
+                Arc::new(Registered::new(
+                    destination_name(&subscription.id),
+                    destination,
+                    options,
+                ))
             });
         if let Err(problem) = &destination {
             log::warn!(

@@ -131,7 +131,10 @@ impl Rounds {
                 log: None,
                 settlement: settlement.clone(),
             });
-            stuck.push(thread);
+            if !stuck.contains(&thread) {
+                // Once, however many messages of a batch it holds.
+                stuck.push(thread);
+            }
             log::warn!(
                 "outbox: message {} ({}) is still running on handler thread {thread} past its \
                  timeout of {:?}; counted as timed out",
