@@ -4,8 +4,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
 use outbox_diesel::destination::{DeliveryError, Destination, Envelope};
+use outbox_diesel::webhook::{WebhookEndpoint, WebhookSecret};
 use outbox_diesel::{outbox_handler, Context, Handler, ProcessError};
 use serde::{Deserialize, Serialize};
 

@@ -59,7 +59,7 @@ fn run_on<C: BenchConnection>(args: &WorkerArgs) -> Res<()> {
     let trace = TraceHandle::default();
     let builder = Worker::builder(TracedStore::new(DieselStore::new(pool), trace.clone()))
         .subscriptions(crate::handlers::subscribers())
-            .destination(crate::handlers::RELAY, crate::handlers::Unrelayed)
+        .destination(crate::handlers::RELAY, crate::handlers::Unrelayed)
         .handler_threads(args.handler_threads);
     let worker = args
         .claims

@@ -192,9 +192,9 @@ impl Destination for JetStreamDestination {
     /// the timeout); each one's outcome is its own.
     fn deliver_batch(&self, envelopes: &[Envelope]) -> Vec<Result<Answer, DeliveryError>> {
         let inner = &self.inner;
-        let published = inner
-            .runtime
-            .block_on(join_all(envelopes.iter().map(|envelope| inner.publish(envelope))));
+        let published = inner.runtime.block_on(join_all(
+            envelopes.iter().map(|envelope| inner.publish(envelope)),
+        ));
         published
             .into_iter()
             .map(|result| result.map_err(RelayError::into_delivery_error))

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError, BasicProperties};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
-use futures_util::future::join_all;
 use outbox_core::destination::{Answer, DeliveryError, Destination, Envelope};
 use tokio::sync::Mutex;
 
@@ -146,9 +146,9 @@ impl Destination for RabbitMqDestination {
     /// one's outcome is its own.
     fn deliver_batch(&self, envelopes: &[Envelope]) -> Vec<Result<Answer, DeliveryError>> {
         let inner = &self.inner;
-        let sent = inner
-            .runtime
-            .block_on(join_all(envelopes.iter().map(|envelope| inner.send(envelope))));
+        let sent = inner.runtime.block_on(join_all(
+            envelopes.iter().map(|envelope| inner.send(envelope)),
+        ));
         sent.into_iter()
             .map(|result| {
                 result

@@ -20,8 +20,7 @@ use outbox_diesel::destination::{
     Answer, DeliveryError, Destination, DestinationOptions, Envelope, HealthPolicy,
 };
 use outbox_diesel::{
-    outbox_handler, Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy,
-    Worker,
+    outbox_handler, Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker,
 };
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use outbox_testkit::outbox::{attempts, dead, pending};
@@ -149,7 +148,9 @@ fn enqueue<C: TestConnection>(
             };
             batch.push_with(&message, &options).unwrap()
         } else {
-            batch.push_with(&Relayed::new(n, key.as_deref()), &options).unwrap()
+            batch
+                .push_with(&Relayed::new(n, key.as_deref()), &options)
+                .unwrap()
         };
         sent.push((id, key));
     }
@@ -931,7 +932,11 @@ fn a_message_rabbitmq_refuses_fails_alone<C: TestConnection>(db: &TestDb) {
         .iter()
         .map(|m| m.body["n"].as_u64().unwrap())
         .collect();
-    assert_eq!(arrived.len(), 2_710 + 1_999, "every small message, once or more");
+    assert_eq!(
+        arrived.len(),
+        2_710 + 1_999,
+        "every small message, once or more"
+    );
 }
 
 /// A worker process relaying to `destination` is killed with SIGKILL mid-drain; an

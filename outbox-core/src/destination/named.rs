@@ -891,7 +891,11 @@ mod tests {
             .collect();
         assert_eq!(
             kinds,
-            [None, Some(FailureKind::Permanent), Some(FailureKind::Retryable)]
+            [
+                None,
+                Some(FailureKind::Permanent),
+                Some(FailureKind::Retryable)
+            ]
         );
         let logged: Vec<&str> = sent
             .iter()
@@ -925,7 +929,8 @@ mod tests {
 
     #[test]
     fn an_envelope_a_batch_left_without_an_outcome_is_retried_and_not_held_against_it() {
-        let forgetful = Registered::new("forgetful".into(), Arc::new(Forgetful), Default::default());
+        let forgetful =
+            Registered::new("forgetful".into(), Arc::new(Forgetful), Default::default());
         let sent = forgetful.send_batch(vec![envelope(), envelope(), envelope()]);
         assert!(sent[0].result.is_ok() && sent[1].result.is_ok());
         let error = sent[2].result.as_ref().unwrap_err();

@@ -281,9 +281,16 @@ pub fn a_batch_says_what_became_of_each_envelope(h: &impl DestinationHarness) {
         let id = envelope.message_id.to_string();
         let arrived: Vec<&Received> = received.iter().filter(|r| r.message_id == id).collect();
         assert_eq!(arrived.len(), 1, "{id} arrived once: {received:?}");
-        assert_eq!(arrived[0].body, envelope.body, "the body arrives byte for byte");
+        assert_eq!(
+            arrived[0].body, envelope.body,
+            "the body arrives byte for byte"
+        );
     }
-    assert_eq!(received.len(), sent.len(), "nothing else arrived: {received:?}");
+    assert_eq!(
+        received.len(),
+        sent.len(),
+        "nothing else arrived: {received:?}"
+    );
 }
 
 /// A batch to a receiver nothing answers for fails each envelope as the destination's failure,
