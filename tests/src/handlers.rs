@@ -79,6 +79,29 @@ impl Handler for Relayed {
     }
 }
 
+/// Declares `Routed` (message type `test.routed`), routed to the worker's destination [`RELAY`]
+/// as it is stored, without handler code: the way an application relays most of its events,
+/// and the path on which a destination that takes batches gets them. Its data is [`Relayed`]'s
+/// (a number and a key), so consumers read both alike.
+///
+/// A route needs its destination in every worker that can see it, so only a binary whose
+/// workers all have [`RELAY`] declares it: the relay tests and the test worker process (which
+/// gives workers without a broker a relay that takes nothing).
+#[macro_export]
+macro_rules! declare_routed {
+    () => {
+        /// Relayed as it is stored, in batches where the destination takes them.
+        #[outbox_diesel::outbox_handler("test.routed", deliver_to = "relay")]
+        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+        pub struct Routed {
+            /// A number the consumer can check.
+            pub n: u32,
+            /// The ordering key it was enqueued with, if any.
+            pub key: Option<String>,
+        }
+    };
+}
+
 /// Hangs on its first attempt for `hang_ms` and then fails it (the watchdog has counted it
 /// timed out by then); on a later attempt delivers itself like a [`Hook`].
 #[outbox_handler("test.stall")]

@@ -4,7 +4,7 @@
 //! Configured by environment: `OUTBOX_WORKER_DATABASE_URL` (a postgres:// or mysql:// URL, or
 //! an SQLite file path), `OUTBOX_WORKER_WEBHOOK_URL` (on 127.0.0.1) and/or
 //! `OUTBOX_WORKER_DESTINATION` (`jetstream:SUBJECT`, `rabbitmq:ROUTING_KEY` or `kafka:TOPIC`, where
-//! `test.relay` messages go, on the brokers of [`crate::brokers`]), and optionally
+//! `test.relay` and `test.routed` messages go, on the brokers of [`crate::brokers`]), and optionally
 //! `OUTBOX_WORKER_LEASE_MS` (6000), `OUTBOX_WORKER_TIMEOUT_MS` (1000, the webhook and handler
 //! timeout), `OUTBOX_WORKER_THREADS` (8), `OUTBOX_WORKER_BATCH` (16),
 //! `OUTBOX_WORKER_UNKNOWN_GRACE_MS` (1000: how long unknown types are given back). It delivers
@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use diesel::r2d2::Pool;
-use outbox_diesel::destination::Destination;
+use outbox_diesel::destination::{DeliveryError, Destination, Envelope};
 use outbox_diesel::webhook::WebhookEndpoint;
 use outbox_diesel::{Backend, DieselStore, OutboxManager, RetryPolicy, Worker};
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
@@ -58,9 +58,11 @@ fn run<C: TestConnection>(url: &str) -> ! {
         // not teach a rate (they held the drill near ten deliveries a second when they did).
         builder = builder.destination(HOOK, endpoint);
     }
-    if let Ok(destination) = std::env::var("OUTBOX_WORKER_DESTINATION") {
-        builder = builder.destination(RELAY, relay_destination(&destination, timeout));
-    }
+    builder = match std::env::var("OUTBOX_WORKER_DESTINATION") {
+        Ok(destination) => builder.destination(RELAY, relay_destination(&destination, timeout)),
+        // The worker process's routed type needs its destination; none is enqueued here.
+        Err(_) => builder.destination(RELAY, NoBroker),
+    };
     let _worker = builder
         .subscriptions(outbox_testkit::outbox::subscriptions().delivery())
         .resource(backend)
@@ -89,6 +91,21 @@ fn run<C: TestConnection>(url: &str) -> ! {
     println!("ready");
     loop {
         std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// The relay of a worker process given no broker: it takes nothing.
+struct NoBroker;
+
+impl Destination for NoBroker {
+    fn kind(&self) -> &'static str {
+        "no-broker"
+    }
+
+    fn deliver(&self, _: &Envelope) -> Result<(), DeliveryError> {
+        Err(DeliveryError::unavailable(
+            "this worker process was given no broker (OUTBOX_WORKER_DESTINATION)",
+        ))
     }
 }
 

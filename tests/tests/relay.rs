@@ -20,7 +20,7 @@ use outbox_diesel::destination::{
     Answer, DeliveryError, Destination, DestinationOptions, Envelope, HealthPolicy,
 };
 use outbox_diesel::{
-    outbox_handler, Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker,
+    Batch, DieselStore, EnqueueOptions, FailureKind, MessageId, RetryPolicy, Worker,
 };
 use outbox_relay::{JetStreamDestination, KafkaDestination, RabbitMqDestination};
 use outbox_testkit::outbox::{attempts, dead, pending};
@@ -31,7 +31,6 @@ use outbox_tests::brokers::{
 };
 use outbox_tests::checker::{check, Ledger, Report};
 use outbox_tests::handlers::{Relayed, RELAY};
-use serde::{Deserialize, Serialize};
 
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
@@ -102,34 +101,13 @@ fn by_partition(records: Vec<(i32, Received)>) -> Vec<Received> {
     records.into_iter().map(|(_, record)| record).collect()
 }
 
-/// Relayed as it is stored, without handler code: the way an application relays most of its
-/// events, and the path on which a destination that takes batches gets them. Its data is
-/// [`Relayed`]'s.
-#[outbox_handler("test.routed", deliver_to = "relay")]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Routed {
-    n: u32,
-    key: Option<String>,
-}
-
-/// Which messages [`enqueue`] writes as [`Routed`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Types {
-    /// None: every message is a [`Relayed`], which the worker process of these tests knows.
-    Relayed,
-    /// The first half, so that a backlog holds runs of them to send in batches.
-    HalfRouted,
-}
+outbox_tests::declare_routed!();
 
 /// Enqueues `count` messages over `keys` keys (and every fifth without a key), the first
-/// carrying a `traceparent`, into the ledger.
-fn enqueue<C: TestConnection>(
-    pool: &TestPool<C>,
-    count: u32,
-    keys: u32,
-    types: Types,
-    ledger: &mut Ledger,
-) {
+/// carrying a `traceparent`, into the ledger: the first half as [`Routed`] (so that a backlog
+/// holds runs of them, which go in batches where the destination takes them), the rest as
+/// [`Relayed`].
+fn enqueue<C: TestConnection>(pool: &TestPool<C>, count: u32, keys: u32, ledger: &mut Ledger) {
     let mut batch = Batch::new();
     let mut sent = Vec::new();
     for n in 0..count {
@@ -141,7 +119,7 @@ fn enqueue<C: TestConnection>(
         if n == 0 {
             options = options.header("traceparent", TRACEPARENT);
         }
-        let id = if types == Types::HalfRouted && n < count / 2 {
+        let id = if n < count / 2 {
             let message = Routed {
                 n,
                 key: key.clone(),
@@ -235,7 +213,7 @@ fn relay_all_once<C: TestConnection>(
 ) {
     let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
-    enqueue(&pool, 300, 7, Types::HalfRouted, &mut ledger);
+    enqueue(&pool, 300, 7, &mut ledger);
     let batches = target.batch_limit() > 1;
     let largest = Arc::new(AtomicUsize::new(0));
     let watched = Watched {
@@ -380,7 +358,7 @@ fn behind_consumer<C: TestConnection>(
 ) {
     let pool = db.pool::<C>(23);
     let mut ledger = Ledger::new();
-    enqueue(&pool, BEHIND, 7, Types::HalfRouted, &mut ledger);
+    enqueue(&pool, BEHIND, 7, &mut ledger);
     let worker = worker_with_attempts(&pool, target, 2);
     let mut received = Vec::new();
     let start = std::time::Instant::now();
@@ -461,7 +439,7 @@ fn a_full_producer_queue_holds_the_destination_without_spending_attempts<C: Test
         .unwrap();
     let pool = db.pool::<C>(23);
     let mut ledger = Ledger::new();
-    enqueue(&pool, BEHIND, 7, Types::HalfRouted, &mut ledger);
+    enqueue(&pool, BEHIND, 7, &mut ledger);
     let worker = worker_with_attempts(&pool, target, 2);
     assert!(
         eventually(Duration::from_secs(60), || pending(&pool).is_empty()),
@@ -497,7 +475,7 @@ fn a_blocked_rabbitmq_connection_holds_the_destination_without_spending_attempts
     let queue = TestQueue::declare("blocked");
     let pool = db.pool::<C>(24);
     let mut ledger = Ledger::new();
-    enqueue(&pool, 30, 5, Types::HalfRouted, &mut ledger);
+    enqueue(&pool, 30, 5, &mut ledger);
     let alarm = RabbitMqAlarm::raise();
     let worker = worker_with_attempts(&pool, rabbitmq_to(&queue.name, Duration::from_secs(1)), 1);
     // Past the publish timeout a few times over: the blocked publishes time out, and the
@@ -703,7 +681,7 @@ fn survive_a_restart<C: TestConnection>(
     } else {
         2_000
     };
-    enqueue(&pool, messages, 16, Types::HalfRouted, &mut ledger);
+    enqueue(&pool, messages, 16, &mut ledger);
     let worker = worker_with_attempts(&pool, target, 4);
     assert!(
         eventually(Duration::from_secs(60), || count() >= 200),
@@ -791,7 +769,7 @@ fn a_kafka_restart_mid_drain_loses_nothing_unacknowledged<C: TestConnection>(db:
     let topic = TestTopic::create("restart");
     let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
-    enqueue(&pool, 2_000, 16, Types::HalfRouted, &mut ledger);
+    enqueue(&pool, 2_000, 16, &mut ledger);
     let target = kafka_to(&topic.name, Duration::from_secs(2));
     let worker = worker(&pool, target);
     assert!(
@@ -950,7 +928,7 @@ fn kill_mid_drain<C: TestConnection>(
 ) -> (Report, HashSet<MessageId>) {
     let pool = db.pool::<C>(13);
     let mut ledger = Ledger::new();
-    enqueue(&pool, 1_000, 16, Types::Relayed, &mut ledger);
+    enqueue(&pool, 1_000, 16, &mut ledger);
     let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-test-worker"))
         .env("OUTBOX_WORKER_DATABASE_URL", db.url())
         .env("OUTBOX_WORKER_DESTINATION", destination)
