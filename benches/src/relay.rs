@@ -203,9 +203,8 @@ impl Broker {
                                 );
                                 if acks.len() == in_flight || sent == n {
                                     for ack in acks.drain(..) {
-                                        ack.await.map_err(|e| {
-                                            failed(format!("the publish ack: {e}"))
-                                        })?;
+                                        ack.await
+                                            .map_err(|e| failed(format!("the publish ack: {e}")))?;
                                     }
                                 }
                             }
@@ -253,9 +252,7 @@ impl Broker {
                                         .await
                                         .map_err(|e| failed(format!("the confirm: {e}")))?;
                                     if !confirm.is_ack() {
-                                        return Err(failed(format!(
-                                            "not confirmed: {confirm:?}"
-                                        )));
+                                        return Err(failed(format!("not confirmed: {confirm:?}")));
                                     }
                                 }
                             }

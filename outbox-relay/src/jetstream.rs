@@ -182,7 +182,7 @@ impl Destination for JetStreamDestination {
         self.send(envelope).map_err(RelayError::into_delivery_error)
     }
 
-    /// Up to [`BATCH_LIMIT`] publishes in flight at once: each is written without waiting for
+    /// Up to 64 publishes in flight at once: each is written without waiting for
     /// the acknowledgements of those before it.
     fn batch_limit(&self) -> usize {
         BATCH_LIMIT

@@ -136,7 +136,7 @@ impl Destination for RabbitMqDestination {
             .map_err(RelayError::into_delivery_error)
     }
 
-    /// Up to [`BATCH_LIMIT`] publishes awaiting their confirms at once.
+    /// Up to 32 publishes awaiting their confirms at once.
     fn batch_limit(&self) -> usize {
         BATCH_LIMIT
     }
