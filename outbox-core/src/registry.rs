@@ -107,15 +107,21 @@ fn unrouted(_: String, _: &mut Context<'_>) -> Result<(), DispatchError> {
     )))
 }
 
-/// A routed message's delivery: its stored payload goes to its destination as it is, after a
-/// check that it is JSON (a row edited by hand may hold anything).
-/// Whether a stored payload is JSON, as a routed message's must be to be sent as it is.
-pub(crate) fn is_json(payload: &str) -> bool {
-    serde_json::from_str::<serde::de::IgnoredAny>(payload).is_ok()
+/// Why a stored payload is not JSON, as a routed message's must be to be sent as it is (a row
+/// edited by hand may hold anything).
+fn not_json(payload: &str) -> Option<serde_json::Error> {
+    serde_json::from_str::<serde::de::IgnoredAny>(payload).err()
 }
 
+/// Whether a stored payload is JSON: see [`not_json`].
+pub(crate) fn is_json(payload: &str) -> bool {
+    not_json(payload).is_none()
+}
+
+/// A routed message's delivery: its stored payload goes to its destination as it is, after a
+/// check that it is JSON.
 fn route(name: &str, payload: String, ctx: &mut Context<'_>) -> Result<(), DispatchError> {
-    if let Err(source) = serde_json::from_str::<serde::de::IgnoredAny>(&payload) {
+    if let Some(source) = not_json(&payload) {
         return Err(DispatchError::NotJson {
             message_type: ctx.message_type().to_owned(),
             source,

@@ -21,8 +21,8 @@ const KIND: &str = "RabbitMQ";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Publishes in flight from one handler thread's batch, each on a channel of its own awaiting
-/// its confirm: with 16 handler threads, at most 512 channels (RabbitMQ allows 2,047 on a
-/// connection by default).
+/// its confirm: with the default 16 handler threads, at most 512 channels open at once
+/// (RabbitMQ allows 2,047 on a connection by default).
 const BATCH_LIMIT: usize = 32;
 /// AMQP's delivery mode for messages the broker writes to disk.
 const PERSISTENT: u8 = 2;
@@ -176,16 +176,15 @@ impl Inner {
             ),
         })?;
         let properties = self.properties(envelope)?;
-        if self.blocked(None).await {
-            return Err(self.blocked_error());
-        }
         let used = AtomicU64::new(0);
-        match tokio::time::timeout(
-            self.timeout,
-            self.publish(routing_key, &envelope.body, properties, &used),
-        )
-        .await
-        {
+        let publish = async {
+            if self.blocked(None).await {
+                return Err(self.blocked_error());
+            }
+            self.publish(routing_key, &envelope.body, properties, &used)
+                .await
+        };
+        match tokio::time::timeout(self.timeout, publish).await {
             Ok(result) => result,
             Err(_) => {
                 let generation = used.load(Ordering::Relaxed);

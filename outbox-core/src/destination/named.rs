@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -19,6 +20,7 @@ use crate::store::{
     DestinationReport, Exchange, SharedDestinations, SharedTurns, StoredDestination,
     SyncedDestination, WorkerStore,
 };
+use crate::worker::panic_text;
 
 /// How long a message waits when its turn under a rate limit across processes could not be
 /// taken from the store.
@@ -163,10 +165,12 @@ impl Registered {
     }
 
     /// How many envelopes [`send_batch`](Registered::send_batch) sends in one call: the
-    /// destination's batch limit while nothing paces it, else one (a batch's envelopes would
-    /// reach the receiver together, where its pace spaces them out).
+    /// destination's batch limit, or one under a rate limit the application set (a batch's
+    /// envelopes reach the receiver together, where the limit spaces them out). Under a rate
+    /// learned from push-back a batch still takes a turn for each envelope, and waits at most
+    /// the longest pacing wait for them.
     pub fn batch_limit(&self) -> usize {
-        if self.pacer.rate().is_some() {
+        if self.pacer.has_limit() {
             return 1;
         }
         self.destination.batch_limit().max(1)
@@ -196,7 +200,26 @@ impl Registered {
             let (at, batch): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
             let started_at = SystemTime::now();
             let started = Instant::now();
-            let mut answers = self.destination.deliver_batch(&batch);
+            let mut answers =
+                catch_unwind(AssertUnwindSafe(|| self.destination.deliver_batch(&batch)))
+                    .unwrap_or_else(|panic| {
+                        let text = panic_text(panic.as_ref());
+                        log::error!(
+                            "outbox destination {}: its deliver_batch panicked: {text}",
+                            self.name
+                        );
+                        batch
+                            .iter()
+                            .map(|_| {
+                                Err(DeliveryError::retryable(format!(
+                            "destination {} ({}) panicked delivering the batch it was in: {text}",
+                            self.name,
+                            self.kind()
+                        ))
+                                .unsent())
+                            })
+                            .collect()
+                    });
             let latency = started.elapsed();
             if answers.len() != batch.len() {
                 log::error!(
@@ -216,7 +239,26 @@ impl Registered {
                 .unsent())
             });
             for ((index, envelope), answered) in at.into_iter().zip(&batch).zip(answers) {
-                sent[index] = Some(self.record(envelope, answered, started_at, latency, false));
+                let outage = matches!(&answered, Err(error)
+                    if error.scope() == Scope::Destination && error.kind() == FailureKind::Retryable);
+                let paused = self.state();
+                let mut recorded = self.record(envelope, answered, started_at, latency, false);
+                // The failures that paused the destination count as attempts; the rest of its
+                // batch, in flight with them, waits for the probe as later messages do.
+                if let (true, Err(error), DestinationState::Paused { probe_in, .. }) =
+                    (outage, &recorded.result, paused)
+                {
+                    recorded.result = Err(ProcessError::defer(
+                        format!(
+                            "not delivered: destination {} was paused while this message's batch \
+                             was in flight ({})",
+                            self.name,
+                            error.reason()
+                        ),
+                        probe_in.max(Duration::from_secs(1)),
+                    ));
+                }
+                sent[index] = Some(recorded);
             }
         }
         sent.into_iter()
@@ -912,11 +954,24 @@ mod tests {
             vec![
                 Err(DeliveryError::unavailable("503")),
                 Err(DeliveryError::unavailable("503")),
+                Err(DeliveryError::unavailable("503")),
             ],
             2,
         );
-        let sent = mail.send_batch(vec![envelope(), envelope()]);
-        assert!(sent.iter().all(|sent| sent.result.is_err()));
+        let sent = mail.send_batch(vec![envelope(), envelope(), envelope()]);
+        let kinds: Vec<Option<FailureKind>> = sent
+            .iter()
+            .map(|sent| sent.result.as_ref().err().map(ProcessError::kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                Some(FailureKind::Retryable),
+                Some(FailureKind::Retryable),
+                Some(FailureKind::Deferred)
+            ],
+            "the failures that paused it count; the rest of the batch waits for the probe"
+        );
         assert_eq!(mail.state().name(), "paused", "a batch's failures count");
         let held = mail.send_batch(vec![envelope(), envelope(), envelope()]);
         for sent in &held {
@@ -924,7 +979,7 @@ mod tests {
             assert_eq!(error.kind(), FailureKind::Deferred, "{error:?}");
             assert!(sent.exchange.is_none(), "nothing was sent");
         }
-        assert_eq!(*scripted.calls.lock().unwrap(), 2);
+        assert_eq!(*scripted.calls.lock().unwrap(), 3);
     }
 
     #[test]

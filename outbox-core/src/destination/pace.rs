@@ -375,6 +375,11 @@ impl Pacer {
         }
     }
 
+    /// Whether the application set a limit (not only a rate learned from push-back).
+    pub fn has_limit(&self) -> bool {
+        self.limit.is_some()
+    }
+
     /// Whether the static limit holds across processes.
     pub fn across_processes(&self) -> bool {
         self.limit.is_some_and(|limit| limit.across_processes)

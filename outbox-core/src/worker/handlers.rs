@@ -605,25 +605,18 @@ impl Drop for Serving<'_> {
 
 fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: usize) {
     let exchanges = Exchanges::default();
-    // A job taken while gathering a batch that did not belong in it: the next to run.
-    let mut next: Option<Job> = None;
-    loop {
-        let Some(first) = next.take().or_else(|| jobs.recv()) else {
-            return;
-        };
-        let gathering = !shared.stopping() && !shared.pool.is_retired(thread);
-        let going_on = match batch_target(shared, &first.message).filter(|_| gathering) {
+    while let Some(first) = jobs.recv() {
+        let going_on = match batch_target(shared, &first.message).filter(|_| !shared.stopping()) {
             Some((target, policy)) => {
-                let batch = gather(shared, jobs, (first, policy), &target, &mut next);
-                run_batch(shared, &target, batch, outcomes, thread)
+                let (batch, elsewhere) = gather(shared, jobs, (first, policy), &target);
+                run_batch(shared, &target, batch, elsewhere, outcomes, thread)
             }
             None => run_one(shared, first, &exchanges, outcomes, thread),
         };
         if !going_on {
             return;
         }
-        // A job it took for a batch is run first: held, it would wait for good.
-        if next.is_none() && shared.pool.is_retired(thread) {
+        if shared.pool.is_retired(thread) {
             log::info!("outbox: handler thread {thread} returned from its stuck handler and ends");
             return;
         }
@@ -700,37 +693,64 @@ fn hand_over(
     job: JobId,
     message: &ClaimedMessage,
     settlement: Settlement,
-    mut exchanged: Vec<Exchange>,
+    exchanged: Vec<Exchange>,
     outcomes: &Sender<Outcome>,
 ) -> bool {
+    // The outcome is on its way before anything is logged: the application's logger may
+    // panic, and a thread that ends here leaves its message held.
+    let handed = send_outcome(shared, job, message, &settlement, exchanged, outcomes);
+    log_handed(message, &settlement, handed)
+}
+
+/// Where an outcome went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handed {
+    /// To the acker.
+    Sent,
+    /// Nowhere: the watchdog had counted the attempt timed out, and settled that.
+    Dropped,
+    /// Nowhere: the acker is gone (the worker is stopping).
+    AckerGone,
+}
+
+fn send_outcome(
+    shared: &Shared,
+    job: JobId,
+    message: &ClaimedMessage,
+    settlement: &Settlement,
+    mut exchanged: Vec<Exchange>,
+    outcomes: &Sender<Outcome>,
+) -> Handed {
     for exchange in &mut exchanged {
         exchange.error = exchange.error.take().map(storable);
     }
-    // The outcome is on its way before anything is logged: the application's logger may
-    // panic, and a thread that ends here leaves its message held.
-    let sent = shared.held.finish(message.position, job).map(|token| {
-        let outcome = Outcome::of(token, message, settlement.clone());
-        outcomes.send(outcome.logging(message, exchanged))
-    });
+    let Some(token) = shared.held.finish(message.position, job) else {
+        return Handed::Dropped;
+    };
+    let outcome = Outcome::of(token, message, settlement.clone()).logging(message, exchanged);
+    match outcomes.send(outcome) {
+        Ok(()) => Handed::Sent,
+        Err(_) => Handed::AckerGone,
+    }
+}
+
+/// Logs an outcome handed over; `false` once the acker is gone.
+fn log_handed(message: &ClaimedMessage, settlement: &Settlement, handed: Handed) -> bool {
     log_settlement(
         &message.message_id,
         &message.message_type,
         message.headers.trace_id(),
-        &settlement,
+        settlement,
     );
-    match sent {
-        Some(Ok(())) => true,
-        Some(Err(_)) => false,
-        None => {
-            log::warn!(
-                "outbox: message {} ({}) finished after the watchdog had counted it timed out; \
-                 its outcome ({settlement:?}) is dropped",
-                message.message_id,
-                message.message_type
-            );
-            true
-        }
+    if handed == Handed::Dropped {
+        log::warn!(
+            "outbox: message {} ({}) finished after the watchdog had counted it timed out; its \
+             outcome ({settlement:?}) is dropped",
+            message.message_id,
+            message.message_type
+        );
     }
+    handed != Handed::AckerGone
 }
 
 /// The destination a message goes to as it is stored, when that destination takes batches.
@@ -797,14 +817,13 @@ fn batch_target<'a>(
 }
 
 /// `first` and the jobs waiting behind it for the same destination, up to its batch limit,
-/// without waiting for more: the first that goes elsewhere is left in `next`.
+/// without waiting for more; and the first job taken that goes elsewhere, if one was.
 fn gather(
     shared: &Shared,
     jobs: &JobReceiver,
     first: (Job, RetryPolicy),
     target: &Target<'_>,
-    next: &mut Option<Job>,
-) -> Vec<(Job, RetryPolicy)> {
+) -> (Vec<(Job, RetryPolicy)>, Option<Job>) {
     let limit = target.registered().batch_limit();
     let mut batch = vec![first];
     while batch.len() < limit {
@@ -813,87 +832,115 @@ fn gather(
         };
         match batch_target(shared, &job.message) {
             Some((other, policy)) if other.is(target) => batch.push((job, policy)),
-            _ => {
-                *next = Some(job);
-                break;
-            }
+            _ => return (batch, Some(job)),
         }
     }
-    batch
+    (batch, None)
 }
 
-/// Sends a batch of messages to `target` in one call; `false` once the acker is gone.
+/// Sends a batch of messages to `target` in one call, each settled by its own outcome; a job
+/// taken for the batch that goes elsewhere is given back to the store at once, without an
+/// attempt, rather than wait behind the batch on this thread. `false` once the acker is gone.
 fn run_batch(
     shared: &Shared,
     target: &Target<'_>,
     batch: Vec<(Job, RetryPolicy)>,
+    elsewhere: Option<Job>,
     outcomes: &Sender<Outcome>,
     thread: usize,
 ) -> bool {
+    if let Some(Job { job, message }) = elsewhere {
+        if !hand_over(
+            shared,
+            job,
+            &message,
+            Settlement::Release,
+            Vec::new(),
+            outcomes,
+        ) {
+            return false;
+        }
+    }
     let now = Instant::now();
+    let mut settled = Vec::with_capacity(batch.len());
     let mut running = Vec::with_capacity(batch.len());
     for (Job { job, message }, policy) in batch {
         let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
             continue;
         };
-        match release(shared, &message, lease_ends, now) {
-            Some(release) => {
-                if !hand_over(shared, job, &message, release, Vec::new(), outcomes) {
-                    return false;
-                }
-            }
-            None => running.push((job, message, policy)),
+        if shared.stopping() || lease_ends < now + START_MARGIN {
+            settled.push((job, message, Settlement::Release, Vec::new()));
+        } else {
+            running.push((job, message, policy));
         }
     }
-    if running.is_empty() {
-        return true;
-    }
-    let envelopes = running
-        .iter_mut()
-        .map(|(_, message, _)| stored_envelope(message))
-        .collect();
-    let started = Instant::now();
-    let sent = catch_unwind(AssertUnwindSafe(|| {
-        target.registered().send_batch(envelopes)
-    }));
-    let took = started.elapsed();
-    let mut panicked = None;
-    let mut sent: Vec<Option<Sent>> = match sent {
-        Ok(sent) => sent.into_iter().map(Some).collect(),
-        Err(panic) => {
-            let text = panic_text(panic.as_ref());
-            log::error!(
-                "outbox: destination {} panicked delivering a batch of {}: {text}",
-                target.registered().name(),
-                running.len()
-            );
-            panicked = Some(text);
-            Vec::new()
-        }
-    };
-    // Every message gets an outcome, also one a destination's batch left out.
-    sent.resize_with(running.len(), || None);
-    for ((job, message, policy), sent) in running.into_iter().zip(sent) {
-        crate::metrics::attempt_duration(&message.message_type, took);
-        let (attempt, exchanged) = match sent {
-            Some(Sent { result, exchange }) => (
-                match result {
-                    Ok(()) => Attempt::Succeeded,
-                    Err(failure) => Attempt::Failed(failure),
-                },
-                exchange.into_iter().collect(),
-            ),
-            None => (
-                Attempt::Panicked(panicked.clone().unwrap_or_default()),
-                Vec::new(),
-            ),
+    let given_back = settled.len();
+    let mut took = Duration::ZERO;
+    if !running.is_empty() {
+        let envelopes = running
+            .iter_mut()
+            .map(|(_, message, _)| stored_envelope(message))
+            .collect();
+        let started = Instant::now();
+        // The destination's own panic is contained in `send_batch`; this one is the gate's.
+        let sent = catch_unwind(AssertUnwindSafe(|| {
+            target.registered().send_batch(envelopes)
+        }));
+        took = started.elapsed();
+        let (mut sent, panicked): (Vec<Option<Sent>>, Option<String>) = match sent {
+            Ok(sent) => (sent.into_iter().map(Some).collect(), None),
+            Err(panic) => (Vec::new(), Some(panic_text(panic.as_ref()))),
         };
-        let settlement = judge(shared, &message, attempt, &policy);
-        if !hand_over(shared, job, &message, settlement, exchanged, outcomes) {
-            return false;
+        // Every message gets an outcome, also one the batch left out.
+        sent.resize_with(running.len(), || None);
+        for ((job, message, policy), sent) in running.into_iter().zip(sent) {
+            let (attempt, exchanged) = match sent {
+                Some(Sent { result, exchange }) => (
+                    match result {
+                        Ok(()) => Attempt::Succeeded,
+                        Err(failure) => Attempt::Failed(failure),
+                    },
+                    exchange.into_iter().collect(),
+                ),
+                None => (
+                    Attempt::Panicked(panicked.clone().unwrap_or_default()),
+                    Vec::new(),
+                ),
+            };
+            let settlement = judge(shared, &message, attempt, &policy);
+            settled.push((job, message, settlement, exchanged));
         }
     }
-    true
+    // Every outcome is on its way before anything is logged or counted (see `hand_over`).
+    let handed: Vec<Handed> = settled
+        .iter_mut()
+        .map(|(job, message, settlement, exchanged)| {
+            send_outcome(
+                shared,
+                *job,
+                message,
+                settlement,
+                std::mem::take(exchanged),
+                outcomes,
+            )
+        })
+        .collect();
+    let mut going_on = true;
+    for (n, ((_, message, settlement, _), handed)) in settled.iter().zip(handed).enumerate() {
+        if n < given_back && !shared.stopping() {
+            log::warn!(
+                "outbox: the lease on message {} ({}) ran out before a handler thread took it; \
+                 giving it back",
+                message.message_id,
+                message.message_type
+            );
+        }
+        if n >= given_back {
+            crate::metrics::attempt_duration(&message.message_type, took);
+        }
+        going_on &= log_handed(message, settlement, handed);
+    }
+    going_on
 }
 
 #[cfg(test)]
