@@ -156,6 +156,15 @@ where
     }
 }
 
+/// A panic's message, for logs and stored errors.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic payload".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

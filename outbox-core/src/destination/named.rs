@@ -13,14 +13,13 @@ use super::pace::{Pace, Pacer, RateLimit, TurnsInStore};
 use super::{
     Answer, Delivery, DeliveryError, Destination, DestinationState, Envelope, HealthPolicy, Scope,
 };
-use crate::error::{FailureKind, ProcessError};
+use crate::error::{panic_text, FailureKind, ProcessError};
 use crate::metrics;
 use crate::priority::Priority;
 use crate::store::{
     DestinationReport, Exchange, SharedDestinations, SharedTurns, StoredDestination,
     SyncedDestination, WorkerStore,
 };
-use crate::worker::panic_text;
 
 /// How long a message waits when its turn under a rate limit across processes could not be
 /// taken from the store.

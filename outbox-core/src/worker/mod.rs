@@ -69,8 +69,6 @@ pub use subscribers::SubscriptionDelivery;
 pub use vitals::{Health, WorkerStats};
 pub use wake::notify_enqueued;
 
-pub(crate) use shared::panic_text;
-
 use acker::Acker;
 use claimer::{ClaimSignals, Claimer};
 use housekeeper::Housekeeper;

@@ -124,14 +124,7 @@ impl Shared {
     }
 }
 
-/// A panic's message, for logs and stored errors.
-pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-text panic payload".to_owned())
-}
+pub(crate) use crate::error::panic_text;
 
 /// The worker's threads: started with a name, counted while they run, joined at shutdown.
 #[derive(Debug, Default)]
