@@ -764,6 +764,7 @@ fn a_pause_longer_than_max_deferral_dead_letters_nothing_after_the_resume<C: Tes
     .unwrap());
     enqueue(&pool, MESSAGES);
     let receiver = Receiver::ok();
+    let started = Instant::now();
     let worker = Worker::builder(DieselStore::new(pool.clone()))
         .poll_interval(Duration::from_millis(50))
         .max_deferral(Duration::from_secs(2))
@@ -778,7 +779,19 @@ fn a_pause_longer_than_max_deferral_dead_letters_nothing_after_the_resume<C: Tes
     assert!(eventually(PATIENCE, || {
         pending(&pool).iter().filter(|m| m.paused).count() == MESSAGES as usize
     }));
-    std::thread::sleep(Duration::from_secs(3));
+    // Past the worker's first chores after its start (every 5 s), which must not release the
+    // messages of a destination still paused (each would be claimed and paused again), and at
+    // least 3 s past the bound.
+    std::thread::sleep(
+        (started + Duration::from_millis(6_500))
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(3)),
+    );
+    assert_eq!(
+        worker.stats().paused,
+        u64::from(MESSAGES),
+        "each message was paused once, and stayed paused"
+    );
     // After the resume the receiver pushes back for a second: the destination holds its
     // messages, deferring them, and the pacing defers the rest to their turns.
     let opens = Instant::now() + Duration::from_millis(1_500);

@@ -16,23 +16,51 @@ fn free_port() -> u16 {
     listener.local_addr().expect("the bound address").port()
 }
 
-/// A `redis-server` that keeps nothing on disk, on `port`, accepting connections.
-fn start(port: u16) -> Child {
-    let server = Command::new("redis-server")
+/// A `redis-server` that keeps nothing on disk, on `port`, accepting connections; `None` if
+/// the port was taken before it could bind it (another test's server, or a connection's local
+/// port), seen by the server's exit or by an answer from a server that is not this one.
+fn start(port: u16) -> Option<Child> {
+    let mut server = Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no"])
         .stdout(Stdio::null())
         .spawn()
         .expect("starting redis-server");
     let started = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    loop {
+        if server.try_wait().expect("watching redis-server").is_some() {
+            return None;
+        }
+        if let Some(pid) = pid_listening(port) {
+            if pid == server.id() {
+                return Some(server);
+            }
+            let _ = server.kill();
+            let _ = server.wait();
+            return None;
+        }
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "redis-server did not start"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    server
+}
+
+/// The process id of the Redis server answering on `port`, if one answers.
+fn pid_listening(port: u16) -> Option<u32> {
+    TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut connection = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut connection)
+        .ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
 }
 
 struct Redis {
@@ -57,11 +85,17 @@ impl Redis {
             eprintln!("SKIPPED: {message}");
             return None;
         }
-        let port = free_port();
-        Some(Redis {
-            port,
-            server: Mutex::new(start(port)),
-        })
+        // A free port can be taken before the server binds it: then another one.
+        for _ in 0..10 {
+            let port = free_port();
+            if let Some(server) = start(port) {
+                return Some(Redis {
+                    port,
+                    server: Mutex::new(server),
+                });
+            }
+        }
+        panic!("redis-server could not bind any of 10 free loopback ports");
     }
 
     fn to(&self, port: u16) -> RedisStreamDestination {
@@ -139,7 +173,7 @@ impl DestinationHarness for Redis {
         let mut server = self.server.lock().unwrap();
         let _ = server.kill();
         let _ = server.wait();
-        *server = start(self.port);
+        *server = start(self.port).expect("redis-server restarts on its port");
     }
 }
 

@@ -128,13 +128,15 @@ impl Housekeeper {
                 return;
             }
         };
-        let ended = match &self.pauses_seen {
-            None => true,
-            Some(seen) => log_changes(seen, &paused),
+        self.releases_due = match &self.pauses_seen {
+            // Once at the start, before any claim: none of this worker's handlers has paused
+            // a message yet, so there is no race for a second release to catch. A second one
+            // would release the messages of a destination still paused, only for them to be
+            // claimed and paused again.
+            None => 1,
+            Some(seen) if log_changes(seen, &paused) => RELEASES_AFTER_RESUME,
+            Some(_) => self.releases_due,
         };
-        if ended {
-            self.releases_due = RELEASES_AFTER_RESUME;
-        }
         self.type_pauses.follow(paused.message_types.clone());
         shared.destinations.follow_pauses(&paused.destinations);
         if let Some(subscribers) = &shared.subscribers {
