@@ -19,7 +19,7 @@ pub const PUSH_BACK_WAIT: Duration = Duration::from_secs(1);
 /// message the broker will never take (nowhere to route it, too large, an invalid subject or
 /// topic) goes to the dead-letter table at once, with this error as its reason (see
 /// [`RelayError::into_delivery_error`]).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
     /// The destination's settings are wrong; fix them where the destination is built.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError, BasicProperties};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -20,9 +21,8 @@ use crate::shown_url;
 const KIND: &str = "RabbitMQ";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Publishes in flight from one handler thread's batch, each on a channel of its own awaiting
-/// its confirm: with the default 16 handler threads, at most 512 channels open at once
-/// (RabbitMQ allows 2,047 on a connection by default).
+/// Publishes in flight from one handler thread's batch, on one channel, awaiting their
+/// confirms.
 const BATCH_LIMIT: usize = 32;
 /// AMQP's delivery mode for messages the broker writes to disk.
 const PERSISTENT: u8 = 2;
@@ -40,10 +40,11 @@ const PERSISTENT: u8 = 2;
 /// type. A publish succeeds when the broker confirms it, which for a durable queue means it is
 /// on disk.
 ///
-/// Each publish has a channel to itself (channels are reused, one publish at a time): a message
-/// the broker refuses by closing the channel (one over `max_message_size`, say) fails alone,
-/// never the messages beside it. A handler thread with several messages for it waiting
-/// publishes up to 32 at once, each on its own channel, and awaits their confirms together.
+/// A handler thread with several messages for it waiting publishes up to 32 at once on one
+/// channel and awaits their confirms together (channels are reused, one batch at a time). A
+/// message the broker refuses by closing the channel (one over `max_message_size`, say) still
+/// fails alone: what the closing left unconfirmed is published again, each message on a
+/// channel of its own. A message that comes back unroutable is told by its message id.
 ///
 /// A broker that pushes back (a queue at its `x-max-length` with overflow `reject-publish`
 /// answers `basic.nack`; a memory or disk alarm blocks the connection) holds the destination
@@ -141,15 +142,16 @@ impl Destination for RabbitMqDestination {
         BATCH_LIMIT
     }
 
-    /// Publishes every envelope at once, each on a channel of its own (so a message the broker
-    /// refuses by closing its channel still fails alone), then waits for their confirms; each
-    /// one's outcome is its own.
+    /// Publishes the envelopes on one channel and waits for their confirms together; each
+    /// one's outcome is its own. What the broker's closing of the channel left unconfirmed (a
+    /// message it refuses that way) is published again, each on a channel of its own, so the
+    /// refused message fails alone.
     fn deliver_batch(&self, envelopes: &[Envelope]) -> Vec<Result<Answer, DeliveryError>> {
         let inner = &self.inner;
-        let sent = inner.runtime.block_on(join_all(
-            envelopes.iter().map(|envelope| inner.send(envelope)),
-        ));
-        sent.into_iter()
+        inner
+            .runtime
+            .block_on(inner.send_batch(envelopes))
+            .into_iter()
             .map(|result| {
                 result
                     .map(|()| Answer::default())
@@ -165,17 +167,9 @@ impl Destination for RabbitMqDestination {
 
 impl Inner {
     /// Publishes `envelope` on a channel of its own and waits for the broker's confirm, all
-    /// within the timeout. Many of these run at once in a batch, each on its own channel.
+    /// within the timeout.
     async fn send(&self, envelope: &Envelope) -> Result<(), RelayError> {
-        let routing_key = envelope.subject_or(self.routing_key.as_deref());
-        let routing_key = ShortString::try_new(routing_key).map_err(|_| RelayError::Invalid {
-            destination: self.name.clone(),
-            reason: format!(
-                "a routing key holds at most 255 bytes, this one {}",
-                routing_key.len()
-            ),
-        })?;
-        let properties = self.properties(envelope)?;
+        let (routing_key, properties) = self.addressed(envelope)?;
         let used = AtomicU64::new(0);
         let publish = async {
             if self.blocked(None).await {
@@ -201,6 +195,211 @@ impl Inner {
                 })
             }
         }
+    }
+
+    /// The routing key and properties `envelope` is published with, or why it cannot be.
+    fn addressed(&self, envelope: &Envelope) -> Result<(ShortString, BasicProperties), RelayError> {
+        let routing_key = envelope.subject_or(self.routing_key.as_deref());
+        let routing_key = ShortString::try_new(routing_key).map_err(|_| RelayError::Invalid {
+            destination: self.name.clone(),
+            reason: format!(
+                "a routing key holds at most 255 bytes, this one {}",
+                routing_key.len()
+            ),
+        })?;
+        Ok((routing_key, self.properties(envelope)?))
+    }
+
+    /// Publishes `envelopes` on one channel and waits for their confirms together, all within
+    /// the timeout; then those the broker's closing of the channel left without an outcome,
+    /// each on a channel of its own, within what is left of it.
+    async fn send_batch(&self, envelopes: &[Envelope]) -> Vec<Result<(), RelayError>> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut outcomes: Vec<Option<Result<(), RelayError>>> = Vec::new();
+        let mut ready = Vec::with_capacity(envelopes.len());
+        for (at, envelope) in envelopes.iter().enumerate() {
+            match self.addressed(envelope) {
+                Ok((routing_key, properties)) => {
+                    outcomes.push(None);
+                    ready.push(Publish {
+                        at,
+                        message_id: envelope.message_id.to_string(),
+                        routing_key,
+                        properties,
+                        body: &envelope.body,
+                    });
+                }
+                Err(invalid) => outcomes.push(Some(Err(invalid))),
+            }
+        }
+        if ready.len() > 1 {
+            let used = AtomicU64::new(0);
+            let together = async {
+                if self.blocked(None).await {
+                    return Err(self.blocked_error());
+                }
+                self.publish_together(&ready, &used).await
+            };
+            match tokio::time::timeout_at(deadline, together).await {
+                Ok(Ok(confirmed)) => {
+                    for (publish, outcome) in ready.iter().zip(confirmed) {
+                        outcomes[publish.at] = outcome;
+                    }
+                }
+                Ok(Err(failed)) => {
+                    // Nothing was published (no channel, a blocked connection): the same
+                    // outcome for each.
+                    for publish in &ready {
+                        outcomes[publish.at] = Some(Err(failed.clone()));
+                    }
+                }
+                Err(_) => {
+                    let generation = used.load(Ordering::Relaxed);
+                    let blocked = self.blocked((generation != 0).then_some(generation)).await;
+                    if !blocked {
+                        self.forget_link(generation).await;
+                    }
+                    for publish in &ready {
+                        outcomes[publish.at] = Some(Err(if blocked {
+                            self.blocked_error()
+                        } else {
+                            RelayError::Timeout {
+                                destination: self.name.clone(),
+                                timeout: self.timeout,
+                            }
+                        }));
+                    }
+                }
+            }
+        }
+        // One alone, or what the closed channel left: each on a channel of its own.
+        let alone: Vec<usize> = (0..envelopes.len())
+            .filter(|at| outcomes[*at].is_none())
+            .collect();
+        let sent = tokio::time::timeout_at(
+            deadline,
+            join_all(alone.iter().map(|at| self.send(&envelopes[*at]))),
+        )
+        .await;
+        match sent {
+            Ok(sent) => {
+                for (at, result) in alone.into_iter().zip(sent) {
+                    outcomes[at] = Some(result);
+                }
+            }
+            Err(_) => {
+                for at in alone {
+                    outcomes[at] = Some(Err(RelayError::Timeout {
+                        destination: self.name.clone(),
+                        timeout: self.timeout,
+                    }));
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|outcome| {
+                outcome.unwrap_or_else(|| {
+                    Err(RelayError::Unavailable {
+                        destination: self.name.clone(),
+                        reason: "no outcome".into(),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Publishes `ready` on one channel, then waits for each confirm: the outcome of each, or
+    /// none for those the channel closed on before their confirm (the broker refused one of
+    /// them by closing it, or the connection broke). A message that comes back unroutable is
+    /// found by its message id: lapin hands a return to whichever confirm of the channel
+    /// completes next, which need not be its own message's.
+    async fn publish_together(
+        &self,
+        ready: &[Publish<'_>],
+        used: &AtomicU64,
+    ) -> Result<Vec<Option<Result<(), RelayError>>>, RelayError> {
+        let (channel, generation) = self.checkout().await?;
+        used.store(generation, Ordering::Relaxed);
+        let mut confirms = Vec::with_capacity(ready.len());
+        for publish in ready {
+            let confirm = channel
+                .basic_publish(
+                    self.exchange.clone(),
+                    publish.routing_key.clone(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    publish.body,
+                    publish.properties.clone(),
+                )
+                .await;
+            let Ok(confirm) = confirm else {
+                // The channel closed: the rest are not published on it.
+                break;
+            };
+            confirms.push(confirm);
+        }
+        let mut outcomes: Vec<Option<Result<(), RelayError>>> = Vec::with_capacity(ready.len());
+        let mut returned = Vec::new();
+        let mut closed = confirms.len() < ready.len();
+        for confirm in confirms {
+            outcomes.push(match confirm.await {
+                Ok(Confirmation::Ack(came_back)) => {
+                    returned.extend(came_back);
+                    Some(Ok(()))
+                }
+                Ok(Confirmation::Nack(came_back)) => {
+                    returned.extend(came_back);
+                    Some(Err(RelayError::Refused {
+                        destination: self.name.clone(),
+                        reason: NACKED.into(),
+                    }))
+                }
+                Ok(Confirmation::NotRequested) => Some(Err(RelayError::Unavailable {
+                    destination: self.name.clone(),
+                    reason: "the channel is not in confirm mode".into(),
+                })),
+                Err(_) => {
+                    closed = true;
+                    None
+                }
+            });
+        }
+        outcomes.resize_with(ready.len(), || None);
+        for message in returned {
+            let id = message.delivery.properties.message_id().clone();
+            let found = id.as_ref().and_then(|id| {
+                ready
+                    .iter()
+                    .position(|publish| publish.message_id == id.as_str())
+            });
+            let Some(at) = found else {
+                // Which message came back is unknown: each is published again alone, which
+                // finds it (a duplicate of the others rather than a loss).
+                log::error!(
+                    "outbox destination {}: a message came back with a message id not in its \
+                     batch ({id:?}); publishing the batch again one message at a time",
+                    self.name
+                );
+                outcomes.iter_mut().for_each(|outcome| *outcome = None);
+                break;
+            };
+            outcomes[at] = Some(Err(unroutable(
+                &self.name,
+                &ready[at].routing_key,
+                &message,
+            )));
+        }
+        if closed {
+            if !self.connection_alive(generation).await {
+                self.forget_link(generation).await;
+            }
+        } else {
+            self.check_in(channel, generation).await;
+        }
+        Ok(outcomes)
     }
 
     fn properties(&self, envelope: &Envelope) -> Result<BasicProperties, RelayError> {
@@ -252,20 +451,12 @@ impl Inner {
         };
         let result = match confirmation {
             Ok(Confirmation::Ack(None)) => Ok(()),
-            Ok(Confirmation::Ack(Some(returned))) => Err(RelayError::Unroutable {
-                destination: self.name.clone(),
-                reason: format!(
-                    "no queue is bound to receive routing key `{}` ({} {})",
-                    routing_key.as_str().escape_debug(),
-                    returned.reply_code,
-                    returned.reply_text
-                ),
-            }),
+            Ok(Confirmation::Ack(Some(returned))) => {
+                Err(unroutable(&self.name, &routing_key, &returned))
+            }
             Ok(Confirmation::Nack(_)) => Err(RelayError::Refused {
                 destination: self.name.clone(),
-                reason: "the broker did not take the message (basic.nack: a queue at its \
-                         x-max-length with overflow reject-publish, or an error in a queue)"
-                    .into(),
+                reason: NACKED.into(),
             }),
             Ok(Confirmation::NotRequested) => Err(RelayError::Unavailable {
                 destination: self.name.clone(),
@@ -432,6 +623,37 @@ impl Inner {
             destination,
             reason,
         }
+    }
+}
+
+/// One envelope of a batch, ready to publish.
+struct Publish<'a> {
+    /// Its place in the batch.
+    at: usize,
+    message_id: String,
+    routing_key: ShortString,
+    properties: BasicProperties,
+    body: &'a [u8],
+}
+
+/// Why a `basic.nack` refused a message.
+const NACKED: &str = "the broker did not take the message (basic.nack: a queue at its \
+                      x-max-length with overflow reject-publish, or an error in a queue)";
+
+/// A mandatory message that came back: no queue is bound to its routing key.
+fn unroutable(
+    destination: &str,
+    routing_key: &ShortString,
+    returned: &BasicReturnMessage,
+) -> RelayError {
+    RelayError::Unroutable {
+        destination: destination.to_owned(),
+        reason: format!(
+            "no queue is bound to receive routing key `{}` ({} {})",
+            routing_key.as_str().escape_debug(),
+            returned.reply_code,
+            returned.reply_text
+        ),
     }
 }
 

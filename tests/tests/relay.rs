@@ -593,6 +593,69 @@ fn what_rabbitmq_will_never_take_is_permanent_and_the_rest_still_goes() {
     assert_eq!(queue.take_all().len(), 2);
 }
 
+/// One batch on one channel: messages that come back unroutable, one whose routing key is too
+/// long, and one over the broker's size limit (which closes the channel on the rest) each fail
+/// with their own reason, and every other message arrives.
+#[test]
+fn a_rabbitmq_batch_tells_each_refused_message_apart() {
+    let Some(_broker) = take(Broker::RabbitMq) else {
+        return;
+    };
+    let queue = TestQueue::declare("batch_limits");
+    let _limit = RabbitMqMessageLimit::set(1 << 20);
+    let rabbit = rabbitmq(Duration::from_secs(5));
+    assert!(rabbit.batch_limit() >= 20, "{}", rabbit.batch_limit());
+    let batch = |oversized: Option<usize>| -> Vec<Envelope> {
+        (0..20)
+            .map(|n| {
+                let padding = if Some(n) == oversized {
+                    "x".repeat(2 << 20)
+                } else {
+                    String::new()
+                };
+                let data = serde_json::json!({ "n": n, "padding": padding });
+                let subject = match n {
+                    3 | 11 | 17 => "outbox_test.nobody_is_bound_here".to_owned(),
+                    7 => "k".repeat(256),
+                    _ => queue.name.clone(),
+                };
+                Envelope::new(
+                    MessageId::new(),
+                    "test.relay",
+                    serde_json::to_vec(&data).unwrap(),
+                )
+                .with_subject(subject)
+            })
+            .collect()
+    };
+    for oversized in [None, Some(13)] {
+        let sent = batch(oversized);
+        let outcomes = rabbit.deliver_batch(&sent);
+        assert_eq!(outcomes.len(), sent.len());
+        let mut delivered = HashSet::new();
+        for (n, outcome) in outcomes.into_iter().enumerate() {
+            match n {
+                3 | 11 | 17 => permanent(
+                    outcome.map(drop),
+                    "no queue is bound to receive routing key `outbox_test.nobody_is_bound_here`",
+                ),
+                7 => permanent(outcome.map(drop), "at most 255 bytes"),
+                n if Some(n) == oversized => permanent(outcome.map(drop), "too large"),
+                n => {
+                    outcome.unwrap_or_else(|error| panic!("message {n}: {error}"));
+                    delivered.insert(sent[n].message_id.to_string());
+                }
+            }
+        }
+        let arrived: HashSet<String> = queue
+            .take_all()
+            .into_iter()
+            .map(|message| message.id.to_string())
+            .collect();
+        assert_eq!(arrived, delivered, "with message {oversized:?} oversized");
+    }
+}
+
 #[test]
 fn what_kafka_will_never_take_is_permanent_and_the_rest_still_goes() {
     let Some(_broker) = take(Broker::Kafka) else {
