@@ -169,6 +169,16 @@ impl Inner {
     /// Publishes `envelope` on a channel of its own and waits for the broker's confirm, all
     /// within the timeout.
     async fn send(&self, envelope: &Envelope) -> Result<(), RelayError> {
+        self.send_until(envelope, tokio::time::Instant::now() + self.timeout)
+            .await
+    }
+
+    /// [`send`](Self::send), ending by `deadline`.
+    async fn send_until(
+        &self,
+        envelope: &Envelope,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), RelayError> {
         let (routing_key, properties) = self.addressed(envelope)?;
         let used = AtomicU64::new(0);
         let publish = async {
@@ -178,7 +188,7 @@ impl Inner {
             self.publish(routing_key, &envelope.body, properties, &used)
                 .await
         };
-        match tokio::time::timeout(self.timeout, publish).await {
+        match tokio::time::timeout_at(deadline, publish).await {
             Ok(result) => result,
             Err(_) => {
                 let generation = used.load(Ordering::Relaxed);
@@ -272,29 +282,19 @@ impl Inner {
                 }
             }
         }
-        // One alone, or what the closed channel left: each on a channel of its own.
+        // One alone, or what the closed channel left: each on a channel of its own, by the
+        // same deadline (each says for itself why it did not make it).
         let alone: Vec<usize> = (0..envelopes.len())
             .filter(|at| outcomes[*at].is_none())
             .collect();
-        let sent = tokio::time::timeout_at(
-            deadline,
-            join_all(alone.iter().map(|at| self.send(&envelopes[*at]))),
+        let sent = join_all(
+            alone
+                .iter()
+                .map(|at| self.send_until(&envelopes[*at], deadline)),
         )
         .await;
-        match sent {
-            Ok(sent) => {
-                for (at, result) in alone.into_iter().zip(sent) {
-                    outcomes[at] = Some(result);
-                }
-            }
-            Err(_) => {
-                for at in alone {
-                    outcomes[at] = Some(Err(RelayError::Timeout {
-                        destination: self.name.clone(),
-                        timeout: self.timeout,
-                    }));
-                }
-            }
+        for (at, result) in alone.into_iter().zip(sent) {
+            outcomes[at] = Some(result);
         }
         outcomes
             .into_iter()
@@ -368,29 +368,34 @@ impl Inner {
             });
         }
         outcomes.resize_with(ready.len(), || None);
-        for message in returned {
-            let id = message.delivery.properties.message_id().clone();
-            let found = id.as_ref().and_then(|id| {
-                ready
-                    .iter()
-                    .position(|publish| publish.message_id == id.as_str())
-            });
-            let Some(at) = found else {
+        let ids: Vec<&str> = ready
+            .iter()
+            .map(|publish| publish.message_id.as_str())
+            .collect();
+        let came_back: Vec<Option<String>> = returned
+            .iter()
+            .map(|message| {
+                let id = message.delivery.properties.message_id();
+                id.as_ref().map(|id| id.as_str().to_owned())
+            })
+            .collect();
+        match whose(&ids, &came_back) {
+            Some(owners) => {
+                for (message, at) in returned.iter().zip(owners) {
+                    outcomes[at] =
+                        Some(Err(unroutable(&self.name, &ready[at].routing_key, message)));
+                }
+            }
+            None => {
                 // Which message came back is unknown: each is published again alone, which
                 // finds it (a duplicate of the others rather than a loss).
                 log::error!(
-                    "outbox destination {}: a message came back with a message id not in its \
-                     batch ({id:?}); publishing the batch again one message at a time",
+                    "outbox destination {}: a message came back that its batch cannot tell \
+                     apart ({came_back:?}); publishing the batch again one message at a time",
                     self.name
                 );
                 outcomes.iter_mut().for_each(|outcome| *outcome = None);
-                break;
-            };
-            outcomes[at] = Some(Err(unroutable(
-                &self.name,
-                &ready[at].routing_key,
-                &message,
-            )));
+            }
         }
         if closed {
             if !self.connection_alive(generation).await {
@@ -636,6 +641,22 @@ struct Publish<'a> {
     body: &'a [u8],
 }
 
+/// The place in a batch published with message ids `ids` of each message that came back with
+/// `came_back`'s ids, each place taken once (a replay can share its original's id); `None` if one
+/// cannot be told: no id, or none left in the batch.
+fn whose(ids: &[&str], came_back: &[Option<String>]) -> Option<Vec<usize>> {
+    let mut taken = vec![false; ids.len()];
+    came_back
+        .iter()
+        .map(|id| {
+            let id = id.as_deref()?;
+            let at = (0..ids.len()).find(|at| !taken[*at] && ids[*at] == id)?;
+            taken[at] = true;
+            Some(at)
+        })
+        .collect()
+}
+
 /// Why a `basic.nack` refused a message.
 const NACKED: &str = "the broker did not take the message (basic.nack: a queue at its \
                       x-max-length with overflow reject-publish, or an error in a queue)";
@@ -746,5 +767,38 @@ impl fmt::Debug for RabbitMqDestinationBuilder {
             .field("routing_key", &self.routing_key)
             .field("timeout", &self.timeout)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whose;
+
+    fn ids(ids: &[&str]) -> Vec<Option<String>> {
+        ids.iter().map(|id| Some((*id).to_owned())).collect()
+    }
+
+    #[test]
+    fn a_return_is_told_by_its_message_id_whichever_confirm_carried_it() {
+        let batch = ["a", "b", "c", "d"];
+        assert_eq!(whose(&batch, &ids(&["c", "a"])), Some(vec![2, 0]));
+        assert_eq!(whose(&batch, &[]), Some(vec![]));
+    }
+
+    #[test]
+    fn two_returns_of_one_id_are_two_messages() {
+        let batch = ["a", "b", "a"];
+        assert_eq!(whose(&batch, &ids(&["a", "a"])), Some(vec![0, 2]));
+        assert_eq!(
+            whose(&batch, &ids(&["a", "a", "a"])),
+            None,
+            "only two were sent"
+        );
+    }
+
+    #[test]
+    fn a_return_the_batch_cannot_place_is_no_one_s() {
+        assert_eq!(whose(&["a", "b"], &ids(&["z"])), None);
+        assert_eq!(whose(&["a", "b"], &[None]), None);
     }
 }
