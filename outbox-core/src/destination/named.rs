@@ -915,6 +915,13 @@ mod tests {
         }
     }
 
+    /// What became of each envelope of a batch: delivered (`None`), or the kind of its failure.
+    fn kinds(sent: &[Sent]) -> Vec<Option<FailureKind>> {
+        sent.iter()
+            .map(|sent| sent.result.as_ref().err().map(ProcessError::kind))
+            .collect()
+    }
+
     #[test]
     fn a_batch_is_judged_and_logged_envelope_by_envelope() {
         let (mail, scripted) = registered(
@@ -926,10 +933,7 @@ mod tests {
             5,
         );
         let sent = mail.send_batch(vec![envelope(), envelope(), envelope()]);
-        let kinds: Vec<Option<FailureKind>> = sent
-            .iter()
-            .map(|sent| sent.result.as_ref().err().map(ProcessError::kind))
-            .collect();
+        let kinds = kinds(&sent);
         assert_eq!(
             kinds,
             [
@@ -958,10 +962,7 @@ mod tests {
             2,
         );
         let sent = mail.send_batch(vec![envelope(), envelope(), envelope()]);
-        let kinds: Vec<Option<FailureKind>> = sent
-            .iter()
-            .map(|sent| sent.result.as_ref().err().map(ProcessError::kind))
-            .collect();
+        let kinds = kinds(&sent);
         assert_eq!(
             kinds,
             [
