@@ -90,6 +90,7 @@ pub use outbox_core::SubscriptionDelivery;
 use crate::connection::{with_backend, OutboxConnection};
 use crate::error::{Error, Result};
 use crate::sql::codec::time_from_micros;
+use crate::sql::statements::retry_deadlocks;
 use crate::sql::subscription::{NewSubscriptionRow, SubscriptionRow, SubscriptionStatements};
 
 /// How long a rotated secret keeps signing beside the new one, unless said otherwise.
@@ -662,30 +663,36 @@ pub fn get<C: OutboxConnection>(conn: &mut C, id: &str) -> Result<Option<Subscri
 
 /// Disables subscription `id`: it takes no new events, and its waiting deliveries pause
 /// (without spending attempts) until it is enabled. Whether there was such a subscription.
+/// Deadlocks are handled as [`remove`] says.
 pub fn disable<C: OutboxConnection>(conn: &mut C, id: &str) -> Result<bool> {
     let changed = with_backend!(conn.backend_connection(), c => {
-        c.set_subscription_enabled(id, false)?
+        retry_deadlocks(c, |c| c.set_subscription_enabled(id, false))?
     });
     Ok(changed > 0)
 }
 
 /// Enables subscription `id` again: it takes new events, and its paused deliveries are due at
-/// once. Whether there was such a subscription.
+/// once. Whether there was such a subscription. Deadlocks are handled as [`remove`] says.
 pub fn enable<C: OutboxConnection>(conn: &mut C, id: &str) -> Result<bool> {
     let changed = with_backend!(conn.backend_connection(), c => {
-        let changed = c.set_subscription_enabled(id, true)?;
-        c.release_subscription(id)?;
+        let changed = retry_deadlocks(c, |c| c.set_subscription_enabled(id, true))?;
+        retry_deadlocks(c, |c| c.release_subscription(id))?;
         changed
     });
     Ok(changed > 0)
 }
 
-/// Removes subscription `id` and its waiting deliveries (a delivery a worker holds right now
-/// finishes; its dead letters stay, for the record). Whether there was such a subscription.
+/// Removes subscription `id` and its waiting deliveries. The deliveries a worker holds at that
+/// moment (claimed, up to its in-flight cap) are left to it: each may still be sent, once, and
+/// each that is not delivered is dead-lettered with the reason rather than tried again. The
+/// subscription's dead letters stay, for the record. Whether there was such a subscription.
+///
+/// Each statement that a worker's claim or settlement deadlocks (MySQL) runs again, unless it
+/// runs inside a transaction of yours, which the deadlock ended: the error is then yours.
 pub fn remove<C: OutboxConnection>(conn: &mut C, id: &str) -> Result<bool> {
     let removed = with_backend!(conn.backend_connection(), c => {
-        let removed = c.delete_subscription(id)?;
-        c.delete_subscription_deliveries(id)?;
+        let removed = retry_deadlocks(c, |c| c.delete_subscription(id))?;
+        retry_deadlocks(c, |c| c.delete_subscription_deliveries(id))?;
         removed
     });
     Ok(removed > 0)

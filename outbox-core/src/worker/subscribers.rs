@@ -1,7 +1,7 @@
 //! The worker's subscriptions: the destination of each one (with its health and pace), rebuilt
 //! when the subscription changes, and followed from the store by the housekeeper.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,8 @@ pub(crate) struct Subscribers {
     delivery: SubscriptionDelivery,
     by_id: RwLock<HashMap<String, Arc<Known>>>,
     last_read: Mutex<Option<Instant>>,
+    /// When the last read [`Self::removed_since`] made began, and the ids it found.
+    checked: Mutex<Option<(Instant, HashSet<String>)>>,
     /// Subscriptions seen enabled again, whose paused deliveries the housekeeper releases.
     to_release: Mutex<BTreeSet<String>>,
 }
@@ -70,6 +72,7 @@ impl Subscribers {
             delivery,
             by_id: RwLock::new(HashMap::new()),
             last_read: Mutex::new(None),
+            checked: Mutex::new(None),
             to_release: Mutex::new(BTreeSet::new()),
         }
     }
@@ -118,6 +121,32 @@ impl Subscribers {
             self.follow(store.subscriptions()?);
         }
         Ok(self.get(id))
+    }
+
+    /// Whether subscription `id` is gone from the store, by a read that began at `since` or
+    /// later (made now unless another thread's already was). A delivery claimed before `since`
+    /// whose subscription such a read does not find belongs to a removed subscription: the
+    /// fan-out writes deliveries only for subscriptions committed before them. One read serves
+    /// every thread that asks about deliveries claimed before it began.
+    pub fn removed_since(
+        &self,
+        id: &str,
+        store: &dyn Subscriptions,
+        since: Instant,
+    ) -> Result<bool, StoreError> {
+        let mut checked = self.checked.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((began, ids)) = checked.as_ref() {
+            if *began >= since {
+                return Ok(!ids.contains(id));
+            }
+        }
+        let began = Instant::now();
+        let subscriptions = store.subscriptions()?;
+        let ids: HashSet<String> = subscriptions.iter().map(|s| s.id.clone()).collect();
+        self.follow(subscriptions);
+        let removed = !ids.contains(id);
+        *checked = Some((began, ids));
+        Ok(removed)
     }
 
     /// The subscriptions seen enabled again since the last call, whose paused deliveries are
