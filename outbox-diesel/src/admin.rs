@@ -461,7 +461,7 @@ pub fn requeue_dead_letters<C: OutboxConnection>(
     selection: &DeadLetterSelection,
 ) -> Result<Vec<i64>> {
     let selection = selection.as_sql();
-    let moved = with_backend!(conn.backend_connection(), c => c.requeue(&selection))?;
+    let moved = with_backend!(conn.backend_connection(), c => retry_deadlocks(c, |c| c.requeue(&selection)))?;
     if !moved.is_empty() {
         log::info!("outbox: re-queued {} dead letters", moved.len());
         outbox_core::__private::notify_enqueued();
@@ -599,7 +599,10 @@ pub fn cancel<C: OutboxConnection>(
     let in_flight = with_backend!(conn.backend_connection(), c => {
         use crate::sql::cancel::CancelStatements as _;
         loop {
-            let moved = c.cancel_transaction(|c| crate::sql::cancel::cancel_batch(c, &rows, reason))?;
+            // A batch a worker's settlement deadlocks (MySQL) was rolled back whole: run again.
+            let moved = retry_deadlocks(c, |c| {
+                c.cancel_transaction(|c| crate::sql::cancel::cancel_batch(c, &rows, reason))
+            })?;
             cancelled += moved as u64;
             if (moved as i64) < CANCEL_BATCH {
                 break;

@@ -437,29 +437,23 @@ fn deliver_to_subscription(
         ));
     };
     let asked = Instant::now();
-    let known =
-        match subscribers.get_or_read(id, shared.store.as_ref()) {
-            Ok(Some(known)) => known,
-            Ok(None) => match subscribers.removed_since(id, shared.store.as_ref(), asked) {
-                // Removed while this delivery was in flight (a removal deletes only the deliveries
-                // no worker holds): dead-lettered, for the record, rather than deferred for good.
-                Ok(true) => {
-                    return Attempt::Failed(ProcessError::permanent(format!(
-                        "not sent: subscription {id} was removed while this delivery was in flight"
-                    )))
-                }
-                Ok(false) => match subscribers.get(id) {
-                    Some(known) => known,
-                    None => return Attempt::Failed(ProcessError::defer(
+    let known = match subscribers.get_or_read(id, shared.store.as_ref()) {
+        Ok(Some(known)) => known,
+        Ok(None) => match subscribers.removed_since(id, shared.store.as_ref(), asked) {
+            // Removed while this delivery was in flight (a removal deletes only the deliveries
+            // no worker holds): dead-lettered, for the record, rather than deferred for good.
+            Ok(true) => {
+                return Attempt::Failed(ProcessError::permanent(format!(
+                    "not sent: subscription {id} was removed while this delivery was in flight"
+                )))
+            }
+            Ok(false) => match subscribers.get(id) {
+                Some(known) => known,
+                None => {
+                    return Attempt::Failed(ProcessError::defer(
                         format!(
                             "not sent: subscription {id} is new to this worker; it is read again"
                         ),
-                        UNKNOWN_SUBSCRIPTION_WAIT,
-                    )),
-                },
-                Err(error) => {
-                    return Attempt::Failed(ProcessError::defer(
-                        format!("not sent: reading subscription {id} failed: {error}"),
                         UNKNOWN_SUBSCRIPTION_WAIT,
                     ))
                 }
@@ -470,7 +464,14 @@ fn deliver_to_subscription(
                     UNKNOWN_SUBSCRIPTION_WAIT,
                 ))
             }
-        };
+        },
+        Err(error) => {
+            return Attempt::Failed(ProcessError::defer(
+                format!("not sent: reading subscription {id} failed: {error}"),
+                UNKNOWN_SUBSCRIPTION_WAIT,
+            ))
+        }
+    };
     if !known.subscription.enabled {
         return Attempt::Failed(ProcessError::paused(format!(
             "not sent: subscription {id} is disabled; its deliveries wait until it is enabled \
