@@ -29,6 +29,11 @@ use super::timing::{
 };
 use super::vitals::Counters;
 
+/// While at most this many held messages have yet to report, the acker's linger receives each
+/// outcome as it comes (a wake-up each, affordable for so few) instead of sleeping in steps:
+/// a few ordering keys' next messages wait for exactly this settlement.
+const RECEIVE_EACH_AT_MOST: usize = 32;
+
 /// What to do with an outcome after the store refused it `refusals` times in a row while
 /// answering otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,23 +165,36 @@ impl Acker {
         }
         self.take_ready(max_batch);
         // Each settlement costs the database a statement and a commit whatever its size: while
-        // more outcomes are on their way, let them gather, in short sleeps (not a receive with
-        // a deadline, so that handler threads do not wake the acker once per outcome), and stop
-        // as soon as every message held has reported: the messages of an ordering key wait for
-        // this settlement, and lingering after the last outcome only delays them.
+        // more outcomes are on their way, let them gather, and stop as soon as every message
+        // held has reported: the messages of an ordering key wait for this settlement, and
+        // lingering after the last outcome only delays them. While many are missing, in short
+        // sleeps (a receive with a deadline would have handler threads wake the acker once per
+        // outcome); while few are, by receiving each, so that the last is settled as it comes
+        // rather than at the end of a sleep.
         let deadline = Instant::now() + SETTLE_LINGER;
         loop {
             let waiting = self.settler.fresh.len();
-            let more_coming = self.shared.held.count() > waiting + self.settler.refused.len();
+            let missing = self
+                .shared
+                .held
+                .count()
+                .saturating_sub(waiting + self.settler.refused.len());
             let now = Instant::now();
             if waiting >= self.shared.config.batch_size
-                || !more_coming
+                || missing == 0
                 || self.shared.stopping()
                 || now >= deadline
             {
                 return;
             }
-            std::thread::sleep(SETTLE_LINGER_STEP.min(deadline - now));
+            if missing <= RECEIVE_EACH_AT_MOST {
+                match self.outcomes.recv_timeout(deadline - now) {
+                    Ok(outcome) => self.settler.push(outcome),
+                    Err(_) => return,
+                }
+            } else {
+                std::thread::sleep(SETTLE_LINGER_STEP.min(deadline - now));
+            }
             self.take_ready(max_batch);
         }
     }

@@ -16,8 +16,9 @@ pub const SMALL_CLAIMS_AFTER_RAISED: Duration = Duration::from_secs(1);
 /// settlement (and the claim of what waits behind it in its ordering key), never a delivery.
 pub const SETTLE_LINGER: Duration = Duration::from_millis(2);
 
-/// The acker's sleeps while it lingers: it stops lingering once every message held has
-/// reported, at most this long after.
+/// The acker's sleeps while it lingers with many outcomes still to come (with few, it receives
+/// each as it comes): it stops lingering once every message held has reported, at most this
+/// long after.
 pub const SETTLE_LINGER_STEP: Duration = Duration::from_micros(200);
 
 /// The acker's longest sleep: how often it looks after the watchdog, the heartbeat and
