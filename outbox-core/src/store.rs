@@ -465,7 +465,10 @@ pub trait Pauses: Send + Sync {
 /// A store that keeps subscriptions ([`crate::subscription`]) and fans events out to them.
 pub trait Subscriptions: Send + Sync {
     /// The subscriptions the store keeps, enabled or not: the worker delivers to them, reading
-    /// them every few seconds. A store that keeps none returns none.
+    /// them every few seconds. A store that keeps none returns none. Every subscription
+    /// committed before the read began must be in it: the worker takes a delivery whose
+    /// subscription a read made after its claim does not return for one of a removed
+    /// subscription, and dead-letters it.
     fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError>;
 
     /// Fans the event at `target` out to its subscribers: in one transaction, one delivery (a

@@ -683,9 +683,10 @@ pub fn enable<C: OutboxConnection>(conn: &mut C, id: &str) -> Result<bool> {
 }
 
 /// Removes subscription `id` and its waiting deliveries. The deliveries a worker holds at that
-/// moment (claimed, up to its in-flight cap) are left to it: each may still be sent, once, and
-/// each that is not delivered is dead-lettered with the reason rather than tried again. The
-/// subscription's dead letters stay, for the record. Whether there was such a subscription.
+/// moment (claimed, up to its in-flight cap) are left to it: each may still be sent until the
+/// workers next read the subscriptions (every few seconds), and each not delivered by then is
+/// dead-lettered with the reason ("no longer exists"), never left waiting. The subscription's
+/// dead letters stay, for the record. Whether there was such a subscription.
 ///
 /// Each statement that a worker's claim or settlement deadlocks (MySQL) runs again, unless it
 /// runs inside a transaction of yours, which the deadlock ended: the error is then yours.

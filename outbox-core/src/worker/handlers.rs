@@ -440,11 +440,13 @@ fn deliver_to_subscription(
     let known = match subscribers.get_or_read(id, shared.store.as_ref()) {
         Ok(Some(known)) => known,
         Ok(None) => match subscribers.removed_since(id, shared.store.as_ref(), asked) {
-            // Removed while this delivery was in flight (a removal deletes only the deliveries
-            // no worker holds): dead-lettered, for the record, rather than deferred for good.
+            // Its subscription is gone: a delivery a worker held as it was removed (a removal
+            // deletes only the deliveries no worker holds), a re-queued dead letter, or one a
+            // fan-out committed as the removal ran. Dead-lettered, for the record, rather than
+            // deferred for good.
             Ok(true) => {
                 return Attempt::Failed(ProcessError::permanent(format!(
-                    "not sent: subscription {id} was removed while this delivery was in flight"
+                    "not sent: subscription {id} no longer exists (removed)"
                 )))
             }
             Ok(false) => match subscribers.get(id) {

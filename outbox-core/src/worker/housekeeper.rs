@@ -2,7 +2,7 @@
 //! that none of them ever delays a claim: the safety net of per-key order, pruning, the backlog
 //! sample for the gauges, sharing the destinations' health, and following operators' pauses.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,9 @@ pub(crate) struct Housekeeper {
     pauses_seen: Option<Paused>,
     /// How many more chores release paused messages: a pause ended (see [`Self::sync_pauses`]).
     releases_due: u32,
+    /// Subscriptions enabled again whose paused deliveries the last chores released: the next
+    /// release them again (see [`Self::sync_subscriptions`]).
+    released_once: BTreeSet<String>,
 }
 
 /// How many chores in a row release paused messages after a pause ended: the one that sees it
@@ -51,12 +54,15 @@ impl Housekeeper {
             enables_seen: HashMap::new(),
             pauses_seen: None,
             releases_due: 0,
+            released_once: BTreeSet::new(),
         }
     }
 
     /// Follows the subscriptions the store keeps, if the worker delivers to them: builds the
     /// destination of each new or changed one, and makes the paused deliveries of one enabled
-    /// again due. The worker runs this once before its first claim.
+    /// again due, at these chores and the next: the second release catches a delivery this
+    /// worker's handlers paused (reading the subscription as still disabled) as it was enabled.
+    /// The worker runs this once before its first claim.
     pub fn sync_subscriptions(&mut self) {
         let shared = &self.shared;
         let Some(subscribers) = &shared.subscribers else {
@@ -74,11 +80,14 @@ impl Housekeeper {
                 log::warn!("outbox: reading the subscriptions from the store failed: {error}");
             }
         }
-        let failed: Vec<String> = subscribers
-            .take_enabled()
-            .into_iter()
+        let enabled = subscribers.take_enabled();
+        let again = std::mem::take(&mut self.released_once);
+        let failed: BTreeSet<String> = enabled
+            .union(&again)
             .filter(|id| !release_subscription(shared, id))
+            .cloned()
             .collect();
+        self.released_once = enabled.difference(&failed).cloned().collect();
         subscribers.release_later(failed);
     }
 
