@@ -330,9 +330,14 @@ pub struct SuccessorLease {
     pub token: ClaimToken,
     /// For how long.
     pub lease: Duration,
-    /// The largest payload one of them may have: a larger one is made claimable, not leased,
-    /// so that the worker's byte cap holds.
+    /// The most payload bytes the messages leased for one key may have together: a key's
+    /// next message larger than this is made claimable, not leased, so that the worker's byte
+    /// cap holds.
     pub max_bytes: usize,
+    /// The most messages of one key to lease, from its front, in order (one at least): the
+    /// worker runs them in order on one handler thread, each only once the one before it
+    /// succeeded, and gives the rest back at the first that did not.
+    pub per_key: usize,
 }
 
 /// Where the worker's messages live: the core every store implements. `outbox-diesel`
@@ -364,9 +369,14 @@ pub trait Store: Send + Sync + 'static {
     /// Settles like [`settle`](Store::settle), and leases under `successors.token` the message
     /// that each settled head leaves at the front of its ordering key, where that message is due
     /// now and within `successors.max_bytes`: the key's next message goes to a handler without
-    /// waiting for a claim, one round trip per message of a key instead of two. Returns the
-    /// fenced positions and the leased messages. A store that cannot lease in the settlement's
-    /// transaction settles and leases nothing: the next claim takes the successors.
+    /// waiting for a claim, one round trip per message of a key instead of two. Where that one is
+    /// leased, the messages after it too, up to `successors.per_key` in all, as long as each is
+    /// due and the key's leased bytes stay within `successors.max_bytes`: a prefix of the key,
+    /// with no gap. All but the first stay parked while leased (a claim must not take one, nor
+    /// a release make one claimable, ahead of the messages before it). Returns the fenced
+    /// positions and the leased messages, in order of position. A store that cannot lease in
+    /// the settlement's transaction settles and leases nothing: the next claim takes the
+    /// successors.
     fn settle_and_lease(
         &self,
         outcomes: &[Outcome],

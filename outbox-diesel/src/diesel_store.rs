@@ -30,7 +30,7 @@ use crate::sql::codec::{
 };
 use crate::sql::subscription::{SubscriptionRow, SubscriptionStatements as _};
 use crate::sql::Keeping;
-use crate::sql::{self, micros, Claim, ClaimRow, Statements};
+use crate::sql::{self, micros, Claim, ClaimRow, Statements, Successors};
 
 /// The outbox tables behind an r2d2 pool, as the worker's [`Store`].
 ///
@@ -376,21 +376,24 @@ where
         successors: &SuccessorLease,
     ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError> {
         let token_text = successors.token.to_string();
-        let claim = Claim {
-            token: &token_text,
-            limit: ClaimLimit {
-                messages: outcomes.len(),
-                bytes: successors.max_bytes,
-                oversized_alone: false,
+        let leasing = Successors {
+            claim: Claim {
+                token: &token_text,
+                limit: ClaimLimit {
+                    messages: outcomes.len() * successors.per_key.max(1),
+                    bytes: successors.max_bytes,
+                    oversized_alone: false,
+                },
+                lease_micros: micros(successors.lease),
+                groups_after: "",
             },
-            lease_micros: micros(successors.lease),
-            groups_after: "",
+            per_key: successors.per_key,
         };
         let (fenced, rows) = self.keeping_cursor(makes_due(outcomes), || {
             self.connections
                 .with(Role::Settlements, "settling processed messages", |conn| {
                     with_backend!(conn.backend_connection(), c => {
-                        sql::settle_leasing(c, outcomes, Some(&claim), self.keeping)
+                        sql::settle_leasing(c, outcomes, Some(&leasing), self.keeping)
                     })
                 })
         })?;

@@ -118,14 +118,15 @@ pub fn settle_all(
 }
 
 /// Settles `settled` (leased under `token`) as done through [`Store::settle_and_lease`], letting
-/// it lease the next messages of their keys for `lease`, each of at most `max_bytes`: the
-/// successors' token, the fenced positions and the leased messages.
+/// it lease the next messages of their keys for `lease`, up to `per_key` of each within
+/// `max_bytes` a key: the successors' token, the fenced positions and the leased messages.
 pub fn settle_done_and_lease(
     store: &impl Store,
     token: ClaimToken,
     settled: &[ClaimedMessage],
     lease: Duration,
     max_bytes: usize,
+    per_key: usize,
 ) -> (ClaimToken, Vec<i64>, Vec<ClaimedMessage>) {
     let outcomes: Vec<Outcome> = settled
         .iter()
@@ -135,6 +136,7 @@ pub fn settle_done_and_lease(
         token: ClaimToken::new(),
         lease,
         max_bytes,
+        per_key,
     };
     let (fenced, leased) = store
         .settle_and_lease(&outcomes, &successors)

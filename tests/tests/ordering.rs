@@ -18,7 +18,7 @@ use outbox_diesel::prelude::*;
 use outbox_diesel::store::{ClaimToken, ClaimedMessage, Settlement, Store};
 use outbox_diesel::{
     outbox_handler, run_migrations, Context, DieselStore, EnqueueOptions, Message, OutboxManager,
-    ProcessError, Worker,
+    ProcessError, RetryPolicy, Worker,
 };
 use outbox_testkit::db::migrate_to_before;
 use outbox_testkit::outbox::{claim, insert_before_headers, settle_all, settle_done_and_lease};
@@ -51,6 +51,61 @@ impl Handler for Step {
             .push((self.run, self.from, self.key, self.n));
         Ok(())
     }
+}
+
+/// `n`-th message of `key`, whose first attempt fails when `n % 5 == 2`.
+#[outbox_handler("ordering.flaky")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Flaky {
+    run: u64,
+    key: String,
+    n: u32,
+}
+
+/// Each attempt of a flaky message: (run, key, n, succeeded).
+static FLAKY: Mutex<Vec<(u64, String, u32, bool)>> = Mutex::new(Vec::new());
+
+impl Handler for Flaky {
+    fn process(self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let fails = self.n % 5 == 2 && ctx.attempt() == 1;
+        locked(&FLAKY).push((self.run, self.key, self.n, !fails));
+        if fails {
+            return Err(ProcessError::retryable("the first attempt fails"));
+        }
+        Ok(())
+    }
+}
+
+/// `n`-th message of key `a`: the first hangs until its run is let go (two minutes at most).
+#[outbox_handler("ordering.hang")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Hang {
+    run: u64,
+    n: u32,
+}
+
+/// Runs whose hanging message may return; and what each run processed, in order.
+static LET_GO: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+static HUNG_SEEN: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
+
+impl Handler for Hang {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        if self.n == 1 {
+            let until = std::time::Instant::now() + Duration::from_secs(120);
+            while !locked(&LET_GO).contains(&self.run) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            return Err(ProcessError::retryable("returned after hanging"));
+        }
+        locked(&HUNG_SEEN).push((self.run, self.n));
+        Ok(())
+    }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A run id no other test of this binary (they run at once, on three backends) shares.
@@ -570,7 +625,7 @@ fn a_settlement_leases_the_next_message_of_its_key<C: TestConnection>(db: &TestD
     assert_eq!(positions(&heads), [k[0], d0]);
     let leases_here = db.backend() == Backend::Postgres;
     let settle_and_lease = |token, claimed: &[ClaimedMessage], max_bytes| {
-        settle_done_and_lease(&f.store, token, claimed, LEASE, max_bytes)
+        settle_done_and_lease(&f.store, token, claimed, LEASE, max_bytes, 1)
     };
 
     let (next_token, fenced, leased) = settle_and_lease(token, &heads, 1 << 20);
@@ -650,7 +705,217 @@ fn busy_keys_do_not_hold_back_older_messages_of_other_keys<C: TestConnection>(db
     );
 }
 
+/// A settlement that leases a key's next message leases the messages after it too, up to the
+/// count asked for: a prefix of the key (it stops at a delayed one, and within the bytes), the
+/// messages after the first left parked, so that no claim takes one and a retry of an earlier
+/// one, or a release, leaves them waiting behind it (PostgreSQL; the other backends lease
+/// nothing in a settlement, and the same steps run through claims).
+fn a_settlement_leases_a_prefix_of_the_key_that_stays_parked<C: TestConnection>(db: &TestDb) {
+    let f = Fixture::<C>::new(db);
+    let mut k: Vec<i64> = (0..6).map(|n| f.enqueue(Some("k"), n)).collect();
+    let delay = Duration::from_secs(600);
+    k.push(f.enqueue_with(Some("k"), 6, EnqueueOptions::new().delay(delay)));
+    let late = f.enqueue(Some("k"), 7);
+    let (token, heads) = f.claim(10);
+    assert_eq!(positions(&heads), [k[0]]);
+    let leases_here = db.backend() == Backend::Postgres;
+
+    let (chain_token, fenced, chain) =
+        settle_done_and_lease(&f.store, token, &heads, LEASE, 1 << 20, 3);
+    assert!(fenced.is_empty(), "{fenced:?}");
+    let (chain_token, chain) = if leases_here {
+        assert_eq!(positions(&chain), [k[1], k[2], k[3]], "three, in order");
+        assert!(chain.iter().all(|m| m.attempt == 1));
+        assert_eq!(
+            f.parked(),
+            [k[2], k[3], k[4], k[5], k[6], late],
+            "all but the first"
+        );
+        assert!(
+            f.claim(10).1.is_empty(),
+            "the chain is leased, the rest parked"
+        );
+        (chain_token, chain)
+    } else {
+        assert!(chain.is_empty());
+        let (token, claimed) = f.claim(10);
+        assert_eq!(positions(&claimed), [k[1]]);
+        (token, claimed)
+    };
+
+    // The first of the chain done, the second retried, the rest given back: the second runs
+    // next, the third stays behind it.
+    if leases_here {
+        let outcomes = [
+            Settlement::Done,
+            Settlement::Retry {
+                delay: Duration::from_millis(300),
+                error: "failed".into(),
+            },
+            Settlement::Release,
+        ];
+        for (message, settlement) in chain.iter().zip(outcomes) {
+            f.settle(chain_token, std::slice::from_ref(message), settlement);
+        }
+        assert!(
+            f.claim(10).1.is_empty(),
+            "k[2] waits for its retry, k[3] behind it"
+        );
+        assert!(f.parked().contains(&k[3]), "given back, still parked");
+        std::thread::sleep(Duration::from_millis(600));
+    } else {
+        f.settle(chain_token, &chain, Settlement::Done);
+    }
+    let (token, claimed) = f.claim(10);
+    assert_eq!(positions(&claimed), [k[2]], "the retried one, alone");
+
+    // Within the bytes: k[3] fits, k[4] would not. Then the delayed k[6] ends the prefix.
+    let one = f
+        .rows()
+        .iter()
+        .find(|m| m.position == k[3])
+        .unwrap()
+        .payload
+        .len();
+    let (next_token, fenced, leased) =
+        settle_done_and_lease(&f.store, token, &claimed, LEASE, one + one / 2, 8);
+    assert!(fenced.is_empty(), "{fenced:?}");
+    let (token, claimed) = if leases_here {
+        assert_eq!(positions(&leased), [k[3]], "k[4] would pass the bytes");
+        (next_token, leased)
+    } else {
+        f.claim(10)
+    };
+    assert_eq!(positions(&claimed), [k[3]]);
+    let (next_token, _, leased) =
+        settle_done_and_lease(&f.store, token, &claimed, LEASE, 1 << 20, 8);
+    if leases_here {
+        assert_eq!(positions(&leased), [k[4], k[5]], "the delayed k[6] ends it");
+        f.settle(next_token, &leased, Settlement::Done);
+    } else {
+        for _ in 0..2 {
+            let (token, claimed) = f.claim(10);
+            f.settle(token, &claimed, Settlement::Done);
+        }
+    }
+    assert!(
+        f.claim(10).1.is_empty(),
+        "k[6] is not due, k[7] waits behind it"
+    );
+    assert_eq!(f.parked(), [late]);
+}
+
+/// A worker running a key's messages in chains (PostgreSQL leases them so) keeps each key in
+/// order through failures: a message whose attempt fails is retried before anything after it
+/// of its key runs, and every message succeeds once.
+fn chains_keep_each_key_in_order_through_failures<C: TestConnection>(db: &TestDb) {
+    const KEYS: u32 = 6;
+    const DEPTH: u32 = 40;
+    let run = new_run();
+    let mut batch = outbox_diesel::Batch::new();
+    for n in 0..DEPTH {
+        for key in 0..KEYS {
+            let key = format!("key-{key}");
+            let message = Flaky {
+                run,
+                key: key.clone(),
+                n,
+            };
+            batch
+                .push_with(&message, &EnqueueOptions::new().ordering_key(key))
+                .unwrap();
+        }
+    }
+    batch.enqueue(&mut db.pool::<C>(1).get().unwrap()).unwrap();
+    let worker = Worker::builder(DieselStore::new(db.pool::<C>(5)))
+        .handler_threads(4)
+        .retry_policy(RetryPolicy::new().initial_backoff(Duration::from_millis(20)))
+        .poll_interval(Duration::from_millis(20))
+        .spawn()
+        .unwrap();
+    let attempts = || -> Vec<(String, u32, bool)> {
+        locked(&FLAKY)
+            .iter()
+            .filter(|a| a.0 == run)
+            .map(|a| (a.1.clone(), a.2, a.3))
+            .collect()
+    };
+    let total = (KEYS * DEPTH) as usize;
+    assert!(
+        eventually(PATIENCE, || attempts().iter().filter(|a| a.2).count()
+            >= total),
+        "{} of {total} succeeded",
+        attempts().iter().filter(|a| a.2).count()
+    );
+    worker.shutdown(Duration::from_secs(20)).unwrap();
+    for key in 0..KEYS {
+        let key = format!("key-{key}");
+        let of_key: Vec<(u32, bool)> = attempts()
+            .into_iter()
+            .filter(|a| a.0 == key)
+            .map(|a| (a.1, a.2))
+            .collect();
+        // Each message runs once, or fails once and then succeeds, before the next one starts.
+        let expected: Vec<(u32, bool)> = (0..DEPTH)
+            .flat_map(|n| {
+                let failed = (n % 5 == 2).then_some((n, false));
+                failed.into_iter().chain([(n, true)])
+            })
+            .collect();
+        assert_eq!(of_key, expected, "{key}: attempts in order");
+    }
+}
+
+/// A message that hangs past its handler's timeout does not hold the messages chained behind it
+/// on its stuck thread: the watchdog gives them back, and once the hung one is dead-lettered,
+/// the rest of its key runs in order while the thread is still stuck.
+fn a_hung_message_does_not_hold_the_rest_of_its_chain<C: TestConnection>(db: &TestDb) {
+    const DEPTH: u32 = 6;
+    let run = new_run();
+    let pool = db.pool::<C>(5);
+    let mut batch = outbox_diesel::Batch::new();
+    for n in 0..DEPTH {
+        batch
+            .push_with(&Hang { run, n }, &EnqueueOptions::new().ordering_key("a"))
+            .unwrap();
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .handler_threads(2)
+        .handler_timeout(Duration::from_millis(300))
+        .retry_policy(
+            RetryPolicy::new()
+                .max_attempts(2)
+                .initial_backoff(Duration::from_millis(50)),
+        )
+        .poll_interval(Duration::from_millis(20))
+        .spawn()
+        .unwrap();
+    let seen = || -> Vec<u32> {
+        locked(&HUNG_SEEN)
+            .iter()
+            .filter(|s| s.0 == run)
+            .map(|s| s.1)
+            .collect()
+    };
+    let all_but_the_hung: Vec<u32> = (0..DEPTH).filter(|n| *n != 1).collect();
+    let done = eventually(Duration::from_secs(30), || {
+        seen().len() >= all_but_the_hung.len()
+    });
+    let dead = outbox_diesel::admin::dead_letters(&mut pool.get().unwrap(), &ListOptions::new());
+    locked(&LET_GO).push(run);
+    let stopped = worker.shutdown(Duration::from_secs(20));
+    assert!(done, "processed {:?} while the thread hung", seen());
+    stopped.unwrap();
+    assert_eq!(seen(), all_but_the_hung, "in order, the hung one left out");
+    let dead = dead.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+}
+
 backend_tests!(
+    a_settlement_leases_a_prefix_of_the_key_that_stays_parked,
+    chains_keep_each_key_in_order_through_failures,
+    a_hung_message_does_not_hold_the_rest_of_its_chain,
     a_burst_behind_a_delayed_head_holds_back_nothing_else,
     a_large_backlog_without_keys_is_claimed_a_full_batch_at_a_time,
     a_claim_parks_what_waits_behind_the_heads,

@@ -169,6 +169,7 @@ fn a_settlement_of_two_claims_never_leases_a_done_message_again<C: TestConnectio
         token: ClaimToken::new(),
         lease: Duration::from_secs(30),
         max_bytes: 1 << 20,
+        per_key: 1,
     };
     let (fenced, leased) = store.settle_and_lease(&outcomes, &successors).unwrap();
     assert!(fenced.is_empty(), "{fenced:?}");

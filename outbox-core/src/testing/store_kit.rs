@@ -190,6 +190,7 @@ fn settle_done_and_lease(
         token: ClaimToken::new(),
         lease: LEASE,
         max_bytes,
+        per_key: 1,
     };
     let (fenced, leased) = h
         .store()

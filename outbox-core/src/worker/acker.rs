@@ -19,7 +19,7 @@ use crate::metrics;
 use crate::store::{ClaimToken, ClaimedMessage, Outcome, Settlement, SuccessorLease};
 
 use super::backoff::{Backoff, Failures};
-use super::claimer::{dispatch, ClaimSignals};
+use super::claimer::{dispatch_chains, ClaimSignals};
 use super::jobs::JobSender;
 use super::shared::Shared;
 use super::text::reduced;
@@ -33,6 +33,29 @@ use super::vitals::Counters;
 /// outcome as it comes (a wake-up each, affordable for so few) instead of sleeping in steps:
 /// a few ordering keys' next messages wait for exactly this settlement.
 const RECEIVE_EACH_AT_MOST: usize = 32;
+
+/// The most messages of one ordering key a settlement leases at once, to run in order on one
+/// handler thread. More carry more of a key a round, but a key's messages after a failure are
+/// leased (an attempt counted) and given back, and a worker that dies holding them charges
+/// each an attempt it never ran.
+pub(crate) const CHAIN_AT_MOST: usize = 8;
+
+/// Leased messages, in order of position, as chains: one per ordering key, in order.
+fn chains_of(leased: Vec<ClaimedMessage>) -> Vec<Vec<ClaimedMessage>> {
+    let mut chains: Vec<Vec<ClaimedMessage>> = Vec::new();
+    for message in leased {
+        let chain = message.ordering_key.as_ref().and_then(|key| {
+            chains
+                .iter_mut()
+                .find(|chain| chain[0].ordering_key.as_ref() == Some(key))
+        });
+        match chain {
+            Some(chain) => chain.push(message),
+            None => chains.push(vec![message]),
+        }
+    }
+    chains
+}
 
 /// What to do with an outcome after the store refused it `refusals` times in a row while
 /// answering otherwise.
@@ -476,13 +499,15 @@ impl Settler {
         }
     }
 
-    /// Whether the settlement of `batch` may lease the next message of the ordering keys it
+    /// Whether the settlement of `batch` may lease the next messages of the ordering keys it
     /// settles, and within what. Only while claims come back short (a few keys are all there
     /// is to claim, and each of their messages would otherwise wait for a claim: when claims
     /// are full, the claimer is the cheaper way, and a settlement leasing the rows a claim is
     /// locking would wait for it); only while the worker keeps room for the claimer's next full
     /// batch, so that older messages of other keys are claimed in their turn instead of waiting
-    /// for busy keys to drain; and within the byte cap, shared out among the keys.
+    /// for busy keys to drain; and within the byte cap. The room and the bytes are shared out
+    /// among the keys: up to [`CHAIN_AT_MOST`] messages of each, which one handler thread runs
+    /// in order, so that a round of settlement carries more than one message of a key.
     fn successor_lease(&self, shared: &Shared, batch: &[Outcome]) -> Option<SuccessorLease> {
         self.jobs.as_ref()?;
         let short = self
@@ -512,10 +537,12 @@ impl Settler {
             .max_in_flight_bytes
             .saturating_sub(shared.held.bytes())
             / keys.len();
+        let per_key = (room / keys.len()).min(CHAIN_AT_MOST);
         (max_bytes > 0).then(|| SuccessorLease {
             token: ClaimToken::new(),
             lease: config.lease,
             max_bytes,
+            per_key,
         })
     }
 
@@ -539,24 +566,28 @@ impl Settler {
         let mut not_sent = Vec::new();
         let mut still_stuck = Vec::new();
         let lease_ends = now + shared.config.lease;
-        let sent = dispatch(
-            shared,
-            token,
-            leased,
-            lease_ends,
-            |job| match jobs.try_send(job) {
-                Ok(()) => true,
-                Err(TrySendError::Full(job)) => {
-                    not_sent.push(Outcome::of(token, &job.message, Settlement::Release));
+        let sent =
+            dispatch_chains(
+                shared,
+                token,
+                chains_of(leased),
+                lease_ends,
+                |job| match jobs.try_send(job) {
+                    Ok(()) => true,
+                    Err(TrySendError::Full(job)) => {
+                        not_sent.push(Outcome::of(token, &job.message, Settlement::Release));
+                        not_sent.extend(job.chain.iter().map(|chained| {
+                            Outcome::of(token, &chained.message, Settlement::Release)
+                        }));
+                        true
+                    }
+                    Err(TrySendError::Disconnected(_)) => false,
+                },
+                |outcome| {
+                    still_stuck.push(outcome);
                     true
-                }
-                Err(TrySendError::Disconnected(_)) => false,
-            },
-            |outcome| {
-                still_stuck.push(outcome);
-                true
-            },
-        );
+                },
+            );
         let given_back = not_sent.len();
         self.fresh.append(&mut not_sent);
         self.fresh.append(&mut still_stuck);

@@ -9,12 +9,12 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::metrics;
 use crate::priority::Priority;
-use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome};
+use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Outcome, Settlement};
 
 use super::backoff::{Backoff, Failures};
 use super::config::Config;
 use super::handlers::{log_settlement, policy_for, settle_attempt, Attempt};
-use super::held::Admission;
+use super::held::{Admission, JobId};
 use super::jobs::Job;
 use super::jobs::JobSender;
 use super::shared::Shared;
@@ -161,40 +161,82 @@ pub(crate) fn dispatch(
     token: ClaimToken,
     claimed: Vec<ClaimedMessage>,
     lease_ends: Instant,
+    send_job: impl FnMut(Job) -> bool,
+    send_outcome: impl FnMut(Outcome) -> bool,
+) -> Option<u64> {
+    let chains = claimed.into_iter().map(|message| vec![message]);
+    dispatch_chains(shared, token, chains, lease_ends, send_job, send_outcome)
+}
+
+/// [`dispatch`] for chains: the messages of one ordering key, in order, each chain one job
+/// that a handler thread runs in order. A chain is cut at a message that is not dispatched (see
+/// [`Admission`]); the messages after it are given back, the attempt not counted, to run in
+/// their turn.
+pub(crate) fn dispatch_chains(
+    shared: &Shared,
+    token: ClaimToken,
+    chains: impl IntoIterator<Item = Vec<ClaimedMessage>>,
+    lease_ends: Instant,
     mut send_job: impl FnMut(Job) -> bool,
     mut send_outcome: impl FnMut(Outcome) -> bool,
 ) -> Option<u64> {
     let mut dispatched = 0u64;
-    for message in claimed {
-        match shared.held.admit(token, &message, lease_ends) {
-            Admission::Dispatch(job) => {
-                dispatched += 1;
-                if !send_job(Job { job, message }) {
-                    return None;
+    for chain in chains {
+        let mut jobs: Vec<Job> = Vec::with_capacity(chain.len());
+        let mut messages = chain.into_iter();
+        for message in messages.by_ref() {
+            match shared.held.admit(token, &message, lease_ends) {
+                Admission::Dispatch(job) => {
+                    jobs.push(Job::single(job, message));
+                    continue;
+                }
+                Admission::AlreadyHeld => log::info!(
+                    "outbox: claimed message {} again while this worker still holds it (its \
+                     lease had run out); it stays with the running attempt",
+                    message.message_id
+                ),
+                Admission::StillStuck => {
+                    let settlement = settle_attempt(
+                        message.attempt,
+                        Attempt::StillStuck,
+                        &policy_for(shared, &message.message_type),
+                    );
+                    // Sent before it is logged: the application's logger may panic.
+                    if !send_outcome(Outcome::of(token, &message, settlement.clone())) {
+                        return None;
+                    }
+                    log_settlement(
+                        &message.message_id,
+                        &message.message_type,
+                        message.headers.trace_id(),
+                        &settlement,
+                    );
                 }
             }
-            Admission::AlreadyHeld => log::info!(
-                "outbox: claimed message {} again while this worker still holds it (its lease \
-                 had run out); it stays with the running attempt",
-                message.message_id
-            ),
-            Admission::StillStuck => {
-                let settlement = settle_attempt(
-                    message.attempt,
-                    Attempt::StillStuck,
-                    &policy_for(shared, &message.message_type),
-                );
-                // Sent before it is logged: the application's logger may panic.
-                if !send_outcome(Outcome::of(token, &message, settlement.clone())) {
-                    return None;
-                }
-                log_settlement(
-                    &message.message_id,
-                    &message.message_type,
-                    message.headers.trace_id(),
-                    &settlement,
-                );
+            break;
+        }
+        for rest in messages {
+            if !send_outcome(Outcome::of(token, &rest, Settlement::Release)) {
+                return None;
             }
+        }
+        if jobs.is_empty() {
+            continue;
+        }
+        dispatched += jobs.len() as u64;
+        if jobs.len() > 1 {
+            let order: Vec<(i64, JobId)> = jobs
+                .iter()
+                .map(|job| (job.message.position, job.job))
+                .collect();
+            shared.held.chain(&order);
+        }
+        let tail = jobs.split_off(1);
+        let Some(head) = jobs.pop() else {
+            continue;
+        };
+        if !send_job(head.chained(tail)) {
+            return None;
         }
     }
     metrics::claimed(dispatched);

@@ -626,12 +626,21 @@ impl Drop for Serving<'_> {
 fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: usize) {
     let exchanges = Exchanges::default();
     while let Some(first) = jobs.recv() {
-        let going_on = match batch_target(shared, &first.message).filter(|_| !shared.stopping()) {
+        let target = batch_target(shared, &first.message)
+            .filter(|_| first.chain.is_empty() && !shared.stopping());
+        let going_on = match target {
             Some((target, policy)) => {
                 let (batch, elsewhere) = gather(shared, jobs, (first, policy), &target);
-                run_batch(shared, &target, batch, elsewhere, outcomes, thread)
+                // A chain taken for the batch runs after it on this thread: given back, the
+                // key's messages would wait for a claim and a settlement each again.
+                let (given_back, after) = match elsewhere {
+                    Some(job) if !job.chain.is_empty() => (None, Some(job)),
+                    other => (other, None),
+                };
+                run_batch(shared, &target, batch, given_back, outcomes, thread)
+                    && after.is_none_or(|job| run_chain(shared, job, &exchanges, outcomes, thread))
             }
-            None => run_one(shared, first, &exchanges, outcomes, thread),
+            None => run_chain(shared, first, &exchanges, outcomes, thread),
         };
         if !going_on {
             return;
@@ -643,17 +652,68 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
     }
 }
 
-/// Runs one job; `false` once the acker is gone.
-fn run_one(
+/// Runs a job, then the messages of its ordering key chained behind it, in order, each only
+/// once the one before it succeeded: at the first that did not, the rest go back to the store,
+/// the attempt not counted, and run in their turn after it. `false` once the acker is gone.
+fn run_chain(
     shared: &Shared,
-    Job { job, mut message }: Job,
+    Job {
+        job,
+        message,
+        chain,
+    }: Job,
     exchanges: &Exchanges,
     outcomes: &Sender<Outcome>,
     thread: usize,
 ) -> bool {
+    let mut ran = run_one(shared, job, message, exchanges, outcomes, thread);
+    let mut rest = chain.into_iter();
+    while ran == Ran::Succeeded {
+        let Some(next) = rest.next() else {
+            return true;
+        };
+        ran = run_one(shared, next.job, next.message, exchanges, outcomes, thread);
+    }
+    if ran == Ran::AckerGone {
+        return false;
+    }
+    // A message the watchdog gave up on (it gave the rest back with it) is not held any more:
+    // `hand_over` sends nothing for it.
+    rest.all(|Job { job, message, .. }| {
+        hand_over(
+            shared,
+            job,
+            &message,
+            Settlement::Release,
+            Vec::new(),
+            outcomes,
+        )
+    })
+}
+
+/// How a job ran, for the chain behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ran {
+    /// It succeeded and its outcome is on its way.
+    Succeeded,
+    /// It did not run, or did not succeed, or its outcome was dropped.
+    NotSucceeded,
+    /// The acker is gone: the worker is stopping.
+    AckerGone,
+}
+
+/// Runs one job.
+fn run_one(
+    shared: &Shared,
+    job: JobId,
+    mut message: ClaimedMessage,
+    exchanges: &Exchanges,
+    outcomes: &Sender<Outcome>,
+    thread: usize,
+) -> Ran {
     let now = Instant::now();
     let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
-        return true;
+        return Ran::NotSucceeded;
     };
     // Whatever happens in here, the message gets an outcome: a panic outside the handler's
     // own (a handler's `retry_policy()`, say) is a failed attempt too.
@@ -674,14 +734,16 @@ fn run_one(
         }),
     };
     // Taken whatever becomes of the outcome: they are this attempt's alone.
-    hand_over(
-        shared,
-        job,
-        &message,
-        settlement,
-        exchanges.take(),
-        outcomes,
-    )
+    let exchanged = exchanges.take();
+    let succeeded = settlement == Settlement::Done;
+    let handed = send_outcome(shared, job, &message, &settlement, exchanged, outcomes);
+    if !log_handed(&message, &settlement, handed) {
+        Ran::AckerGone
+    } else if succeeded && handed == Handed::Sent {
+        Ran::Succeeded
+    } else {
+        Ran::NotSucceeded
+    }
 }
 
 /// A message that is given back instead of run: the worker stops, or its lease ends before it
@@ -851,7 +913,9 @@ fn gather(
             break;
         };
         match batch_target(shared, &job.message) {
-            Some((other, policy)) if other.is(target) => batch.push((job, policy)),
+            Some((other, policy)) if other.is(target) && job.chain.is_empty() => {
+                batch.push((job, policy))
+            }
             _ => return (batch, Some(job)),
         }
     }
@@ -869,7 +933,7 @@ fn run_batch(
     outcomes: &Sender<Outcome>,
     thread: usize,
 ) -> bool {
-    if let Some(Job { job, message }) = elsewhere {
+    if let Some(Job { job, message, .. }) = elsewhere {
         if !hand_over(
             shared,
             job,
@@ -884,7 +948,7 @@ fn run_batch(
     let now = Instant::now();
     let mut settled = Vec::with_capacity(batch.len());
     let mut running = Vec::with_capacity(batch.len());
-    for (Job { job, message }, policy) in batch {
+    for (Job { job, message, .. }, policy) in batch {
         let Some(lease_ends) = shared.held.start(message.position, job, thread, now) else {
             continue;
         };

@@ -56,6 +56,9 @@ pub struct Entry {
     pub lease_ends: Instant,
     /// Where it is.
     pub stage: Stage,
+    /// The next messages of its ordering key chained behind it on the same handler thread, by
+    /// position and job: given back with it if the watchdog gives up on it.
+    pub chained: Vec<(i64, JobId)>,
 }
 
 /// What the claimer does with a message a claim returned.
@@ -144,15 +147,31 @@ impl Held {
                 bytes,
                 lease_ends,
                 stage: Stage::Queued,
+                chained: Vec::new(),
             },
         );
         Admission::Dispatch(job)
     }
 
-    /// A handler thread starts `job`; its lease end, or `None` if the job is no longer held.
+    /// Chains jobs of one ordering key, in order: each runs after the one before it on one
+    /// handler thread (see [`give_up_chained`](Self::give_up_chained)).
+    pub fn chain(&self, jobs: &[(i64, JobId)]) {
+        let mut state = self.state();
+        for (n, (position, job)) in jobs.iter().enumerate() {
+            if let Some(entry) = state.entries.get_mut(position).filter(|e| e.job == *job) {
+                entry.chained = jobs[n + 1..].to_vec();
+            }
+        }
+    }
+
+    /// A handler thread starts `job`; its lease end, or `None` if the job is no longer held or
+    /// was given up before it started.
     pub fn start(&self, position: i64, job: JobId, thread: usize, now: Instant) -> Option<Instant> {
         let mut state = self.state();
-        let entry = state.entries.get_mut(&position).filter(|e| e.job == job)?;
+        let entry = state
+            .entries
+            .get_mut(&position)
+            .filter(|e| e.job == job && e.stage == Stage::Queued)?;
         entry.stage = Stage::Running { since: now, thread };
         Some(entry.lease_ends)
     }
@@ -197,7 +216,10 @@ impl Held {
             state.stuck.remove(&position);
             return None;
         }
-        let entry = state.entries.get_mut(&position).filter(|e| e.job == job)?;
+        let entry = state
+            .entries
+            .get_mut(&position)
+            .filter(|e| e.job == job && e.stage != Stage::Settling)?;
         entry.stage = Stage::Settling;
         Some(entry.token)
     }
@@ -257,6 +279,29 @@ impl Held {
         let token = entry.token;
         state.stuck.insert(position, (job, thread));
         Some((token, thread))
+    }
+
+    /// The jobs chained behind an abandoned `job` that have not started: given up with it, so
+    /// that they wait for no stuck thread, and never started by it. Returns them, to be given
+    /// back to the store.
+    pub fn give_up_chained(&self, position: i64, job: JobId) -> Vec<(i64, Entry)> {
+        let mut state = self.state();
+        let chained = match state.entries.get(&position).filter(|e| e.job == job) {
+            Some(entry) => entry.chained.clone(),
+            None => return Vec::new(),
+        };
+        let mut given_up = Vec::new();
+        for (position, job) in chained {
+            if let Some(entry) = state
+                .entries
+                .get_mut(&position)
+                .filter(|e| e.job == job && e.stage == Stage::Queued)
+            {
+                entry.stage = Stage::Settling;
+                given_up.push((position, entry.clone()));
+            }
+        }
+        given_up
     }
 
     /// Every held lease, for the heartbeat.

@@ -18,6 +18,26 @@ use super::held::JobId;
 pub(crate) struct Job {
     pub job: JobId,
     pub message: ClaimedMessage,
+    /// The next messages of its ordering key, leased with it: run after it on the same thread,
+    /// in order, each only if the one before it succeeded (see [`Job::chained`]).
+    pub chain: Vec<Job>,
+}
+
+impl Job {
+    /// A job with nothing chained behind it.
+    pub fn single(job: JobId, message: ClaimedMessage) -> Self {
+        Job {
+            job,
+            message,
+            chain: Vec::new(),
+        }
+    }
+
+    /// `chain` behind `self`: the next messages of its ordering key, in order.
+    pub fn chained(mut self, chain: Vec<Job>) -> Self {
+        self.chain = chain;
+        self
+    }
 }
 
 /// A jobs channel of two lanes, each holding up to `capacity` jobs.
@@ -134,9 +154,9 @@ mod tests {
     use crate::store::ClaimedMessage;
 
     fn job(position: i64, priority: Priority) -> Job {
-        Job {
-            job: position as u64,
-            message: ClaimedMessage {
+        Job::single(
+            position as u64,
+            ClaimedMessage {
                 position,
                 message_id: MessageId::new(),
                 message_type: "core.lanes".into(),
@@ -149,7 +169,7 @@ mod tests {
                 subscription_id: None,
                 priority,
             },
-        }
+        )
     }
 
     fn positions(receiver: &JobReceiver, count: usize) -> Vec<i64> {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::metrics;
-use crate::store::Outcome;
+use crate::store::{Outcome, Settlement};
 
 use super::handlers::{self, log_settlement, policy_for, settle_attempt, Attempt};
 use super::shared::Shared;
@@ -131,6 +131,18 @@ impl Rounds {
                 log: None,
                 settlement: settlement.clone(),
             });
+            // The next messages of its key chained behind it would wait for the stuck thread:
+            // they go back to the store, the attempt not counted, to run in their turn.
+            for (position, chained) in shared.held.give_up_chained(position, entry.job) {
+                settle(Outcome {
+                    token: chained.token,
+                    position,
+                    message_id: chained.message_id,
+                    ordering_key: chained.ordering_key,
+                    log: None,
+                    settlement: Settlement::Release,
+                });
+            }
             if !stuck.contains(&thread) {
                 // Once, however many messages of a batch it holds.
                 stuck.push(thread);

@@ -17,7 +17,7 @@ use super::delivery_log::{
 use super::subscription::{SubscriptionDialect, SubscriptionStatements};
 use super::{
     Claim, ClaimRow, Claimed, CountRow, Cursor, Dialect, HorizonRow, IdRow, LoadFixed, MessageRow,
-    Selection, Statements,
+    Selection, Statements, Successors,
 };
 use crate::sql::new_message::NewMessage;
 
@@ -296,10 +296,18 @@ macro_rules! successor_leasable {
 /// next message is judged after every done message is gone, so a done message leased under
 /// another claim of the same settlement is never taken for its key's next one. One row always:
 /// how many were deleted, and a leased message's columns (all NULL when none was leased).
+///
+/// Where a key's next message is leased, the messages after it are leased too (`chain`), up to
+/// the last bind in all: the key's prefix of messages that are due and parked, up to the first
+/// that is not, within the byte cap together; they stay parked (no claim takes one, and a
+/// release leaves it waiting behind the messages before it), and the worker runs them in order
+/// on one handler thread. Only parked rows behind a head the same statement leased: no claim
+/// locks them, and a key's messages are settled by the one worker that holds its head.
+///
 /// Binds: tokens, ids (as [`DELETE_DONE`]), keys, the successors' token, lease µs, largest
-/// payload in bytes, each once and in order (the `successor` row names the last three), so
-/// that the statement is kept prepared: parsed and planned anew on every call it cost a
-/// settlement of 16 keys about 1.2 ms, which with keys bounds the drain.
+/// payload in bytes for one key, most messages a key, each once and in order (the `successor`
+/// row names three), so that the statement is kept prepared: parsed and planned anew on every
+/// call it cost a settlement of 16 keys about 1.2 ms, which with keys bounds the drain.
 pub(crate) const DELETE_DONE_LEASING: &str = concat!(
     "WITH done AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS t(token, id)), \
      keys AS (SELECT unnest($3::text[]) AS ordering_key), \
@@ -336,11 +344,42 @@ pub(crate) const DELETE_DONE_LEASING: &str = concat!(
             (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
             (EXTRACT(EPOCH FROM o.resumed_at) * 1000000)::BIGINT AS resumed_micros, \
             o.subscription_id, o.priority::bigint AS priority, \
-            o.locked_by IS NOT DISTINCT FROM s.token AS leased) \
+            COALESCE(o.payload_bytes, octet_length(o.payload::text)) AS bytes, \
+            o.locked_by IS NOT DISTINCT FROM s.token AS leased), \
+     chain AS (\
+        SELECT c.id FROM moved h, successor s, LATERAL (\
+            SELECT r.id, bool_and(r.ready) OVER w AS ready, \
+                h.bytes + sum(r.bytes) OVER w AS bytes \
+            FROM (\
+                SELECT m.id, (m.parked AND m.next_attempt_at <= now() \
+                        AND (m.leased_until IS NULL OR m.leased_until <= now())) AS ready, \
+                    COALESCE(m.payload_bytes, octet_length(m.payload::text)) AS bytes \
+                FROM outbox_message m \
+                WHERE m.ordering_key = h.ordering_key AND m.id > h.id \
+                    AND m.id NOT IN (SELECT id FROM gone) \
+                ORDER BY m.id LIMIT ($7::bigint - 1)) r \
+            WINDOW w AS (ORDER BY r.id)) c \
+        WHERE h.leased AND c.ready AND c.bytes <= s.largest), \
+     chained AS (\
+        UPDATE outbox_message o SET locked_by = s.token, attempts = o.attempts + 1, \
+            leased_until = now() + s.lease_micros * INTERVAL '1 microsecond' \
+        FROM successor s \
+        WHERE o.id = ANY(ARRAY(SELECT id FROM chain)) AND o.parked \
+            AND (o.leased_until IS NULL OR o.leased_until <= now()) \
+        RETURNING o.id, o.message_id::text AS message_id, o.message_type, \
+            o.payload::text AS payload, o.ordering_key, o.attempts, o.headers, \
+            (EXTRACT(EPOCH FROM o.created_at) * 1000000)::BIGINT AS created_micros, \
+            (EXTRACT(EPOCH FROM o.resumed_at) * 1000000)::BIGINT AS resumed_micros, \
+            o.subscription_id, o.priority::bigint AS priority), \
+     leased AS (\
+        SELECT id, message_id, message_type, payload, ordering_key, attempts, headers, \
+            created_micros, resumed_micros, subscription_id, priority \
+        FROM moved WHERE leased \
+        UNION ALL SELECT * FROM chained) \
      SELECT (SELECT count(*) FROM gone) AS n, m.id, m.message_id, m.message_type, m.payload, \
          m.ordering_key, m.attempts, m.headers, m.created_micros, m.resumed_micros, \
          m.subscription_id, m.priority \
-     FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"
+     FROM (SELECT 1) AS one LEFT JOIN leased m ON TRUE"
 );
 
 /// Messages given back undone, the attempt not counted. Binds: token, ids.
@@ -1078,8 +1117,9 @@ impl Statements for PgConnection {
         &mut self,
         claims: &[(String, Vec<i64>)],
         keys: &[&str],
-        successors: &Claim<'_>,
+        successors: &Successors<'_>,
     ) -> QueryResult<(usize, Vec<ClaimRow>)> {
+        let (per_key, successors) = (successors.per_key(), &successors.claim);
         let (tokens, ids) = pairs(claims);
         let rows: Vec<SettledRow> = PreparedPg::new(
             DELETE_DONE_LEASING,
@@ -1090,6 +1130,7 @@ impl Statements for PgConnection {
                 PgBind::Text(successors.token),
                 PgBind::BigInt(successors.lease_micros),
                 PgBind::BigInt(successors.bytes()),
+                PgBind::BigInt(per_key),
             ],
         )
         .load(self)?;

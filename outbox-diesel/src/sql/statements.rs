@@ -86,6 +86,24 @@ impl<'a> Filter<'a> {
     }
 }
 
+/// What a settlement may lease of the ordering keys it settles (see
+/// [`Statements::delete_done_leasing`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Successors<'a> {
+    /// The claim they are leased under, its lease, and the bytes one key's may have together.
+    pub claim: Claim<'a>,
+    /// The most messages of one key, from its front.
+    pub per_key: usize,
+}
+
+impl Successors<'_> {
+    /// The most messages of one key as SQL takes it.
+    #[cfg(feature = "postgres")]
+    pub fn per_key(&self) -> i64 {
+        to_i64(self.per_key.max(1))
+    }
+}
+
 /// A claim as the statements take it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim<'a> {
@@ -391,14 +409,15 @@ pub(crate) trait Statements:
     fn delete_done(&mut self, claims: &[(String, Vec<i64>)], keys: &[&str]) -> QueryResult<usize>;
 
     /// As [`delete_done`](Statements::delete_done), and leases under `successors` each key's
-    /// next message where it is due and within `successors`' bytes; returns how many were
-    /// deleted and the leased rows. Where the backend cannot do it in the same statement, it
-    /// leases nothing (the claimer takes those messages).
+    /// next messages, a prefix of the key of at most `successors.per_key`, where they are due
+    /// and within `successors`' bytes; returns how many were deleted and the leased rows. Where
+    /// the backend cannot do it in the same statement, it leases nothing (the claimer takes
+    /// those messages).
     fn delete_done_leasing(
         &mut self,
         claims: &[(String, Vec<i64>)],
         keys: &[&str],
-        successors: &Claim<'_>,
+        successors: &Successors<'_>,
     ) -> QueryResult<(usize, Vec<ClaimRow>)> {
         let _ = successors;
         Ok((self.delete_done(claims, keys)?, Vec::new()))

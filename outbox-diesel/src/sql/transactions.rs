@@ -101,7 +101,7 @@ impl Keeping {
 pub(crate) fn settle_leasing<C: DeliveryLogStatements>(
     c: &mut C,
     outcomes: &[Outcome],
-    successors: Option<&Claim<'_>>,
+    successors: Option<&Successors<'_>>,
     keeping: Keeping,
 ) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
     if outcomes.is_empty() {
@@ -144,7 +144,7 @@ pub(crate) fn settle_leasing<C: DeliveryLogStatements>(
 fn settle_done<C: Statements>(
     c: &mut C,
     outcomes: &[Outcome],
-    successors: Option<&Claim<'_>>,
+    successors: Option<&Successors<'_>>,
 ) -> QueryResult<(Vec<i64>, Vec<ClaimRow>)> {
     let keys = leaving_keys(outcomes);
     {
