@@ -38,7 +38,7 @@ const RECEIVE_EACH_AT_MOST: usize = 32;
 /// handler thread. More carry more of a key a round, but a key's messages after a failure are
 /// leased (an attempt counted) and given back, and a worker that dies holding them charges
 /// each an attempt it never ran.
-pub(crate) const CHAIN_AT_MOST: usize = 8;
+pub(crate) const CHAIN_AT_MOST: usize = 16;
 
 /// Leased messages, in order of position, as chains: one per ordering key, in order.
 fn chains_of(leased: Vec<ClaimedMessage>) -> Vec<Vec<ClaimedMessage>> {
