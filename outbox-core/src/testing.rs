@@ -375,6 +375,32 @@ impl State {
         self.system_base + self.now()
     }
 
+    /// Leases the row at `position` under `token` until `lease_end`, an attempt more.
+    fn lease(
+        &mut self,
+        position: i64,
+        token: ClaimToken,
+        lease_end: Duration,
+    ) -> Option<ClaimedMessage> {
+        let row = self.rows.get_mut(&position)?;
+        row.locked_by = Some(token);
+        row.attempts += 1;
+        row.due = lease_end;
+        Some(ClaimedMessage {
+            position,
+            message_id: row.message_id,
+            message_type: row.message_type.clone(),
+            payload: row.payload.clone(),
+            ordering_key: row.ordering_key.clone(),
+            attempt: row.attempts,
+            enqueued_at: row.enqueued_at,
+            resumed_at: row.resumed_at,
+            headers: Default::default(),
+            subscription_id: None,
+            priority: row.priority,
+        })
+    }
+
     /// Whether `row` is the first pending message of its key.
     fn heads_its_key(&self, row: &MemoryRow) -> bool {
         let Some(key) = &row.ordering_key else {
@@ -436,29 +462,10 @@ impl Store for MemoryStore {
         let take = limit.take(due.iter().map(|row| row.payload.len()));
         let positions: Vec<i64> = due.iter().take(take).map(|row| row.position).collect();
         let lease_end = now.saturating_add(lease);
-        let mut claimed = Vec::with_capacity(positions.len());
-        for position in positions {
-            let Some(row) = state.rows.get_mut(&position) else {
-                continue;
-            };
-            row.locked_by = Some(token);
-            row.attempts += 1;
-            row.due = lease_end;
-            claimed.push(ClaimedMessage {
-                position,
-                message_id: row.message_id,
-                message_type: row.message_type.clone(),
-                payload: row.payload.clone(),
-                ordering_key: row.ordering_key.clone(),
-                attempt: row.attempts,
-                enqueued_at: row.enqueued_at,
-                resumed_at: row.resumed_at,
-                headers: Default::default(),
-                subscription_id: None,
-                priority: row.priority,
-            });
-        }
-        Ok(claimed)
+        Ok(positions
+            .into_iter()
+            .filter_map(|position| state.lease(position, token, lease_end))
+            .collect())
     }
 
     fn settle(&self, outcomes: &[Outcome]) -> Result<Vec<i64>, StoreError> {
@@ -546,11 +553,45 @@ impl Store for MemoryStore {
     fn settle_and_lease(
         &self,
         outcomes: &[Outcome],
-        _successors: &SuccessorLease,
+        successors: &SuccessorLease,
     ) -> Result<(Vec<i64>, Vec<ClaimedMessage>), StoreError> {
-        // Leasing successors is a round trip saved on a database; here the next claim takes
-        // them as cheaply.
-        Ok((self.settle(outcomes)?, Vec::new()))
+        let fenced = self.settle(outcomes)?;
+        // Not in the settlement's own step, as a database does; the store's one lock makes it
+        // as good as one here, but for the faults `call` injects, which fail only whole calls.
+        let mut state = self.state();
+        let now = state.now();
+        let lease_end = now.saturating_add(successors.lease);
+        let mut keys: Vec<&str> = outcomes
+            .iter()
+            .filter(|outcome| outcome.settlement == Settlement::Done)
+            .filter(|outcome| !fenced.contains(&outcome.position))
+            .filter_map(|outcome| outcome.ordering_key.as_deref())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut leased = Vec::new();
+        for key in keys {
+            // The key's prefix of due, unleased messages, within the count and the bytes.
+            let mut bytes = 0;
+            let chain: Vec<i64> = state
+                .rows
+                .values()
+                .filter(|row| row.ordering_key.as_deref() == Some(key))
+                .take(successors.per_key.max(1))
+                .take_while(|row| {
+                    bytes += row.payload.len();
+                    row.due <= now && bytes <= successors.max_bytes
+                })
+                .map(|row| row.position)
+                .collect();
+            leased.extend(
+                chain
+                    .into_iter()
+                    .filter_map(|position| state.lease(position, successors.token, lease_end)),
+            );
+        }
+        leased.sort_by_key(|message| message.position);
+        Ok((fenced, leased))
     }
 
     fn extend_leases(

@@ -102,6 +102,28 @@ impl Handler for Hang {
     }
 }
 
+/// `n`-th message of `key`; the messages of key `slow` take 30 ms each.
+#[outbox_handler("ordering.slow")]
+#[derive(Debug, Serialize, Deserialize)]
+struct Slow {
+    run: u64,
+    key: String,
+    n: u32,
+}
+
+/// What slow runs processed, in order: (run, key, n).
+static SLOW_SEEN: Mutex<Vec<(u64, String, u32)>> = Mutex::new(Vec::new());
+
+impl Handler for Slow {
+    fn process(self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        if self.key == "slow" {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        locked(&SLOW_SEEN).push((self.run, self.key, self.n));
+        Ok(())
+    }
+}
+
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -912,7 +934,70 @@ fn a_hung_message_does_not_hold_the_rest_of_its_chain<C: TestConnection>(db: &Te
     assert_eq!(dead.len(), 1, "{dead:?}");
 }
 
+/// A chain of slow messages gives way to another key's message waiting for the only handler
+/// thread: the rest of the chain goes back, and the other key's message runs long before the
+/// slow key's last (it fails on PostgreSQL if a chain runs to its end).
+fn a_chain_of_slow_messages_gives_way_to_another_key<C: TestConnection>(db: &TestDb) {
+    const DEPTH: u32 = 12;
+    let run = new_run();
+    let pool = db.pool::<C>(5);
+    let mut batch = outbox_diesel::Batch::new();
+    for n in 0..DEPTH {
+        let message = Slow {
+            run,
+            key: "slow".into(),
+            n,
+        };
+        batch
+            .push_with(&message, &EnqueueOptions::new().ordering_key("slow"))
+            .unwrap();
+    }
+    batch.enqueue(&mut pool.get().unwrap()).unwrap();
+    let worker = Worker::builder(DieselStore::new(pool.clone()))
+        .handler_threads(1)
+        .poll_interval(Duration::from_millis(20))
+        .spawn()
+        .unwrap();
+    let seen = || -> Vec<(String, u32)> {
+        locked(&SLOW_SEEN)
+            .iter()
+            .filter(|s| s.0 == run)
+            .map(|s| (s.1.clone(), s.2))
+            .collect()
+    };
+    // Once the slow key's second message ran (the first settlement leased the rest), another
+    // key's message comes.
+    assert!(eventually(PATIENCE, || seen().len() >= 2), "{:?}", seen());
+    let other = Slow {
+        run,
+        key: "other".into(),
+        n: 0,
+    };
+    other
+        .enqueue_with(
+            &mut pool.get().unwrap(),
+            &EnqueueOptions::new().ordering_key("other"),
+        )
+        .unwrap();
+    let all = DEPTH as usize + 1;
+    assert!(eventually(PATIENCE, || seen().len() >= all), "{:?}", seen());
+    worker.shutdown(Duration::from_secs(20)).unwrap();
+    let seen = seen();
+    let slow: Vec<u32> = seen.iter().filter(|s| s.0 == "slow").map(|s| s.1).collect();
+    assert_eq!(
+        slow,
+        (0..DEPTH).collect::<Vec<_>>(),
+        "the slow key in order"
+    );
+    let other_at = seen.iter().position(|s| s.0 == "other").unwrap();
+    assert!(
+        other_at < all - 4,
+        "the other key's message ran at {other_at} of {all}: {seen:?}"
+    );
+}
+
 backend_tests!(
+    a_chain_of_slow_messages_gives_way_to_another_key,
     a_settlement_leases_a_prefix_of_the_key_that_stays_parked,
     chains_keep_each_key_in_order_through_failures,
     a_hung_message_does_not_hold_the_rest_of_its_chain,

@@ -23,7 +23,9 @@ use super::held::JobId;
 use super::jobs::{Job, JobReceiver};
 use super::shared::{panic_text, Shared};
 use super::text::storable;
-use super::timing::{MAX_DURATION, MIN_DEFAULT_DEFERRAL, PANIC_RETRY_DELAY, START_MARGIN};
+use super::timing::{
+    CHAIN_SLICE, MAX_DURATION, MIN_DEFAULT_DEFERRAL, PANIC_RETRY_DELAY, START_MARGIN,
+};
 
 /// How one attempt at a message went.
 #[derive(Debug)]
@@ -638,9 +640,11 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
                     other => (other, None),
                 };
                 run_batch(shared, &target, batch, given_back, outcomes, thread)
-                    && after.is_none_or(|job| run_chain(shared, job, &exchanges, outcomes, thread))
+                    && after.is_none_or(|job| {
+                        run_chain(shared, job, jobs, &exchanges, outcomes, thread)
+                    })
             }
-            None => run_chain(shared, first, &exchanges, outcomes, thread),
+            None => run_chain(shared, first, jobs, &exchanges, outcomes, thread),
         };
         if !going_on {
             return;
@@ -654,7 +658,8 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
 
 /// Runs a job, then the messages of its ordering key chained behind it, in order, each only
 /// once the one before it succeeded: at the first that did not, the rest go back to the store,
-/// the attempt not counted, and run in their turn after it. `false` once the acker is gone.
+/// the attempt not counted, and run in their turn after it; so they do when other jobs have
+/// waited for a thread long enough (see [`CHAIN_SLICE`]). `false` once the acker is gone.
 fn run_chain(
     shared: &Shared,
     Job {
@@ -662,15 +667,20 @@ fn run_chain(
         message,
         chain,
     }: Job,
+    jobs: &JobReceiver,
     exchanges: &Exchanges,
     outcomes: &Sender<Outcome>,
     thread: usize,
 ) -> bool {
+    let started = Instant::now();
     let mut ran = run_one(shared, job, message, exchanges, outcomes, thread);
-    let mut rest = chain.into_iter();
-    while ran == Ran::Succeeded {
+    let mut rest = chain.into_iter().peekable();
+    while ran == Ran::Succeeded
+        && rest.peek().is_some()
+        && !jobs.should_yield(started.elapsed() >= CHAIN_SLICE)
+    {
         let Some(next) = rest.next() else {
-            return true;
+            break;
         };
         ran = run_one(shared, next.job, next.message, exchanges, outcomes, thread);
     }

@@ -133,6 +133,12 @@ impl JobReceiver {
         }
     }
 
+    /// Whether a chain running on a handler thread should give way: a raised job waits, or,
+    /// once it has run `slice_over`, any job waits.
+    pub fn should_yield(&self, slice_over: bool) -> bool {
+        !self.raised.is_empty() || (slice_over && !self.ordinary.is_empty())
+    }
+
     /// The next job if one waits, a raised one first, without waiting: more of a batch (and
     /// the simulation's way to move jobs by hand on one thread).
     pub fn try_recv(&self) -> Option<Job> {

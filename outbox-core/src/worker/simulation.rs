@@ -16,6 +16,7 @@
 //! `OUTBOX_SIM_SEEDS=N` runs N schedules (default 300); `OUTBOX_SIM_SEED=S` replays one. A
 //! failure prints its seed.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -27,13 +28,14 @@ use crate::error::ProcessError;
 use crate::priority::Priority;
 use crate::registry::Registry;
 use crate::retry::RetryPolicy;
-use crate::store::{ClaimLimit, ClaimToken, Exchange, Outcome, Settlement, Store};
+use crate::store::{ClaimLimit, ClaimToken, ClaimedMessage, Exchange, Outcome, Settlement, Store};
 use crate::testing::MemoryStore;
 
 use super::acker::{Acker, Settler};
-use super::claimer::{dispatch, plan_claim, ClaimSize, Claimed};
+use super::claimer::{dispatch, plan_claim, ClaimSignals, ClaimSize, Claimed};
 use super::config::Config;
 use super::handlers::{settle_attempt, settle_unknown_type, Attempt};
+use super::held::JobId;
 use super::housekeeper::Housekeeper;
 use super::jobs::Job;
 use super::jobs::{JobReceiver, JobSender};
@@ -57,6 +59,7 @@ enum Plan {
 }
 
 struct Running {
+    /// The job, with the next messages of its key chained behind it.
     job: Job,
     plan: Plan,
 }
@@ -71,8 +74,18 @@ struct SimWorker {
     queued: JobSender,
     jobs: JobReceiver,
     running: Vec<Running>,
+    /// Chains whose message before succeeded: their next job, which runs on as a handler
+    /// thread would, started before any job of the channel.
+    chained: Vec<Job>,
+    /// Messages whose `Done` outcome this worker handed to its settler.
+    done: HashSet<i64>,
+    /// Chained messages started.
+    chained_starts: u64,
     next_thread: usize,
     size: ClaimSize,
+    signals: Arc<ClaimSignals>,
+    /// The store, as the checks read it.
+    store: MemoryStore,
 }
 
 impl SimWorker {
@@ -85,6 +98,7 @@ impl SimWorker {
         let (_, unused_jobs) = super::jobs::channel(1);
         let (queued, jobs) = super::jobs::channel(config.max_in_flight);
         let (outcomes, _) = bounded(1);
+        let checked = store.clone();
         let store = Arc::new(store.clone());
         let handler_parts = HandlerParts {
             resources: Resources::new(),
@@ -104,16 +118,26 @@ impl SimWorker {
             stop,
             HandlerPool::new(unused_jobs, outcomes, handler_parts),
         ));
+        let signals = Arc::new(ClaimSignals::default());
+        // Settlements lease the next messages of settled keys into the jobs channel; the
+        // claimer's wake-ups have no one to wake here.
+        let settler =
+            Settler::new(now).with_outlets(queued.clone(), bounded(1).0, Arc::clone(&signals));
         SimWorker {
-            settler: Settler::new(now),
+            settler,
             rounds: Rounds::new(&shared, now),
             housekeeper: Housekeeper::new(Arc::clone(&shared), type_pauses, stopped),
             shared,
             queued,
             jobs,
             running: Vec::new(),
+            chained: Vec::new(),
+            done: HashSet::new(),
+            chained_starts: 0,
             next_thread: 0,
             size: ClaimSize::new(config),
+            signals,
+            store: checked,
         }
     }
 
@@ -132,6 +156,7 @@ impl SimWorker {
         let Ok(claimed) = shared.store.claim(token, limit, shared.config.lease) else {
             return;
         };
+        self.signals.set_short(claimed.len() < limit.messages);
         self.size.claimed(
             Claimed::of(limit.messages, &claimed, self.queued.len()),
             now,
@@ -156,7 +181,11 @@ impl SimWorker {
     }
 
     fn start(&mut self, plan: Plan, now: Instant) {
-        let Some(job) = self.jobs.try_recv() else {
+        let chained = self.chained.pop();
+        if chained.is_some() {
+            self.chained_starts += 1;
+        }
+        let Some(job) = chained.or_else(|| self.jobs.try_recv()) else {
             return;
         };
         let thread = self.next_thread;
@@ -166,13 +195,41 @@ impl SimWorker {
             .held
             .start(job.message.position, job.job, thread, now)
         else {
+            self.release_chain(job.chain);
             return;
         };
         if lease_ends < now + START_MARGIN {
-            self.finish_with(&job, Settlement::Release);
+            self.finish_with(&job.message, job.job, Settlement::Release);
+            self.release_chain(job.chain);
             return;
         }
+        // Per-key order: every earlier message of its key is gone from the store, or this
+        // worker ran it and its success is on the way.
+        if let Some(key) = &job.message.ordering_key {
+            let earlier: Vec<i64> = self
+                .store
+                .rows()
+                .iter()
+                .filter(|row| row.position < job.message.position)
+                .filter(|row| row.ordering_key.as_ref() == Some(key))
+                .map(|row| row.position)
+                .filter(|position| !self.done.contains(position))
+                .collect();
+            assert!(
+                earlier.is_empty(),
+                "message {} of key {key} started before {earlier:?}",
+                job.message.position
+            );
+        }
         self.running.push(Running { job, plan });
+    }
+
+    /// Gives back the messages chained behind one that did not succeed, as a handler thread
+    /// does (those the watchdog gave back already are not held for their jobs any more).
+    fn release_chain(&mut self, chain: Vec<Job>) {
+        for job in chain {
+            self.finish_with(&job.message, job.job, Settlement::Release);
+        }
     }
 
     /// Finishes the running job at `index`, unless it is still hanging at `sim_now`.
@@ -183,8 +240,8 @@ impl SimWorker {
         if matches!(running.plan, Plan::HangUntil(until) if until > store.now()) {
             return;
         }
-        let running = self.running.swap_remove(index);
-        let message = &running.job.message;
+        let Running { job, plan } = self.running.swap_remove(index);
+        let message = &job.message;
         let policy = &self.shared.config.retry_policy;
         let settlement = if message.message_type == UNKNOWN {
             settle_unknown_type(
@@ -194,7 +251,7 @@ impl SimWorker {
                 store.system_now(),
             )
         } else {
-            let attempt = match running.plan {
+            let attempt = match plan {
                 Plan::Succeed | Plan::HangUntil(_) => Attempt::Succeeded,
                 Plan::Fail => Attempt::Failed(ProcessError::retryable("503 … überlastet")),
                 Plan::FailPermanently => Attempt::Failed(ProcessError::permanent("410 Gone")),
@@ -202,28 +259,45 @@ impl SimWorker {
             };
             settle_attempt(message.attempt, attempt, policy)
         };
-        self.finish_with(&running.job, settlement);
+        let succeeded = settlement == Settlement::Done;
+        let handed = self.finish_with(&job.message, job.job, settlement);
+        let mut chain = job.chain.into_iter();
+        match chain.next() {
+            Some(next) if succeeded && handed => self.chained.push(next.chained(chain.collect())),
+            Some(next) => self.release_chain(std::iter::once(next).chain(chain).collect()),
+            None => {}
+        }
     }
 
     /// Every finished attempt made one exchange with a destination, for the delivery log.
-    fn finish_with(&mut self, job: &Job, settlement: Settlement) {
-        if let Some(token) = self.shared.held.finish(job.message.position, job.job) {
-            let exchange = Exchange {
-                destination: "simulated".to_owned(),
-                outcome: if settlement == Settlement::Done {
-                    "delivered"
-                } else {
-                    "failed"
-                },
-                answer: None,
-                error: None,
-                started_at: SystemTime::UNIX_EPOCH,
-                latency: Duration::ZERO,
-            };
-            let outcome = Outcome::of(token, &job.message, settlement);
-            self.settler
-                .push(outcome.logging(&job.message, vec![exchange]));
+    /// Whether the outcome went to the settler (not when the watchdog gave up on the job).
+    fn finish_with(
+        &mut self,
+        message: &ClaimedMessage,
+        job: JobId,
+        settlement: Settlement,
+    ) -> bool {
+        let Some(token) = self.shared.held.finish(message.position, job) else {
+            return false;
+        };
+        if settlement == Settlement::Done {
+            self.done.insert(message.position);
         }
+        let exchange = Exchange {
+            destination: "simulated".to_owned(),
+            outcome: if settlement == Settlement::Done {
+                "delivered"
+            } else {
+                "failed"
+            },
+            answer: None,
+            error: None,
+            started_at: SystemTime::UNIX_EPOCH,
+            latency: Duration::ZERO,
+        };
+        let outcome = Outcome::of(token, message, settlement);
+        self.settler.push(outcome.logging(message, vec![exchange]));
+        true
     }
 
     /// The warden's watchdog round; its outcomes go to this worker's settler.
@@ -321,9 +395,11 @@ struct Totals {
     dead: u64,
     crashes: u64,
     stale_fenced: u64,
+    chained_starts: u64,
 }
 
 fn add(totals: &mut Totals, worker: &SimWorker) {
+    totals.chained_starts += worker.chained_starts;
     let s = worker.shared.counters.snapshot();
     for (total, n) in totals.stats.iter_mut().zip([
         s.succeeded,
@@ -461,7 +537,7 @@ fn run(seed: u64, totals: &mut Totals) {
         store.advance(Duration::from_millis(500));
         let t = now(&store);
         worker.claim(t);
-        while !worker.queued.is_empty() {
+        while !worker.queued.is_empty() || !worker.chained.is_empty() {
             worker.start(Plan::Succeed, now(&store));
         }
         for index in (0..worker.running.len()).rev() {
@@ -570,6 +646,7 @@ fn randomized_schedules_lose_nothing_and_never_wedge() {
     if seeds >= 300 {
         assert!(totals.stats.iter().all(|n| *n > 0), "{totals:?}");
         assert!(totals.crashes > 0 && totals.stale_fenced > 0, "{totals:?}");
+        assert!(totals.chained_starts > 0, "no chain ran: {totals:?}");
     }
 }
 

@@ -40,6 +40,12 @@ pub const HEARTBEATS_PER_LEASE: u32 = 3;
 /// A message whose lease has less than this left (the heartbeat failed) is not started.
 pub const START_MARGIN: Duration = Duration::from_millis(500);
 
+/// How long a handler thread runs on through a chain of one key's messages while other jobs
+/// wait for a thread: past it, the rest of the chain goes back to the store and the key takes
+/// its turn again, so that a key of slow messages keeps no other key waiting (a raised job
+/// waiting ends a chain at once). A chain of fast messages ends well within it.
+pub const CHAIN_SLICE: Duration = Duration::from_millis(2);
+
 /// The longest setting of a duration (handler timeout, lease, poll interval, grace), and the
 /// longest delay stored with a message: beyond, timestamps overflow on some backend, and no
 /// outbox setting needs more.

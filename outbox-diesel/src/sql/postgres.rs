@@ -1452,10 +1452,21 @@ mod tests {
         assert!(
             sql.contains("<= s.largest)")
                 && sql.contains("FROM successor s WHERE")
-                && !sql.contains("$7"),
+                && sql.contains("LIMIT ($7::bigint - 1)")
+                && !sql.contains("$8"),
             "{sql}"
         );
-        assert!(sql.ends_with("FROM (SELECT 1) AS one LEFT JOIN moved m ON m.leased"));
+        // The rest of a chain: only behind a head this statement leased, and each row judged
+        // again as the UPDATE finds it (parked, its lease free).
+        assert!(
+            sql.contains("WHERE h.leased AND c.ready AND c.bytes <= s.largest")
+                && sql.contains(
+                    "WHERE o.id = ANY(ARRAY(SELECT id FROM chain)) AND o.parked \
+                     AND (o.leased_until IS NULL OR o.leased_until <= now())"
+                ),
+            "{sql}"
+        );
+        assert!(sql.ends_with("FROM (SELECT 1) AS one LEFT JOIN leased m ON TRUE"));
     }
 
     #[test]
