@@ -40,6 +40,19 @@ const RECEIVE_EACH_AT_MOST: usize = 32;
 /// each an attempt it never ran.
 pub(crate) const CHAIN_AT_MOST: usize = 16;
 
+/// How many claims' worth of work settling `batch` leaves to be taken: a key's next message
+/// for each ordering key it settles, and a free place for each unkeyed message.
+fn keys_and_unkeyed(batch: &[Outcome]) -> usize {
+    let mut keys: Vec<&str> = batch
+        .iter()
+        .filter_map(|outcome| outcome.ordering_key.as_deref())
+        .collect();
+    let unkeyed = batch.len() - keys.len();
+    keys.sort_unstable();
+    keys.dedup();
+    keys.len() + unkeyed
+}
+
 /// Leased messages, in order of position, as chains: one per ordering key, in order.
 fn chains_of(leased: Vec<ClaimedMessage>) -> Vec<Vec<ClaimedMessage>> {
     let mut chains: Vec<Vec<ClaimedMessage>> = Vec::new();
@@ -362,8 +375,9 @@ impl Settler {
                 };
                 // A settled message may have been the head of its ordering key: the next one of
                 // that key is claimable now, not at the next poll; unless the settlement leased
-                // it already and it went to a handler.
-                if refilled < booked {
+                // the key's next messages already and they went to a handler. An unkeyed one
+                // left room for the claimer.
+                if refilled < booked.min(keys_and_unkeyed(&batch)) {
                     self.wake_claimer();
                 }
                 return;
@@ -546,10 +560,10 @@ impl Settler {
         })
     }
 
-    /// Hands the messages a settlement leased to the handler threads; returns how many went to
-    /// them. The jobs channel holds as many jobs as the worker may hold messages, so it is never
-    /// full; if it were, the message is given back rather than the acker waiting for a handler
-    /// thread.
+    /// Hands the messages a settlement leased to the handler threads, a chain a key; returns how
+    /// many chains went to them. The jobs channel holds as many jobs as the worker may hold
+    /// messages, so it is never full; if it were, the chain is given back rather than the acker
+    /// waiting for a handler thread.
     fn dispatch_successors(
         &mut self,
         shared: &Shared,
@@ -565,35 +579,37 @@ impl Settler {
         }
         let mut not_sent = Vec::new();
         let mut still_stuck = Vec::new();
+        let mut chains = 0;
         let lease_ends = now + shared.config.lease;
-        let sent =
-            dispatch_chains(
-                shared,
-                token,
-                chains_of(leased),
-                lease_ends,
-                |job| match jobs.try_send(job) {
-                    Ok(()) => true,
-                    Err(TrySendError::Full(job)) => {
-                        not_sent.push(Outcome::of(token, &job.message, Settlement::Release));
-                        not_sent.extend(job.chain.iter().map(|chained| {
-                            Outcome::of(token, &chained.message, Settlement::Release)
-                        }));
-                        true
-                    }
-                    Err(TrySendError::Disconnected(_)) => false,
-                },
-                |outcome| {
-                    still_stuck.push(outcome);
+        dispatch_chains(
+            shared,
+            token,
+            chains_of(leased),
+            lease_ends,
+            |job| match jobs.try_send(job) {
+                Ok(()) => {
+                    chains += 1;
                     true
-                },
-            );
-        let given_back = not_sent.len();
+                }
+                Err(TrySendError::Full(job)) => {
+                    not_sent.push(Outcome::of(token, &job.message, Settlement::Release));
+                    not_sent.extend(
+                        job.chain.iter().map(|chained| {
+                            Outcome::of(token, &chained.message, Settlement::Release)
+                        }),
+                    );
+                    true
+                }
+                Err(TrySendError::Disconnected(_)) => false,
+            },
+            |outcome| {
+                still_stuck.push(outcome);
+                true
+            },
+        );
         self.fresh.append(&mut not_sent);
         self.fresh.append(&mut still_stuck);
-        usize::try_from(sent.unwrap_or(0))
-            .unwrap_or(usize::MAX)
-            .saturating_sub(given_back)
+        chains
     }
 
     /// Books settled outcomes: stats, metrics, held messages, health. Returns how many it booked

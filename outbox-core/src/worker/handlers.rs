@@ -633,16 +633,7 @@ fn run(shared: &Shared, jobs: &JobReceiver, outcomes: &Sender<Outcome>, thread: 
         let going_on = match target {
             Some((target, policy)) => {
                 let (batch, elsewhere) = gather(shared, jobs, (first, policy), &target);
-                // A chain taken for the batch runs after it on this thread: given back, the
-                // key's messages would wait for a claim and a settlement each again.
-                let (given_back, after) = match elsewhere {
-                    Some(job) if !job.chain.is_empty() => (None, Some(job)),
-                    other => (other, None),
-                };
-                run_batch(shared, &target, batch, given_back, outcomes, thread)
-                    && after.is_none_or(|job| {
-                        run_chain(shared, job, jobs, &exchanges, outcomes, thread)
-                    })
+                run_batch(shared, &target, batch, elsewhere, outcomes, thread)
             }
             None => run_chain(shared, first, jobs, &exchanges, outcomes, thread),
         };
@@ -673,32 +664,52 @@ fn run_chain(
     thread: usize,
 ) -> bool {
     let started = Instant::now();
+    let mut rest = ChainRest {
+        shared,
+        outcomes,
+        jobs: chain.into_iter(),
+    };
     let mut ran = run_one(shared, job, message, exchanges, outcomes, thread);
-    let mut rest = chain.into_iter().peekable();
-    while ran == Ran::Succeeded
-        && rest.peek().is_some()
-        && !jobs.should_yield(started.elapsed() >= CHAIN_SLICE)
-    {
-        let Some(next) = rest.next() else {
+    while ran == Ran::Succeeded && !jobs.should_yield(started.elapsed() >= CHAIN_SLICE) {
+        let Some(next) = rest.jobs.next() else {
             break;
         };
         ran = run_one(shared, next.job, next.message, exchanges, outcomes, thread);
     }
-    if ran == Ran::AckerGone {
-        return false;
+    ran != Ran::AckerGone && rest.give_back()
+}
+
+/// The messages of a chain not run yet: given back to the store, the attempt not counted,
+/// whatever ends the chain, also a panic (an application's logger) on its thread.
+struct ChainRest<'a> {
+    shared: &'a Shared,
+    outcomes: &'a Sender<Outcome>,
+    jobs: std::vec::IntoIter<Job>,
+}
+
+impl ChainRest<'_> {
+    /// Gives the rest back; `false` once the acker is gone. A message the watchdog or the
+    /// heartbeat gave back already (with the one before it) is not held any more, and nothing
+    /// is sent for it.
+    fn give_back(&mut self) -> bool {
+        self.jobs.by_ref().all(|Job { job, message, .. }| {
+            let handed = send_outcome(
+                self.shared,
+                job,
+                &message,
+                &Settlement::Release,
+                Vec::new(),
+                self.outcomes,
+            );
+            handed != Handed::AckerGone
+        })
     }
-    // A message the watchdog gave up on (it gave the rest back with it) is not held any more:
-    // `hand_over` sends nothing for it.
-    rest.all(|Job { job, message, .. }| {
-        hand_over(
-            shared,
-            job,
-            &message,
-            Settlement::Release,
-            Vec::new(),
-            outcomes,
-        )
-    })
+}
+
+impl Drop for ChainRest<'_> {
+    fn drop(&mut self) {
+        self.give_back();
+    }
 }
 
 /// How a job ran, for the chain behind it.
@@ -943,7 +954,19 @@ fn run_batch(
     outcomes: &Sender<Outcome>,
     thread: usize,
 ) -> bool {
-    if let Some(Job { job, message, .. }) = elsewhere {
+    if let Some(Job {
+        job,
+        message,
+        chain,
+    }) = elsewhere
+    {
+        // A chain too: it would wait behind the batch on a thread the watchdog may give up on,
+        // where nothing watches the messages it holds.
+        let mut rest = ChainRest {
+            shared,
+            outcomes,
+            jobs: chain.into_iter(),
+        };
         if !hand_over(
             shared,
             job,
@@ -951,7 +974,8 @@ fn run_batch(
             Settlement::Release,
             Vec::new(),
             outcomes,
-        ) {
+        ) || !rest.give_back()
+        {
             return false;
         }
     }

@@ -290,6 +290,23 @@ impl Held {
             Some(entry) => entry.chained.clone(),
             None => return Vec::new(),
         };
+        Self::give_up(&mut state, chained)
+    }
+
+    /// The jobs chained behind messages whose leases passed to other claims, that have not
+    /// started: given up, so that none runs before (or beside) another claim's attempt of the
+    /// message before it. Returns them, to be given back to the store.
+    pub fn give_up_behind(&self, lost: &[i64]) -> Vec<(i64, Entry)> {
+        let mut state = self.state();
+        let chained: Vec<(i64, JobId)> = lost
+            .iter()
+            .filter_map(|position| state.entries.get(position))
+            .flat_map(|entry| entry.chained.iter().copied())
+            .collect();
+        Self::give_up(&mut state, chained)
+    }
+
+    fn give_up(state: &mut State, chained: Vec<(i64, JobId)>) -> Vec<(i64, Entry)> {
         let mut given_up = Vec::new();
         for (position, job) in chained {
             if let Some(entry) = state
@@ -452,6 +469,42 @@ mod tests {
             held.admit(token, &message(9, "x"), later),
             Admission::Dispatch(_)
         ));
+    }
+
+    /// A chain's messages behind one the watchdog gives up on, or whose lease another claim
+    /// took, are given up once: never started afterwards, and no outcome of theirs is taken
+    /// from the thread that held them.
+    #[test]
+    fn the_chain_behind_an_abandoned_or_lost_message_is_given_up_once() {
+        let now = Instant::now();
+        let token = ClaimToken::new();
+        for lost in [false, true] {
+            let held = Held::default();
+            let jobs: Vec<(i64, JobId)> = (1..=4)
+                .map(
+                    |position| match held.admit(token, &message(position, "x"), now) {
+                        Admission::Dispatch(job) => (position, job),
+                        other => panic!("{other:?}"),
+                    },
+                )
+                .collect();
+            held.chain(&jobs);
+            held.start(1, jobs[0].1, 0, now).unwrap();
+            assert_eq!(held.finish(1, jobs[0].1), Some(token));
+            held.start(2, jobs[1].1, 0, now).unwrap();
+            let given_up = if lost {
+                held.give_up_behind(&[2])
+            } else {
+                assert!(held.abandon(2, jobs[1].1).is_some());
+                held.give_up_chained(2, jobs[1].1)
+            };
+            let positions: Vec<i64> = given_up.iter().map(|(p, _)| *p).collect();
+            assert_eq!(positions, [3, 4], "lost: {lost}");
+            assert!(held.give_up_behind(&[2]).is_empty(), "once");
+            assert_eq!(held.start(3, jobs[2].1, 0, now), None, "not started");
+            assert_eq!(held.finish(4, jobs[3].1), None, "no second outcome");
+            assert_eq!(held.count(), 4, "held until their give-backs are settled");
+        }
     }
 
     #[test]

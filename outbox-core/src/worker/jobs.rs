@@ -133,10 +133,10 @@ impl JobReceiver {
         }
     }
 
-    /// Whether a chain running on a handler thread should give way: a raised job waits, or,
-    /// once it has run `slice_over`, any job waits.
+    /// Whether a chain that has run its slice (`slice_over`) on a handler thread should give
+    /// way: a job waits for a thread.
     pub fn should_yield(&self, slice_over: bool) -> bool {
-        !self.raised.is_empty() || (slice_over && !self.ordinary.is_empty())
+        slice_over && !(self.raised.is_empty() && self.ordinary.is_empty())
     }
 
     /// The next job if one waits, a raised one first, without waiting: more of a batch (and

@@ -300,6 +300,13 @@ impl SimWorker {
         true
     }
 
+    /// The warden's heartbeat; the chains it gives back go to this worker's settler.
+    fn heartbeat(&mut self, now: Instant) {
+        let settler = &mut self.settler;
+        self.rounds
+            .heartbeat(&self.shared, now, |outcome| settler.push(outcome));
+    }
+
     /// The warden's watchdog round; its outcomes go to this worker's settler.
     fn watchdog(&mut self, now: Instant) {
         let settler = &mut self.settler;
@@ -471,7 +478,7 @@ fn run(seed: u64, totals: &mut Totals) {
             55..=69 => worker.settler.settle(&worker.shared, t),
             70..=73 => worker.watchdog(t),
             74 => worker.housekeeper.step(t),
-            75..=79 => worker.rounds.heartbeat(&worker.shared, t),
+            75..=79 => worker.heartbeat(t),
             80..=87 => store.advance(Duration::from_millis(rng.u64(0..3_000))),
             88 => store.set_down(!rng.bool() && rng.bool()),
             89 => store.fail_claims(rng.u32(0..3)),
@@ -545,7 +552,7 @@ fn run(seed: u64, totals: &mut Totals) {
         }
         worker.watchdog(t);
         worker.settler.settle(&worker.shared, now(&store));
-        worker.rounds.heartbeat(&worker.shared, now(&store));
+        worker.heartbeat(now(&store));
         worker.housekeeper.step(now(&store));
         worker.check_caps(seed);
     }
@@ -1117,4 +1124,54 @@ fn a_panicking_metrics_recorder_fails_no_succeeded_attempt() {
     });
     assert!(recorder.panics() > 0, "the recorder was used");
     assert_eq!(settlement.ok(), Some(Settlement::Done));
+}
+
+/// A chained message whose predecessor's lease another claim took while it ran (the heartbeat
+/// failed for longer than a lease, then came back) is given back by the heartbeat, not run:
+/// the other claim's attempt of the predecessor may come after it.
+#[test]
+fn a_chain_behind_a_lost_lease_is_given_back_not_run() {
+    let config = one_handler_config();
+    let store = MemoryStore::with_manual_clock();
+    let base = Instant::now();
+    let now = |store: &MemoryStore| base + store.now();
+    let keyed: Vec<i64> = (0..3)
+        .map(|_| store.enqueue(KNOWN, "{}", Some("k")))
+        .collect();
+    let mut worker = SimWorker::new(&config, &store, now(&store));
+    worker.claim(now(&store));
+    worker.start(Plan::Succeed, now(&store));
+    worker.finish(0, &store);
+    worker.settler.settle(&worker.shared, now(&store));
+    assert_eq!(worker.queued.len(), 1, "the settlement leased a chain");
+
+    worker.start(Plan::Succeed, now(&store));
+    assert_eq!(worker.running[0].job.message.position, keyed[1]);
+    assert_eq!(worker.running[0].job.chain.len(), 1, "{:?}", store.rows());
+    store.advance(config.lease + Duration::from_secs(1));
+    let other = store
+        .claim(ClaimToken::new(), ClaimLimit::messages(10), config.lease)
+        .unwrap();
+    assert_eq!(
+        other.iter().map(|m| m.position).collect::<Vec<_>>(),
+        [keyed[1]]
+    );
+
+    worker.heartbeat(now(&store));
+    worker.finish(0, &store);
+    worker.start(Plan::Succeed, now(&store));
+    assert!(
+        worker.running.is_empty(),
+        "the chained message ran behind a lost lease"
+    );
+    worker.settler.settle(&worker.shared, now(&store));
+    let last = store
+        .rows()
+        .into_iter()
+        .find(|row| row.position == keyed[2]);
+    assert_eq!(
+        last.map(|row| (row.locked_by, row.attempts)),
+        Some((None, 0)),
+        "given back, the attempt not counted"
+    );
 }

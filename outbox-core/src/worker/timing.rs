@@ -42,8 +42,8 @@ pub const START_MARGIN: Duration = Duration::from_millis(500);
 
 /// How long a handler thread runs on through a chain of one key's messages while other jobs
 /// wait for a thread: past it, the rest of the chain goes back to the store and the key takes
-/// its turn again, so that a key of slow messages keeps no other key waiting (a raised job
-/// waiting ends a chain at once). A chain of fast messages ends well within it.
+/// its turn again, so that a key of slow messages keeps no other key (and no raised message)
+/// waiting. A chain of fast messages ends well within it.
 pub const CHAIN_SLICE: Duration = Duration::from_millis(2);
 
 /// The longest setting of a duration (handler timeout, lease, poll interval, grace), and the

@@ -13,6 +13,7 @@ use crate::metrics;
 use crate::store::{Outcome, Settlement};
 
 use super::handlers::{self, log_settlement, policy_for, settle_attempt, Attempt};
+use super::held::Entry;
 use super::shared::Shared;
 use super::timing::{ACKER_TICK, WATCHDOG_GRACE};
 use super::vitals::{AliveGuard, Counters};
@@ -51,8 +52,11 @@ impl Warden {
             // Each round survives the other's panic: a watchdog that panics on every round
             // must not keep the heartbeat from renewing what is held.
             shared.survive("warden", ACKER_TICK, || self.watch());
+            let (rounds, outcomes) = (&mut self.rounds, &self.outcomes);
             shared.survive("warden", ACKER_TICK, || {
-                self.rounds.heartbeat(&shared, Instant::now())
+                rounds.heartbeat(&shared, Instant::now(), |outcome| {
+                    let _ = outcomes.send(outcome);
+                })
             });
             if shared.stopping() && (shared.held.count() == 0 || shared.past_give_up()) {
                 return;
@@ -133,16 +137,10 @@ impl Rounds {
             });
             // The next messages of its key chained behind it would wait for the stuck thread:
             // they go back to the store, the attempt not counted, to run in their turn.
-            for (position, chained) in shared.held.give_up_chained(position, entry.job) {
-                settle(Outcome {
-                    token: chained.token,
-                    position,
-                    message_id: chained.message_id,
-                    ordering_key: chained.ordering_key,
-                    log: None,
-                    settlement: Settlement::Release,
-                });
-            }
+            give_back(
+                shared.held.give_up_chained(position, entry.job),
+                &mut settle,
+            );
             if !stuck.contains(&thread) {
                 // Once, however many messages of a batch it holds.
                 stuck.push(thread);
@@ -165,8 +163,9 @@ impl Rounds {
         stuck
     }
 
-    /// Renews the leases of everything held, a few times per lease.
-    pub fn heartbeat(&mut self, shared: &Shared, now: Instant) {
+    /// Renews the leases of everything held, a few times per lease; the messages chained behind
+    /// one whose lease another claim took go back to the store, their outcomes to `settle`.
+    pub fn heartbeat(&mut self, shared: &Shared, now: Instant, mut settle: impl FnMut(Outcome)) {
         if now < self.next_heartbeat {
             return;
         }
@@ -180,6 +179,9 @@ impl Rounds {
         });
         match renewed {
             Ok(lost) => {
+                // Before the rest is renewed: a chained message whose lease this renews would
+                // run while another claim's attempt of the message before it may still run.
+                give_back(shared.held.give_up_behind(&lost), &mut settle);
                 let kept: Vec<_> = leases
                     .iter()
                     .copied()
@@ -204,5 +206,19 @@ impl Rounds {
                 );
             }
         }
+    }
+}
+
+/// Gives chained messages back to the store, the attempt not counted.
+fn give_back(given_up: Vec<(i64, Entry)>, settle: &mut impl FnMut(Outcome)) {
+    for (position, entry) in given_up {
+        settle(Outcome {
+            token: entry.token,
+            position,
+            message_id: entry.message_id,
+            ordering_key: entry.ordering_key,
+            log: None,
+            settlement: Settlement::Release,
+        });
     }
 }
