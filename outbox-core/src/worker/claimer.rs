@@ -164,7 +164,7 @@ pub(crate) fn dispatch(
     send_job: impl FnMut(Job) -> bool,
     send_outcome: impl FnMut(Outcome) -> bool,
 ) -> Option<u64> {
-    let chains = claimed.into_iter().map(|message| vec![message]);
+    let chains = claimed.into_iter().map(std::iter::once);
     dispatch_chains(shared, token, chains, lease_ends, send_job, send_outcome)
 }
 
@@ -172,22 +172,28 @@ pub(crate) fn dispatch(
 /// that a handler thread runs in order. A chain is cut at a message that is not dispatched (see
 /// [`Admission`]); the messages after it are given back, the attempt not counted, to run in
 /// their turn.
-pub(crate) fn dispatch_chains(
+pub(crate) fn dispatch_chains<C: IntoIterator<Item = ClaimedMessage>>(
     shared: &Shared,
     token: ClaimToken,
-    chains: impl IntoIterator<Item = Vec<ClaimedMessage>>,
+    chains: impl IntoIterator<Item = C>,
     lease_ends: Instant,
     mut send_job: impl FnMut(Job) -> bool,
     mut send_outcome: impl FnMut(Outcome) -> bool,
 ) -> Option<u64> {
     let mut dispatched = 0u64;
     for chain in chains {
-        let mut jobs: Vec<Job> = Vec::with_capacity(chain.len());
         let mut messages = chain.into_iter();
+        let mut head: Option<Job> = None;
+        // Allocated only for a chain of more than one message: a claim's messages come alone.
+        let mut tail: Vec<Job> = Vec::new();
         for message in messages.by_ref() {
             match shared.held.admit(token, &message, lease_ends) {
                 Admission::Dispatch(job) => {
-                    jobs.push(Job::single(job, message));
+                    let job = Job::single(job, message);
+                    match head {
+                        None => head = Some(job),
+                        Some(_) => tail.push(job),
+                    }
                     continue;
                 }
                 Admission::AlreadyHeld => log::info!(
@@ -220,21 +226,17 @@ pub(crate) fn dispatch_chains(
                 return None;
             }
         }
-        if jobs.is_empty() {
+        let Some(head) = head else {
             continue;
-        }
-        dispatched += jobs.len() as u64;
-        if jobs.len() > 1 {
-            let order: Vec<(i64, JobId)> = jobs
-                .iter()
+        };
+        dispatched += 1 + tail.len() as u64;
+        if !tail.is_empty() {
+            let order: Vec<(i64, JobId)> = std::iter::once(&head)
+                .chain(&tail)
                 .map(|job| (job.message.position, job.job))
                 .collect();
             shared.held.chain(&order);
         }
-        let tail = jobs.split_off(1);
-        let Some(head) = jobs.pop() else {
-            continue;
-        };
         if !send_job(head.chained(tail)) {
             return None;
         }
